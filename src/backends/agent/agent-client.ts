@@ -1,0 +1,352 @@
+/**
+ * Host side of the agent protocol: drives one `capsule-agent` over its stdin/stdout. It does no
+ * spawning itself; the backend hands it the two streams of whatever launched the agent.
+ */
+import { constants as osConstants } from 'node:os';
+import { SandboxError } from '../../errors/index.js';
+import {
+  FrameDecoder,
+  FrameType,
+  MAX_PAYLOAD_BYTES,
+  decodeExit,
+  decodeStartFailed,
+  decodeStarted,
+  encodeFrame,
+  encodeResize,
+  encodeSignal,
+  encodeStart,
+  type Frame,
+} from './protocol.js';
+
+export interface AgentStartOptions {
+  /** Program and arguments; argv[0] is looked up in `env.PATH` when it has no slash. */
+  argv: string[];
+  /** The complete environment of the child: nothing is inherited from the agent. */
+  env: Record<string, string>;
+  /** Absolute working directory inside the sandbox. */
+  cwd: string;
+  /** Give the child a pipe the host writes to. @default false (stdin is /dev/null) */
+  stdin?: boolean;
+  /** Run on a fresh pseudo-terminal (stdin, stdout and stderr); output arrives as stdout. */
+  pty?: { cols: number; rows: number };
+}
+
+export interface AgentExit {
+  /** Set when the process exited. */
+  exitCode: number | null;
+  /** Set when a signal killed the process. A signal Node has no name for reports exitCode 128+n. */
+  signal: NodeJS.Signals | null;
+  /** True when the agent went away before reporting the exit. */
+  lost: boolean;
+}
+
+export interface AgentProcess {
+  readonly id: number;
+  /** The pid as seen inside the sandbox. */
+  readonly pid: number;
+  /** Resolves once, after all output was delivered; never rejects. */
+  readonly exited: Promise<AgentExit>;
+  /** Output arriving before the first listener is kept and handed to that listener. */
+  onStdout(listener: (chunk: Buffer) => void): void;
+  onStderr(listener: (chunk: Buffer) => void): void;
+  /** Throws SandboxError('PROCESS_NOT_FOUND') after exit. */
+  write(data: Buffer | string): void;
+  closeStdin(): void;
+  /** No-op after exit. */
+  signal(signal: NodeJS.Signals | number): void;
+  resize(cols: number, rows: number): void;
+}
+
+/** A stream of output chunks that keeps what arrives before anyone listens. */
+class OutputChannel {
+  private readonly listeners: ((chunk: Buffer) => void)[] = [];
+  private early: Buffer[] = [];
+
+  add(listener: (chunk: Buffer) => void): void {
+    this.listeners.push(listener);
+    if (this.listeners.length === 1) {
+      const early = this.early;
+      this.early = [];
+      for (const chunk of early) listener(chunk);
+    }
+  }
+
+  emit(chunk: Buffer): void {
+    if (this.listeners.length === 0) this.early.push(chunk);
+    for (const listener of this.listeners) listener(chunk);
+  }
+}
+
+class RunningProcess implements AgentProcess {
+  pid = 0;
+  readonly exited: Promise<AgentExit>;
+  readonly stdout = new OutputChannel();
+  readonly stderr = new OutputChannel();
+  hasExited = false;
+  private stdinOpen: boolean;
+  private settle!: (exit: AgentExit) => void;
+
+  constructor(
+    readonly id: number,
+    private readonly argv0: string,
+    private readonly isPty: boolean,
+    hasStdin: boolean,
+    private readonly send: (type: number, id: number, payload?: Buffer) => void,
+  ) {
+    this.stdinOpen = hasStdin || isPty;
+    this.exited = new Promise((resolve) => (this.settle = resolve));
+  }
+
+  finish(exit: AgentExit): void {
+    if (this.hasExited) return;
+    this.hasExited = true;
+    this.settle(exit);
+  }
+
+  onStdout(listener: (chunk: Buffer) => void): void {
+    this.stdout.add(listener);
+  }
+
+  onStderr(listener: (chunk: Buffer) => void): void {
+    this.stderr.add(listener);
+  }
+
+  write(data: Buffer | string): void {
+    if (this.hasExited) {
+      throw new SandboxError('PROCESS_NOT_FOUND', `process ${this.argv0} (pid ${this.pid}) has exited; its stdin is gone`, {
+        details: { id: this.id, pid: this.pid },
+      });
+    }
+    if (!this.stdinOpen) {
+      throw new SandboxError('INVALID_ARGUMENT', `stdin of ${this.argv0} is closed or was never opened`, {
+        details: { id: this.id },
+        hint: 'Start the process with stdin: true (or pty) and write before closeStdin().',
+      });
+    }
+    const bytes = typeof data === 'string' ? Buffer.from(data) : data;
+    // An empty write sends nothing: a zero-length INPUT would be a wasted frame, not an EOF.
+    for (let offset = 0; offset < bytes.length; offset += MAX_PAYLOAD_BYTES) {
+      this.send(FrameType.Input, this.id, bytes.subarray(offset, offset + MAX_PAYLOAD_BYTES));
+    }
+  }
+
+  closeStdin(): void {
+    if (this.hasExited || !this.stdinOpen) return;
+    // A pty stays writable: the agent sends EOT, which ends one read, not the terminal.
+    if (!this.isPty) this.stdinOpen = false;
+    this.send(FrameType.CloseStdin, this.id);
+  }
+
+  signal(signal: NodeJS.Signals | number): void {
+    const number = typeof signal === 'number' ? signal : osConstants.signals[signal];
+    if (number === undefined) {
+      throw new SandboxError('INVALID_ARGUMENT', `unknown signal ${String(signal)}`, { details: { signal } });
+    }
+    const payload = encodeSignal(number);
+    if (!this.hasExited) this.send(FrameType.Signal, this.id, payload);
+  }
+
+  resize(cols: number, rows: number): void {
+    const payload = encodeResize(cols, rows);
+    if (!this.hasExited && this.isPty) this.send(FrameType.Resize, this.id, payload);
+  }
+}
+
+interface PendingStart {
+  proc: RunningProcess;
+  argv0: string;
+  resolve: (process: AgentProcess) => void;
+  reject: (error: SandboxError) => void;
+}
+
+interface PendingPing {
+  resolve: () => void;
+  reject: (error: SandboxError) => void;
+  timer: NodeJS.Timeout;
+}
+
+const signalNames = new Map<number, NodeJS.Signals>(
+  Object.entries(osConstants.signals).map(([name, number]) => [number, name as NodeJS.Signals]),
+);
+
+/** Drives one agent: start processes, stream their output, learn how they ended. */
+export class AgentClient {
+  /** Resolves on the agent's READY; rejects with SANDBOX_CRASHED if its stream ends first. */
+  readonly ready: Promise<void>;
+  private readonly decoder = new FrameDecoder();
+  private readonly starting = new Map<number, PendingStart>();
+  private readonly running = new Map<number, RunningProcess>();
+  private readonly pings = new Map<number, PendingPing>();
+  private readonly lostListeners: ((reason: SandboxError) => void)[] = [];
+  private lostReason: SandboxError | null = null;
+  private isClosed = false;
+  private nextProcessId = 1;
+  private nextPingId = 1;
+  private markReady!: () => void;
+  private failReady!: (error: SandboxError) => void;
+
+  constructor(
+    private readonly toAgent: NodeJS.WritableStream,
+    fromAgent: NodeJS.ReadableStream,
+  ) {
+    this.ready = new Promise<void>((resolve, reject) => {
+      this.markReady = resolve;
+      this.failReady = reject;
+    });
+    // Callers who only use start() never await ready; its rejection is not an unhandled one.
+    this.ready.catch(() => undefined);
+    fromAgent.on('data', (chunk: Buffer | string) => this.receive(typeof chunk === 'string' ? Buffer.from(chunk) : chunk));
+    fromAgent.on('end', () => this.lose(crashed('the agent closed its output')));
+    fromAgent.on('close', () => this.lose(crashed('the agent output stream closed')));
+    fromAgent.on('error', (error: Error) => this.lose(crashed(`reading from the agent failed: ${error.message}`, error)));
+    // EPIPE when the agent is gone; its output ending says the same thing, whichever comes first.
+    toAgent.on('error', (error: Error) => this.lose(crashed(`writing to the agent failed: ${error.message}`, error)));
+  }
+
+  get isAlive(): boolean {
+    return this.lostReason === null;
+  }
+
+  /** Called once when the agent's stream ends or breaks, with the reason. */
+  onLost(listener: (reason: SandboxError) => void): void {
+    if (this.lostReason !== null) listener(this.lostReason);
+    else this.lostListeners.push(listener);
+  }
+
+  start(options: AgentStartOptions): Promise<AgentProcess> {
+    return new Promise<AgentProcess>((resolve, reject) => {
+      const payload = encodeStart(options);
+      this.checkUsable();
+      const id = this.nextProcessId++;
+      const argv0 = options.argv[0] ?? '';
+      const proc = new RunningProcess(id, argv0, options.pty !== undefined, options.stdin === true, (type, frameId, data) =>
+        this.send(type, frameId, data),
+      );
+      this.starting.set(id, { proc, argv0, resolve, reject });
+      this.send(FrameType.Start, id, payload);
+    });
+  }
+
+  /** Round-trips a PING; rejects with TIMEOUT after `timeoutMs`. @default timeoutMs 5000 */
+  ping(timeoutMs = 5000): Promise<void> {
+    return new Promise<void>((resolve, reject) => {
+      this.checkUsable();
+      const id = this.nextPingId++;
+      const timer = setTimeout(() => {
+        this.pings.delete(id);
+        reject(new SandboxError('TIMEOUT', `the agent did not answer a ping within ${timeoutMs} ms`, { details: { timeoutMs } }));
+      }, timeoutMs);
+      this.pings.set(id, { resolve, reject, timer });
+      this.send(FrameType.Ping, id);
+    });
+  }
+
+  /** Ends the agent's stdin: the agent kills every process tree, reports their exits and exits. */
+  close(): void {
+    if (this.isClosed) return;
+    this.isClosed = true;
+    this.toAgent.end();
+  }
+
+  private checkUsable(): void {
+    if (this.lostReason !== null) throw this.lostReason;
+    if (this.isClosed) throw new SandboxError('SANDBOX_NOT_RUNNING', 'the agent client is closed');
+  }
+
+  private send(type: number, id: number, payload?: Buffer): void {
+    if (this.lostReason !== null || this.isClosed) return;
+    this.toAgent.write(encodeFrame(type, id, payload));
+  }
+
+  private receive(chunk: Buffer): void {
+    if (this.lostReason !== null) return;
+    try {
+      for (const frame of this.decoder.push(chunk)) this.dispatch(frame);
+    } catch (error) {
+      this.lose(crashed(`the agent broke the protocol: ${(error as Error).message}`, error));
+      this.toAgent.end(); // the agent kills its children once its stdin ends
+    }
+  }
+
+  private dispatch({ type, id, payload }: Frame): void {
+    switch (type) {
+      case FrameType.Ready:
+        this.markReady();
+        return;
+      case FrameType.Started: {
+        const pending = this.starting.get(id);
+        if (pending === undefined) return;
+        this.starting.delete(id);
+        pending.proc.pid = decodeStarted(payload).pid;
+        this.running.set(id, pending.proc);
+        pending.resolve(pending.proc);
+        return;
+      }
+      case FrameType.StartFailed: {
+        const pending = this.starting.get(id);
+        if (pending === undefined) return;
+        this.starting.delete(id);
+        const { errno, message } = decodeStartFailed(payload);
+        pending.reject(
+          new SandboxError('EXEC_FAILED', `cannot start ${pending.argv0}: ${message}`, {
+            details: { errno, argv0: pending.argv0 },
+            hint: 'Check that the program exists in the sandbox (and is on env.PATH) and that cwd exists.',
+          }),
+        );
+        return;
+      }
+      case FrameType.Stdout:
+        this.running.get(id)?.stdout.emit(payload);
+        return;
+      case FrameType.Stderr:
+        this.running.get(id)?.stderr.emit(payload);
+        return;
+      case FrameType.Exit: {
+        const proc = this.running.get(id);
+        if (proc === undefined) return;
+        this.running.delete(id);
+        proc.finish(toExit(decodeExit(payload)));
+        return;
+      }
+      case FrameType.Pong: {
+        const ping = this.pings.get(id);
+        if (ping === undefined) return;
+        this.pings.delete(id);
+        clearTimeout(ping.timer);
+        ping.resolve();
+        return;
+      }
+      default:
+        return; // LOG and frame types from a newer agent carry nothing the client acts on
+    }
+  }
+
+  private lose(reason: SandboxError): void {
+    if (this.lostReason !== null) return;
+    this.lostReason = reason;
+    this.failReady(reason);
+    for (const pending of this.starting.values()) pending.reject(reason);
+    this.starting.clear();
+    for (const proc of this.running.values()) proc.finish({ exitCode: null, signal: null, lost: true });
+    this.running.clear();
+    for (const ping of this.pings.values()) {
+      clearTimeout(ping.timer);
+      ping.reject(reason);
+    }
+    this.pings.clear();
+    for (const listener of this.lostListeners.splice(0)) listener(reason);
+  }
+}
+
+function crashed(message: string, cause?: unknown): SandboxError {
+  return new SandboxError('SANDBOX_CRASHED', message, {
+    cause,
+    hint: 'The sandbox agent is gone and its processes with it; see the agent stderr, then start a new sandbox.',
+  });
+}
+
+function toExit({ kind, value }: { kind: 'exited' | 'signaled'; value: number }): AgentExit {
+  if (kind === 'exited') return { exitCode: value, signal: null, lost: false };
+  const name = signalNames.get(value);
+  return name === undefined ? { exitCode: 128 + value, signal: null, lost: false } : { exitCode: null, signal: name, lost: false };
+}

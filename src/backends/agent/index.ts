@@ -1,0 +1,14 @@
+export {
+  AgentClient,
+  type AgentExit,
+  type AgentProcess,
+  type AgentStartOptions,
+} from './agent-client.js';
+export {
+  FrameDecoder,
+  FrameType,
+  HEADER_BYTES,
+  MAX_PAYLOAD_BYTES,
+  encodeFrame,
+  type Frame,
+} from './protocol.js';
