@@ -1,0 +1,193 @@
+/*
+ * capsule-launch: the one hop between the Capsule host process and bubblewrap (or runsc).
+ *
+ * Node cannot join cgroups, enter a network namespace, set rlimits or drop to another uid for a
+ * child it spawns, and a chain of sh + nsenter + prlimit + setpriv costs four execs. This does
+ * the same in one fork, in a fixed order, then execs the target as the sandbox's host uid.
+ *
+ * The launcher itself stays outside the sandbox's cgroups as a child subreaper: when the sandbox
+ * is killed at once through cgroup.kill, its processes' zombies come here and are reaped, instead
+ * of waiting on the host's init. It exits when nothing is left, with the target's status.
+ *
+ * In the child:
+ *   1. write our pid to each --cgroup-procs file (memory, pids, cpu, unified);
+ *   2. set each --rlimit;
+ *   3. open each --fd N:PATH read-only at fd N, as root (the seccomp program, and read-only
+ *      mounts whose parents the sandbox uid could not traverse: bwrap --ro-bind-fd);
+ *   4. enter --netns (a pre-made network namespace) if given;
+ *   5. drop supplementary groups, set gid and uid, keep no capabilities;
+ *   6. ask for SIGKILL when the parent dies (set after the uid change, which clears it);
+ *   7. exec the target with the environment it was given.
+ *
+ * Usage: capsule-launch [--cgroup-procs FILE]... [--netns FILE] [--rlimit NAME=SOFT[:HARD]]...
+ *                       [--fd N:PATH]... [--uid N --gid N] -- PROGRAM ARGS...
+ * Exit status 125 with a message on stderr when a step fails (the target never starts).
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static void die(const char *what, const char *arg) {
+    fprintf(stderr, "capsule-launch: %s %s: %s\n", what, arg ? arg : "", strerror(errno));
+    exit(125);
+}
+
+static void usage(const char *message) {
+    fprintf(stderr, "capsule-launch: %s\n", message);
+    exit(125);
+}
+
+static long parse_long(const char *text, const char *what) {
+    char *end = NULL;
+    errno = 0;
+    long value = strtol(text, &end, 10);
+    if (errno != 0 || end == text || *end != '\0') usage(what);
+    return value;
+}
+
+static int rlimit_resource(const char *name) {
+    if (strcmp(name, "fsize") == 0) return RLIMIT_FSIZE;
+    if (strcmp(name, "nofile") == 0) return RLIMIT_NOFILE;
+    if (strcmp(name, "core") == 0) return RLIMIT_CORE;
+    if (strcmp(name, "nproc") == 0) return RLIMIT_NPROC;
+    if (strcmp(name, "stack") == 0) return RLIMIT_STACK;
+    usage("unknown rlimit name");
+    return -1;
+}
+
+static void write_pid(const char *file) {
+    int fd = open(file, O_WRONLY | O_CLOEXEC);
+    if (fd < 0) die("open cgroup file", file);
+    char buf[32];
+    int len = snprintf(buf, sizeof buf, "%d\n", (int)getpid());
+    if (write(fd, buf, (size_t)len) != len) die("join cgroup", file);
+    close(fd);
+}
+
+static void set_rlimit(char *spec) {
+    char *eq = strchr(spec, '=');
+    if (eq == NULL) usage("--rlimit wants NAME=SOFT[:HARD]");
+    *eq = '\0';
+    char *soft = eq + 1;
+    char *colon = strchr(soft, ':');
+    char *hard = soft;
+    if (colon != NULL) {
+        *colon = '\0';
+        hard = colon + 1;
+    }
+    struct rlimit limit = {
+        .rlim_cur = (rlim_t)parse_long(soft, "bad rlimit value"),
+        .rlim_max = (rlim_t)parse_long(hard, "bad rlimit value"),
+    };
+    if (setrlimit(rlimit_resource(spec), &limit) != 0) die("setrlimit", spec);
+}
+
+static void open_at(char *spec) {
+    char *colon = strchr(spec, ':');
+    if (colon == NULL) usage("--fd wants N:PATH");
+    *colon = '\0';
+    int target = (int)parse_long(spec, "bad fd number");
+    if (target < 3) usage("--fd must be 3 or above");
+    int fd = open(colon + 1, O_RDONLY);
+    if (fd < 0) die("open", colon + 1);
+    if (fd != target) {
+        if (dup2(fd, target) < 0) die("dup2", colon + 1);
+        close(fd);
+    }
+}
+
+static int wait_all(pid_t target) {
+    int target_status = 0;
+    for (;;) {
+        int status = 0;
+        pid_t pid = waitpid(-1, &status, 0);
+        if (pid < 0) {
+            if (errno == EINTR) continue;
+            break; /* ECHILD: nothing of the sandbox is left */
+        }
+        if (pid == target) target_status = status;
+    }
+    if (WIFEXITED(target_status)) return WEXITSTATUS(target_status);
+    if (WIFSIGNALED(target_status)) return 128 + WTERMSIG(target_status);
+    return 125;
+}
+
+int main(int argc, char **argv) {
+    /* Options are applied in the child; keep them until the fork. */
+    char **cgroups = calloc((size_t)argc, sizeof *cgroups);
+    char **rlimits = calloc((size_t)argc, sizeof *rlimits);
+    char **fds = calloc((size_t)argc, sizeof *fds);
+    size_t ncgroups = 0, nrlimits = 0, nfds = 0;
+    if (cgroups == NULL || rlimits == NULL || fds == NULL) die("calloc", NULL);
+    const char *netns = NULL;
+    long uid = -1, gid = -1;
+    int i = 1;
+    for (; i < argc; i++) {
+        const char *opt = argv[i];
+        if (strcmp(opt, "--") == 0) {
+            i++;
+            break;
+        }
+        if (i + 1 >= argc) usage("option without a value");
+        char *value = argv[++i];
+        if (strcmp(opt, "--cgroup-procs") == 0) cgroups[ncgroups++] = value;
+        else if (strcmp(opt, "--netns") == 0) netns = value;
+        else if (strcmp(opt, "--rlimit") == 0) rlimits[nrlimits++] = value;
+        else if (strcmp(opt, "--fd") == 0) fds[nfds++] = value;
+        else if (strcmp(opt, "--uid") == 0) uid = parse_long(value, "bad uid");
+        else if (strcmp(opt, "--gid") == 0) gid = parse_long(value, "bad gid");
+        else usage("unknown option");
+    }
+    if (i >= argc) usage("no program to run");
+
+    if (prctl(PR_SET_CHILD_SUBREAPER, 1) != 0) die("prctl subreaper", NULL);
+    pid_t host = getppid();
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0) die("prctl", NULL);
+    if (getppid() != host) exit(125); /* the host died before the death signal was armed */
+
+    pid_t child = fork();
+    if (child < 0) die("fork", NULL);
+    if (child > 0) {
+        /* The agent's pipes belong to the sandbox: the host must see EOF when the agent dies. */
+        int null_fd = open("/dev/null", O_RDWR | O_CLOEXEC);
+        if (null_fd >= 0) {
+            dup2(null_fd, STDIN_FILENO);
+            dup2(null_fd, STDOUT_FILENO);
+            close(null_fd);
+        }
+        return wait_all(child);
+    }
+
+    for (size_t k = 0; k < ncgroups; k++) write_pid(cgroups[k]);
+    for (size_t k = 0; k < nrlimits; k++) set_rlimit(rlimits[k]);
+    for (size_t k = 0; k < nfds; k++) open_at(fds[k]);
+    if (netns != NULL) {
+        int fd = open(netns, O_RDONLY | O_CLOEXEC);
+        if (fd < 0) die("open netns", netns);
+        if (setns(fd, CLONE_NEWNET) != 0) die("setns", netns);
+        close(fd);
+    }
+    if (gid >= 0) {
+        if (setgroups(0, NULL) != 0) die("setgroups", NULL);
+        if (setresgid((gid_t)gid, (gid_t)gid, (gid_t)gid) != 0) die("setgid", NULL);
+    }
+    if (uid >= 0 && setresuid((uid_t)uid, (uid_t)uid, (uid_t)uid) != 0) die("setuid", NULL);
+
+    pid_t parent = getppid();
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0) die("prctl", NULL);
+    if (getppid() != parent) _exit(125); /* the launcher died before the death signal was armed */
+
+    execv(argv[i], &argv[i]);
+    die("exec", argv[i]);
+    return 125;
+}

@@ -1,0 +1,29 @@
+// Compiles the C helpers under native/ into dist/native/. Run by `npm run build`; needs gcc and
+// libseccomp-dev (installed by scripts/setup.sh). Rebuilds only when a source is newer.
+import { spawnSync } from 'node:child_process';
+import { existsSync, mkdirSync, statSync } from 'node:fs';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+const root = join(dirname(fileURLToPath(import.meta.url)), '..');
+const out = join(root, 'dist', 'native');
+mkdirSync(out, { recursive: true });
+
+const programs = [
+  { name: 'capsule-agent', libs: ['-lutil'] },
+  { name: 'capsule-launch', libs: [] },
+  { name: 'seccomp-gen', libs: ['-lseccomp'] },
+];
+
+for (const { name, libs } of programs) {
+  const source = join(root, 'native', `${name}.c`);
+  const target = join(out, name);
+  if (!existsSync(source)) continue;
+  if (existsSync(target) && statSync(target).mtimeMs >= statSync(source).mtimeMs) continue;
+  const args = ['-O2', '-Wall', '-Wextra', '-Werror', '-std=gnu11', '-o', target, source, ...libs];
+  const result = spawnSync('gcc', args, { stdio: 'inherit' });
+  if (result.status !== 0) {
+    console.error(`build-native: gcc failed for ${name} (is gcc and libseccomp-dev installed? run scripts/setup.sh)`);
+    process.exit(1);
+  }
+}

@@ -1,0 +1,81 @@
+import type { AgentProcess, AgentStartOptions } from './agent/index.js';
+import type { BackendName, SandboxSpec } from '../spec/index.js';
+
+/** What a backend can enforce. The engine refuses a spec that needs one the backend lacks. */
+export const CAPABILITIES = [
+  'limits.cpus',
+  'limits.memory',
+  'limits.pids',
+  'limits.disk',
+  'limits.fileSize',
+  'limits.openFiles',
+  'limits.tmp',
+  'mounts.readOnly',
+  'network.none',
+  'network.allowlist',
+  'network.internet',
+  'pause.freeze',
+  'pause.keepMemoryOnDisk',
+] as const;
+export type Capability = (typeof CAPABILITIES)[number];
+
+export interface BackendProbe {
+  available: boolean;
+  /** Why it is unavailable, in words an operator can act on. */
+  reason?: string;
+  capabilities: readonly Capability[];
+}
+
+/** Kernel counters of one sandbox; deltas across an exec classify how it ended. */
+export interface SandboxCounters {
+  oomKills: number;
+  pidsMaxEvents: number;
+  memoryPeakBytes: number;
+  memoryUsageBytes: number;
+  cpuUsageUsec: number;
+  cpuThrottledUsec: number;
+}
+
+export type ExecRequest = AgentStartOptions;
+
+/** A live sandbox as a backend holds it: a resident agent, its limits, its workspace. */
+export interface BackendSandbox {
+  readonly id: string;
+  readonly backend: BackendName;
+  readonly spec: SandboxSpec;
+  /** Host path of the workspace (the sandbox sees it as /workspace). */
+  readonly workspaceDir: string;
+  /** Resolves when the sandbox stopped on its own (agent gone): crash, OOM of the agent, kill. */
+  readonly lost: Promise<void>;
+  exec(request: ExecRequest): Promise<AgentProcess>;
+  counters(): Promise<SandboxCounters>;
+  memoryUsageBytes(): Promise<number>;
+  /** Bytes in the workspace as the disk limit counts them. */
+  diskUsedBytes(): Promise<number | undefined>;
+  /** Clears the peak-memory watermark so the next exec reports its own peak. */
+  resetPeak(): Promise<void>;
+  freeze(): Promise<void>;
+  thaw(): Promise<void>;
+  /** Kills every process and removes every host resource. Safe to call twice. */
+  destroy(): Promise<void>;
+}
+
+export interface CreateOptions {
+  id: string;
+  signal?: AbortSignal;
+}
+
+export interface ReconcileReport {
+  /** Host resources of sandboxes not in the live set, removed. */
+  removed: string[];
+  failures: string[];
+}
+
+/** The one narrow interface every isolation backend implements. */
+export interface Backend {
+  readonly name: BackendName;
+  probe(): Promise<BackendProbe>;
+  create(spec: SandboxSpec, options: CreateOptions): Promise<BackendSandbox>;
+  /** Removes host resources of ours whose sandbox id is not in `liveIds` (after a crash). */
+  reconcile(liveIds: ReadonlySet<string>): Promise<ReconcileReport>;
+}

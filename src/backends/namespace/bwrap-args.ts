@@ -1,0 +1,93 @@
+import type { SandboxSpec } from '../../spec/index.js';
+
+/** Host files under /etc that programs need and that hold nothing about the host worth hiding. */
+export const ETC_ALLOWLIST = [
+  'alternatives', 'ld.so.cache', 'ld.so.conf', 'ld.so.conf.d', 'ssl', 'ca-certificates',
+  'ca-certificates.conf', 'localtime', 'nsswitch.conf', 'protocols', 'services', 'mime.types',
+  'gai.conf', 'profile', 'bash.bashrc', 'inputrc', 'terminfo', 'magic', 'magic.mime',
+  'python3', 'python3.11', 'matplotlibrc', 'fonts', 'gitconfig', 'environment', 'login.defs',
+] as const;
+
+/** The uid and gid every sandboxed process has inside its user namespace. */
+export const SANDBOX_UID = 1000;
+export const SANDBOX_USER = 'user';
+/** Where the resident agent lives inside the sandbox. */
+export const AGENT_PATH = '/.capsule/agent';
+/** Fds the launcher opens for bwrap: the seccomp program, then one per read-only mount. */
+export const SECCOMP_FD = 3;
+export const FIRST_MOUNT_FD = 10;
+
+export interface BwrapOptions {
+  /** Host path of the workspace, bound read-write at /workspace. */
+  workspaceDir: string;
+  /** Host directory holding the synthetic passwd, group, hosts and resolv.conf. */
+  etcDir: string;
+  /** /etc entries that exist on this host (a subset of ETC_ALLOWLIST). */
+  etcEntries: readonly string[];
+  /** Fd on which bwrap reads the seccomp program. */
+  seccompFd: number;
+  /**
+   * Fd of each spec mount's host directory, opened by the launcher as root, so that the sandbox
+   * uid need not be able to traverse the directory's parents (bwrap --ro-bind-fd).
+   */
+  mountFds: readonly number[];
+  /** When false, bwrap makes a fresh empty network namespace; when true, the caller's is kept. */
+  shareNetwork: boolean;
+  /** Host path of the agent binary, bound read-only at AGENT_PATH. */
+  agentPath: string;
+  /** The program bwrap runs as the sandbox's first process. @default [AGENT_PATH] */
+  command?: readonly string[];
+}
+
+/**
+ * The bubblewrap argv for a sandbox. Pure: the same spec gives the same argv, so unit tests pin
+ * the isolation flags. Nothing secret goes here: /proc/1/cmdline inside shows every argument.
+ */
+export function buildBwrapArgs(spec: SandboxSpec, options: BwrapOptions): string[] {
+  const args = [
+    '--unshare-user', '--unshare-pid', '--unshare-ipc', '--unshare-uts', '--unshare-cgroup',
+    ...(options.shareNetwork ? [] : ['--unshare-net']),
+    '--disable-userns',
+    '--die-with-parent', '--new-session', '--cap-drop', 'ALL',
+    '--uid', String(SANDBOX_UID), '--gid', String(SANDBOX_UID),
+    '--hostname', 'sandbox',
+    '--ro-bind', '/usr', '/usr',
+    '--symlink', 'usr/bin', '/bin', '--symlink', 'usr/sbin', '/sbin',
+    '--symlink', 'usr/lib', '/lib', '--symlink', 'usr/lib64', '/lib64',
+    '--proc', '/proc', '--dev', '/dev',
+    '--dir', '/etc',
+  ];
+  for (const entry of options.etcEntries) args.push('--ro-bind', `/etc/${entry}`, `/etc/${entry}`);
+  for (const file of ['passwd', 'group', 'hosts', 'resolv.conf', 'hostname']) {
+    args.push('--ro-bind', `${options.etcDir}/${file}`, `/etc/${file}`);
+  }
+  args.push(
+    '--size', String(spec.limits.tmpBytes), '--tmpfs', '/tmp',
+    '--dir', '/var', '--symlink', '../tmp', '/var/tmp',
+    '--bind', options.workspaceDir, '/workspace',
+    '--dir', '/home', '--symlink', '/workspace', `/home/${SANDBOX_USER}`,
+  );
+  spec.mounts.forEach((mount, index) => {
+    const fd = options.mountFds[index];
+    if (fd === undefined) throw new Error(`no fd for mount ${mount.sandboxPath}`);
+    args.push('--ro-bind-fd', String(fd), mount.sandboxPath);
+  });
+  args.push('--ro-bind', options.agentPath, AGENT_PATH);
+  // bwrap builds the root on a tmpfs; nothing outside /workspace and /tmp may be written.
+  args.push('--remount-ro', '/');
+  const command = options.command ?? [AGENT_PATH];
+  args.push('--chdir', '/workspace', '--clearenv', '--seccomp', String(options.seccompFd), '--', ...command);
+  return args;
+}
+
+/** The environment every process starts from; the spec's env and the call's env go on top. */
+export function baseEnv(): Record<string, string> {
+  return {
+    PATH: '/usr/local/bin:/usr/bin:/bin',
+    HOME: '/workspace',
+    USER: SANDBOX_USER,
+    LOGNAME: SANDBOX_USER,
+    LANG: 'C.UTF-8',
+    SHELL: '/bin/bash',
+  };
+}

@@ -1,0 +1,257 @@
+import { spawn, type ChildProcess } from 'node:child_process';
+import { randomInt } from 'node:crypto';
+import { AgentClient, type AgentProcess } from '../agent/index.js';
+import { SandboxError } from '../../errors/index.js';
+import { SandboxCgroup, listSandboxCgroups, CGROUP_PREFIX } from '../../host/cgroups.host.js';
+import type { HostEnvironment, HostPaths } from '../../host/host-env.host.js';
+import type { SandboxSpec } from '../../spec/index.js';
+import type {
+  Backend,
+  BackendProbe,
+  BackendSandbox,
+  Capability,
+  CreateOptions,
+  ExecRequest,
+  ReconcileReport,
+  SandboxCounters,
+} from '../backend.js';
+import { buildBwrapArgs, FIRST_MOUNT_FD, SECCOMP_FD } from './bwrap-args.js';
+
+/** Host uids for sandboxes come from this range; each live sandbox has its own. */
+const UID_BASE = 3_000_000;
+const UID_RANGE = 1_000_000;
+const AGENT_READY_TIMEOUT_MS = 10_000;
+const STDERR_TAIL_BYTES = 4096;
+
+const CAPABILITIES: readonly Capability[] = [
+  'limits.cpus', 'limits.memory', 'limits.pids', 'limits.disk', 'limits.fileSize',
+  'limits.openFiles', 'limits.tmp', 'mounts.readOnly', 'network.none', 'pause.freeze',
+];
+
+export interface NamespaceBackendOptions {
+  host: HostEnvironment;
+}
+
+/**
+ * bubblewrap + seccomp + cgroups: each sandbox is a user, pid, ipc, uts, cgroup, mount and network
+ * namespace around a resident agent, run by capsule-launch as a host uid of its own.
+ */
+export class NamespaceBackend implements Backend {
+  readonly name = 'namespace' as const;
+  private readonly host: HostEnvironment;
+  private readonly uidsInUse = new Set<number>();
+
+  constructor(options: NamespaceBackendOptions) {
+    this.host = options.host;
+  }
+
+  async probe(): Promise<BackendProbe> {
+    try {
+      await this.host.ensure();
+      return { available: true, capabilities: CAPABILITIES };
+    } catch (error) {
+      return { available: false, reason: (error as Error).message, capabilities: [] };
+    }
+  }
+
+  async create(spec: SandboxSpec, options: CreateOptions): Promise<BackendSandbox> {
+    const paths = await this.host.ensure();
+    const uid = this.allocateUid();
+    const cleanup: (() => Promise<void>)[] = [() => Promise.resolve(void this.uidsInUse.delete(uid))];
+    try {
+      const cgroup = await SandboxCgroup.create(options.id, spec.limits);
+      cleanup.push(() => cgroup.remove());
+      const workspaceDir = await this.host.volume.create(options.id, spec.limits.diskBytes, uid);
+      cleanup.push(() => this.host.volume.delete(options.id));
+      options.signal?.throwIfAborted();
+      const sandbox = await NamespaceSandbox.start({
+        id: options.id, spec, paths, uid, cgroup, workspaceDir,
+        diskUsed: () => this.host.volume.usedBytes(options.id),
+        release: async () => {
+          this.uidsInUse.delete(uid);
+          await this.host.volume.delete(options.id);
+        },
+      });
+      return sandbox;
+    } catch (error) {
+      for (const step of cleanup.reverse()) await step().catch(() => undefined);
+      if (options.signal?.aborted) throw new SandboxError('ABORTED', `creating sandbox ${options.id} was aborted`, { cause: error });
+      throw error;
+    }
+  }
+
+  async reconcile(liveIds: ReadonlySet<string>): Promise<ReconcileReport> {
+    await this.host.ensure();
+    const removed: string[] = [];
+    const failures: string[] = [];
+    for (const name of await listSandboxCgroups()) {
+      const id = name.slice(CGROUP_PREFIX.length);
+      if (liveIds.has(id)) continue;
+      try {
+        await SandboxCgroup.attach(name).remove();
+        removed.push(`cgroup:${id}`);
+      } catch (error) {
+        failures.push(`cgroup ${id}: ${(error as Error).message}`);
+      }
+    }
+    for (const id of await this.host.volume.list()) {
+      if (liveIds.has(id)) continue;
+      try {
+        await this.host.volume.delete(id);
+        removed.push(`workspace:${id}`);
+      } catch (error) {
+        failures.push(`workspace ${id}: ${(error as Error).message}`);
+      }
+    }
+    await this.host.volume.clearStaleQgroups();
+    return { removed, failures };
+  }
+
+  private allocateUid(): number {
+    for (;;) {
+      const uid = UID_BASE + randomInt(UID_RANGE);
+      if (!this.uidsInUse.has(uid)) {
+        this.uidsInUse.add(uid);
+        return uid;
+      }
+    }
+  }
+}
+
+interface StartOptions {
+  id: string;
+  spec: SandboxSpec;
+  paths: HostPaths;
+  uid: number;
+  cgroup: SandboxCgroup;
+  workspaceDir: string;
+  diskUsed: () => Promise<number | undefined>;
+  release: () => Promise<void>;
+}
+
+class NamespaceSandbox implements BackendSandbox {
+  readonly backend = 'namespace' as const;
+  readonly id: string;
+  readonly spec: SandboxSpec;
+  readonly workspaceDir: string;
+  readonly lost: Promise<void>;
+  private readonly cgroup: SandboxCgroup;
+  private readonly child: ChildProcess;
+  private readonly agent: AgentClient;
+  private readonly release: () => Promise<void>;
+  private readonly diskUsed: () => Promise<number | undefined>;
+  private readonly childExited: Promise<void>;
+  private stderrTail = '';
+  private destroying: Promise<void> | undefined;
+
+  private constructor(options: StartOptions, child: ChildProcess, agent: AgentClient) {
+    this.id = options.id;
+    this.spec = options.spec;
+    this.workspaceDir = options.workspaceDir;
+    this.cgroup = options.cgroup;
+    this.release = options.release;
+    this.diskUsed = options.diskUsed;
+    this.child = child;
+    this.agent = agent;
+    this.childExited = new Promise((resolve) => child.once('close', () => resolve()));
+    this.lost = new Promise((resolve) => agent.onLost(() => resolve()));
+    child.stderr?.on('data', (chunk: Buffer) => {
+      this.stderrTail = (this.stderrTail + chunk.toString('utf8')).slice(-STDERR_TAIL_BYTES);
+    });
+  }
+
+  static async start(options: StartOptions): Promise<NamespaceSandbox> {
+    const { spec, paths, uid, cgroup } = options;
+    const mountFds = spec.mounts.map((_, index) => FIRST_MOUNT_FD + index);
+    const bwrapArgs = buildBwrapArgs(spec, {
+      mountFds,
+      workspaceDir: options.workspaceDir,
+      etcDir: paths.etcDir,
+      etcEntries: paths.etcEntries,
+      seccompFd: SECCOMP_FD,
+      shareNetwork: false,
+      agentPath: paths.agent,
+    });
+    const launchArgs = [
+      ...cgroup.procsFiles().flatMap((file) => ['--cgroup-procs', file]),
+      '--rlimit', `fsize=${spec.limits.fileSizeBytes}`,
+      '--rlimit', `nofile=${spec.limits.openFiles}`,
+      '--rlimit', 'core=0',
+      '--fd', `${SECCOMP_FD}:${paths.seccompBpf}`,
+      ...spec.mounts.flatMap((mount, index) => ['--fd', `${mountFds[index]}:${mount.hostPath}`]),
+      '--uid', String(uid), '--gid', String(uid),
+      '--', paths.bwrap, ...bwrapArgs,
+    ];
+    const child = spawn(paths.launcher, launchArgs, { stdio: ['pipe', 'pipe', 'pipe'], env: {} });
+    const agent = new AgentClient(child.stdin, child.stdout);
+    const sandbox = new NamespaceSandbox(options, child, agent);
+    const spawnError = new Promise<never>((_, reject) =>
+      child.once('error', (error) => reject(new SandboxError('HOST_NOT_READY', `cannot start sandbox: ${error.message}`, { cause: error }))),
+    );
+    let timer: NodeJS.Timeout | undefined;
+    const timeout = new Promise<never>((_, reject) => {
+      timer = setTimeout(() => reject(new SandboxError('TIMEOUT', `sandbox ${options.id} did not start within ${AGENT_READY_TIMEOUT_MS} ms`)), AGENT_READY_TIMEOUT_MS);
+    });
+    try {
+      await Promise.race([agent.ready, spawnError, timeout]);
+    } catch (error) {
+      await sandbox.destroy().catch(() => undefined);
+      const why = sandbox.stderrTail.trim();
+      throw new SandboxError('HOST_NOT_READY', `sandbox ${options.id} failed to start${why ? `: ${why}` : ''}`, {
+        cause: error,
+        hint: 'Check that bubblewrap works for unprivileged users on this host (scripts/setup.sh verifies it).',
+      });
+    } finally {
+      clearTimeout(timer);
+    }
+    return sandbox;
+  }
+
+  exec(request: ExecRequest): Promise<AgentProcess> {
+    if (this.destroying) {
+      return Promise.reject(new SandboxError('SANDBOX_NOT_RUNNING', `sandbox ${this.id} is being destroyed`));
+    }
+    return this.agent.start(request);
+  }
+
+  counters(): Promise<SandboxCounters> {
+    return this.cgroup.counters();
+  }
+
+  memoryUsageBytes(): Promise<number> {
+    return this.cgroup.memoryUsageBytes();
+  }
+
+  diskUsedBytes(): Promise<number | undefined> {
+    return this.diskUsed();
+  }
+
+  resetPeak(): Promise<void> {
+    return this.cgroup.resetPeak();
+  }
+
+  freeze(): Promise<void> {
+    return this.cgroup.freeze(true);
+  }
+
+  thaw(): Promise<void> {
+    return this.cgroup.freeze(false);
+  }
+
+  destroy(): Promise<void> {
+    this.destroying ??= this.teardown();
+    return this.destroying;
+  }
+
+  private async teardown(): Promise<void> {
+    const failures: string[] = [];
+    this.agent.close();
+    await this.cgroup.remove().catch((error: Error) => failures.push(error.message));
+    if (this.child.exitCode === null && this.child.signalCode === null) this.child.kill('SIGKILL');
+    await this.childExited;
+    await this.release().catch((error: Error) => failures.push(error.message));
+    if (failures.length > 0) {
+      throw new SandboxError('INTERNAL', `cleanup of sandbox ${this.id} failed: ${failures.join('; ')}`);
+    }
+  }
+}

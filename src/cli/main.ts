@@ -1,0 +1,46 @@
+import { Command, CommanderError } from 'commander';
+import { isSandboxError } from '../errors/index.js';
+import { runCommand } from './commands/run.js';
+import type { CliContext } from './context.js';
+import { EXIT_INTERNAL, EXIT_USAGE, exitCodeForError } from './exit-codes.js';
+
+/** Builds the `capsule` program. Each subcommand lives in commands/. */
+export function buildProgram(context: CliContext): Command {
+  const program = new Command('capsule')
+    .description('Capsule: sandboxes for AI agents')
+    .version('0.1.0')
+    .exitOverride()
+    .configureOutput({
+      writeOut: (text) => context.stdout.write(text),
+      writeErr: (text) => context.stderr.write(text),
+    });
+  program.addCommand(runCommand(context));
+  for (const command of program.commands) command.exitOverride();
+  return program;
+}
+
+/** Runs the CLI and returns the exit status; never throws. */
+export async function main(argv: string[], context?: Partial<CliContext>): Promise<number> {
+  const ctx: CliContext = {
+    stdout: context?.stdout ?? process.stdout,
+    stderr: context?.stderr ?? process.stderr,
+    env: context?.env ?? process.env,
+    exitCode: 0,
+  };
+  const json = argv.includes('--json');
+  try {
+    await buildProgram(ctx).parseAsync(argv);
+    return ctx.exitCode;
+  } catch (error) {
+    if (error instanceof CommanderError) {
+      return error.exitCode === 0 ? 0 : EXIT_USAGE;
+    }
+    if (isSandboxError(error)) {
+      if (json) ctx.stdout.write(`${JSON.stringify({ error: error.toJSON() })}\n`);
+      ctx.stderr.write(`capsule: ${error.code}: ${error.message}\n${error.hint ? `  hint: ${error.hint}\n` : ''}`);
+      return exitCodeForError(error.code);
+    }
+    ctx.stderr.write(`capsule: internal error: ${(error as Error).stack ?? String(error)}\n`);
+    return EXIT_INTERNAL;
+  }
+}

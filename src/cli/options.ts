@@ -1,0 +1,45 @@
+import { InvalidArgumentError } from 'commander';
+import { parseBytes, parseDurationMs } from '../spec/index.js';
+
+/** commander parsers that turn a bad flag into a message naming the flag. */
+export function bytesOption(flag: string) {
+  return (value: string): number => {
+    try {
+      return parseBytes(value, flag);
+    } catch (error) {
+      throw new InvalidArgumentError((error as Error).message);
+    }
+  };
+}
+
+export function durationOption(flag: string) {
+  return (value: string): number => {
+    try {
+      return parseDurationMs(value, flag);
+    } catch (error) {
+      throw new InvalidArgumentError((error as Error).message);
+    }
+  };
+}
+
+export function numberOption(flag: string) {
+  return (value: string): number => {
+    const n = Number(value);
+    if (value.trim() === '' || !Number.isFinite(n)) throw new InvalidArgumentError(`${flag}: "${value}" is not a number`);
+    return n;
+  };
+}
+
+export function collect(value: string, previous: string[] = []): string[] {
+  return [...previous, value];
+}
+
+export function parseEnvPairs(pairs: string[]): Record<string, string> {
+  const env: Record<string, string> = {};
+  for (const pair of pairs) {
+    const eq = pair.indexOf('=');
+    if (eq <= 0) throw new InvalidArgumentError(`--env: "${pair}" is not KEY=VALUE`);
+    env[pair.slice(0, eq)] = pair.slice(eq + 1);
+  }
+  return env;
+}

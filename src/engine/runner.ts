@@ -1,0 +1,105 @@
+import { join } from 'node:path';
+import { chown, mkdir, stat } from 'node:fs/promises';
+import { SandboxError } from '../errors/index.js';
+import { parseSpec, type OperatorMaxima, type SandboxSpecInput } from '../spec/index.js';
+import type { Backend, BackendSandbox } from '../backends/backend.js';
+import { NamespaceBackend } from '../backends/namespace/namespace-backend.host.js';
+import { HostEnvironment, type HostEnvironmentOptions } from '../host/host-env.host.js';
+import { copyOut, type CopyOutReport } from '../host/copy-out.host.js';
+import { baseEnv } from '../backends/namespace/bwrap-args.js';
+import { assertEnforceable } from './capabilities.js';
+import { newSandboxId } from './ids.js';
+import { superviseExec, type SuperviseOptions } from './supervise.js';
+import type { ExecResult } from './result.js';
+
+export interface RunOptions extends Omit<SuperviseOptions, 'timeoutMs' | 'onStart'> {
+  /** The sandbox spec; safe defaults fill what is left out. */
+  spec?: SandboxSpecInput;
+  /** Host directory shown read-only at /input. */
+  inputDir?: string;
+  /** Host directory that receives a copy of /workspace/output after the run. */
+  outputDir?: string;
+  /** Working directory inside the sandbox. @default spec.cwd */
+  cwd?: string;
+}
+
+export interface RunResult extends ExecResult {
+  sandboxId: string;
+  /** What was copied from /workspace/output when `outputDir` was given. */
+  output?: CopyOutReport;
+}
+
+export interface RunnerOptions extends HostEnvironmentOptions {
+  maxima?: OperatorMaxima;
+}
+
+export const OUTPUT_DIR = '/workspace/output';
+
+/**
+ * One-shot execution: a fresh sandbox per command, destroyed before the result is returned.
+ * Long-lived callers keep one Runner; `run()` makes one per call.
+ */
+export class Runner {
+  readonly host: HostEnvironment;
+  private readonly backends: Map<string, Backend>;
+  private readonly maxima: OperatorMaxima | undefined;
+
+  constructor(options: RunnerOptions = {}) {
+    this.host = new HostEnvironment(options);
+    this.maxima = options.maxima;
+    this.backends = new Map([['namespace', new NamespaceBackend({ host: this.host })]]);
+  }
+
+  async run(command: readonly string[], options: RunOptions = {}): Promise<RunResult> {
+    if (command.length === 0 || command.some((arg) => typeof arg !== 'string' || arg.includes('\0'))) {
+      throw new SandboxError('INVALID_ARGUMENT', 'command must be a non-empty array of strings without NUL bytes', {
+        details: { field: 'command' },
+        hint: "Pass argv, e.g. ['python3', 'script.py']; for a shell use ['bash', '-c', script].",
+      });
+    }
+    const input = { ...(options.spec ?? {}) };
+    if (options.inputDir !== undefined) {
+      input.mounts = [...(input.mounts ?? []), { hostPath: options.inputDir, sandboxPath: '/input' }];
+    }
+    const spec = parseSpec(input, this.maxima);
+    const backend = this.backends.get(spec.backend);
+    if (!backend) {
+      throw new SandboxError('BACKEND_UNAVAILABLE', `backend ${spec.backend} is not configured on this host`, {
+        details: { backend: spec.backend },
+        hint: 'Use backend "namespace".',
+      });
+    }
+    assertEnforceable(spec, await backend.probe());
+
+    const sandboxId = newSandboxId();
+    const sandbox = await backend.create(spec, { id: sandboxId, signal: options.signal });
+    try {
+      if (options.outputDir !== undefined) await prepareOutputDir(sandbox);
+      const result = await superviseExec(
+        sandbox,
+        { argv: [...command], env: { ...baseEnv(), ...spec.env }, cwd: options.cwd ?? spec.cwd },
+        options,
+      );
+      let output: CopyOutReport | undefined;
+      if (options.outputDir !== undefined) {
+        await sandbox.freeze(); // nothing may change the files while they are copied
+        output = await copyOut(join(sandbox.workspaceDir, 'output'), options.outputDir);
+      }
+      return { sandboxId, ...result, ...(output ? { output } : {}) };
+    } finally {
+      await sandbox.destroy();
+    }
+  }
+}
+
+async function prepareOutputDir(sandbox: BackendSandbox): Promise<void> {
+  const dir = join(sandbox.workspaceDir, 'output');
+  await mkdir(dir, { recursive: true });
+  const { uid } = await stat(sandbox.workspaceDir);
+  await chown(dir, uid, uid);
+}
+
+/** Runs one command in a fresh sandbox and returns how it ended. */
+export async function run(command: readonly string[], options: RunOptions & RunnerOptions = {}): Promise<RunResult> {
+  return new Runner(options).run(command, options);
+}

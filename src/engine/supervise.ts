@@ -1,0 +1,151 @@
+import { isSandboxError, SandboxError } from '../errors/index.js';
+import type { BackendSandbox, ExecRequest, SandboxCounters } from '../backends/backend.js';
+import type { AgentProcess } from '../backends/agent/index.js';
+import { classifyLimit, memoryWarningMessage } from './classify.js';
+import { OutputBuffer } from './output-buffer.js';
+import type { ExecResult, Warning } from './result.js';
+
+const MEMORY_POLL_MS = 50;
+
+export interface SuperviseOptions {
+  /** Wall-clock limit of this exec. @default spec.limits.wallClockMs */
+  timeoutMs?: number;
+  stdin?: string | Buffer;
+  onStdout?: (chunk: Buffer) => void;
+  onStderr?: (chunk: Buffer) => void;
+  onWarning?: (warning: Warning) => void;
+  /** Called once the process has started, with its pid inside the sandbox. */
+  onStart?: (process: AgentProcess) => void;
+  signal?: AbortSignal;
+}
+
+/**
+ * Runs one process in a sandbox to completion under the sandbox's limits and returns a typed
+ * result: output kept up to the caps (truncation flagged), usage, and the limit that ended it.
+ */
+export async function superviseExec(
+  sandbox: BackendSandbox,
+  request: ExecRequest,
+  options: SuperviseOptions = {},
+): Promise<ExecResult> {
+  const limits = sandbox.spec.limits;
+  const timeoutMs = options.timeoutMs ?? limits.wallClockMs;
+  const stdout = new OutputBuffer(limits.stdoutBytes);
+  const stderr = new OutputBuffer(limits.stderrBytes);
+  const warnings: Warning[] = [];
+  options.signal?.throwIfAborted();
+
+  const before = await sandbox.counters();
+  const started = performance.now();
+  let child: AgentProcess;
+  try {
+    child = await sandbox.exec({ ...request, stdin: request.stdin ?? options.stdin !== undefined });
+  } catch (error) {
+    if (isSandboxError(error, 'EXEC_FAILED')) return failedToStart(error, performance.now() - started, before);
+    throw error;
+  }
+  options.onStart?.(child);
+  child.onStdout((chunk) => {
+    stdout.push(chunk);
+    options.onStdout?.(chunk);
+  });
+  child.onStderr((chunk) => {
+    stderr.push(chunk);
+    options.onStderr?.(chunk);
+  });
+  if (options.stdin !== undefined) {
+    child.write(options.stdin);
+    child.closeStdin();
+  }
+
+  let timedOut = false;
+  let aborted = false;
+  const timer = setTimeout(() => {
+    timedOut = true;
+    child.signal('SIGKILL');
+  }, timeoutMs);
+  const onAbort = (): void => {
+    aborted = true;
+    child.signal('SIGKILL');
+  };
+  options.signal?.addEventListener('abort', onAbort, { once: true });
+  const warnAt = limits.memoryBytes * limits.memoryWarnRatio;
+  const poller = setInterval(() => {
+    if (warnings.length > 0) return;
+    sandbox.memoryUsageBytes().then(
+      (used) => {
+        if (used < warnAt || warnings.length > 0) return;
+        const warning: Warning = {
+          resource: 'memory',
+          limit: limits.memoryBytes,
+          used,
+          message: memoryWarningMessage(limits.memoryBytes, used, limits.memoryWarnRatio),
+        };
+        warnings.push(warning);
+        options.onWarning?.(warning);
+      },
+      () => undefined, // the cgroup is gone: the sandbox is being destroyed, the exit tells why
+    );
+  }, MEMORY_POLL_MS);
+
+  const exit = await Promise.race([child.exited, sandbox.lost.then(() => child.exited)]);
+  clearTimeout(timer);
+  clearInterval(poller);
+  options.signal?.removeEventListener('abort', onAbort);
+  const durationMs = Math.round(performance.now() - started);
+
+  const after = await sandbox.counters().catch(() => before);
+  const diskUsedBytes = (await sandbox.diskUsedBytes().catch(() => undefined)) ?? null;
+  const usage = {
+    memoryPeakBytes: after.memoryPeakBytes,
+    cpuTimeMs: Math.round((after.cpuUsageUsec - before.cpuUsageUsec) / 1000),
+    cpuThrottledMs: Math.round((after.cpuThrottledUsec - before.cpuThrottledUsec) / 1000),
+    diskUsedBytes,
+  };
+  const base = {
+    exitCode: exit.exitCode,
+    signal: exit.signal,
+    stdout: stdout.text(),
+    stderr: stderr.text(),
+    stdoutTruncated: stdout.truncated,
+    stderrTruncated: stderr.truncated,
+    stdoutBytes: stdout.total,
+    stderrBytes: stderr.total,
+    durationMs,
+    usage,
+    warnings,
+  };
+  const limit = classifyLimit({
+    limits, timeoutMs, timedOut, durationMs, exitCode: exit.exitCode, signal: exit.signal, before, after, diskUsedBytes,
+  });
+  if (limit) return { ...base, outcome: 'limit_exceeded', limit };
+  if (aborted) {
+    return { ...base, outcome: 'error', error: { code: 'ABORTED', message: 'the caller aborted the process; it was killed' } };
+  }
+  if (exit.lost) {
+    return {
+      ...base,
+      outcome: 'error',
+      error: { code: 'SANDBOX_CRASHED', message: `sandbox ${sandbox.id} stopped while the process ran` },
+    };
+  }
+  return { ...base, outcome: exit.exitCode === 0 ? 'ok' : 'exit_nonzero' };
+}
+
+function failedToStart(error: SandboxError, durationMs: number, counters: SandboxCounters): ExecResult {
+  return {
+    outcome: 'error',
+    exitCode: null,
+    signal: null,
+    stdout: '',
+    stderr: '',
+    stdoutTruncated: false,
+    stderrTruncated: false,
+    stdoutBytes: 0,
+    stderrBytes: 0,
+    durationMs: Math.round(durationMs),
+    usage: { memoryPeakBytes: counters.memoryPeakBytes, cpuTimeMs: 0, cpuThrottledMs: 0, diskUsedBytes: null },
+    warnings: [],
+    error: { code: error.code, message: error.message },
+  };
+}

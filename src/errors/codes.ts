@@ -1,0 +1,43 @@
+/**
+ * The stable error codes of Capsule. A code never changes meaning once shipped; the HTTP status
+ * of each lives in `status.ts`, where the compiler checks that the map is complete.
+ */
+export const ERROR_CODES = [
+  // Bad input: the caller can fix the request.
+  'INVALID_ARGUMENT',
+  'INVALID_SPEC',
+  'INVALID_PATH',
+  'PAYLOAD_TOO_LARGE',
+  // Auth.
+  'UNAUTHENTICATED',
+  'PERMISSION_DENIED',
+  // Missing or conflicting state.
+  'NOT_FOUND',
+  'SANDBOX_NOT_FOUND',
+  'PROCESS_NOT_FOUND',
+  'FILE_NOT_FOUND',
+  'ALREADY_EXISTS',
+  'IS_A_DIRECTORY',
+  'NOT_A_DIRECTORY',
+  'CONFLICT',
+  'IDEMPOTENCY_KEY_REUSED',
+  'SANDBOX_NOT_RUNNING',
+  // Capacity and limits.
+  'QUOTA_EXCEEDED',
+  'LIMIT_EXCEEDED',
+  'NO_SPACE',
+  'FILE_TOO_LARGE',
+  'SPEC_EXCEEDS_MAXIMUM',
+  // Backend and host.
+  'BACKEND_UNAVAILABLE',
+  'BACKEND_CANNOT_ENFORCE',
+  'HOST_NOT_READY',
+  'EXEC_FAILED',
+  'SANDBOX_CRASHED',
+  'TIMEOUT',
+  'ABORTED',
+  'UNIMPLEMENTED',
+  'INTERNAL',
+] as const;
+
+export type ErrorCode = (typeof ERROR_CODES)[number];

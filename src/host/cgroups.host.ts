@@ -1,0 +1,200 @@
+import { readFile, rmdir, mkdir, writeFile, readdir, access } from 'node:fs/promises';
+import { join } from 'node:path';
+import { watch } from 'node:fs';
+import { SandboxError } from '../errors/index.js';
+
+/** cgroup v1 hierarchies that hold limits; the v2 group is used for atomic kill and freeze. */
+export const V1_CONTROLLERS = ['memory', 'pids', 'cpu'] as const;
+const CGROUP_ROOT = '/sys/fs/cgroup';
+export const CGROUP_PREFIX = 'capsule-';
+
+export interface CgroupLimits {
+  memoryBytes: number;
+  pids: number;
+  cpus: number;
+}
+
+/** Counters read from the kernel; they tell a limit kill apart from the program's own failure. */
+export interface CgroupCounters {
+  oomKills: number;
+  pidsMaxEvents: number;
+  memoryPeakBytes: number;
+  memoryUsageBytes: number;
+  cpuUsageUsec: number;
+  cpuThrottledUsec: number;
+}
+
+/**
+ * One sandbox's cgroups: v1 memory (+memsw) / pids / cpu for limits, v2 for kill and freeze.
+ * Every method is a handful of small file writes; nothing spawns.
+ */
+export class SandboxCgroup {
+  readonly name: string;
+
+  private constructor(name: string) {
+    this.name = name;
+  }
+
+  static async create(id: string, limits: CgroupLimits): Promise<SandboxCgroup> {
+    const cgroup = new SandboxCgroup(`${CGROUP_PREFIX}${id}`);
+    try {
+      for (const dir of cgroup.dirs()) await mkdir(dir);
+      const mem = cgroup.dir('memory');
+      await writeFile(join(mem, 'memory.swappiness'), '0');
+      await writeFile(join(mem, 'memory.limit_in_bytes'), String(limits.memoryBytes));
+      await writeFileIfExists(join(mem, 'memory.memsw.limit_in_bytes'), String(limits.memoryBytes));
+      await writeFile(join(cgroup.dir('pids'), 'pids.max'), String(limits.pids));
+      const period = 100_000;
+      await writeFile(join(cgroup.dir('cpu'), 'cpu.cfs_period_us'), String(period));
+      await writeFile(join(cgroup.dir('cpu'), 'cpu.cfs_quota_us'), String(Math.max(1000, Math.round(limits.cpus * period))));
+    } catch (error) {
+      await cgroup.remove().catch(() => undefined);
+      throw new SandboxError('HOST_NOT_READY', `cannot set up cgroups for ${id}: ${(error as Error).message}`, {
+        cause: error,
+        hint: 'Capsule needs root and cgroup v1 memory, pids and cpu hierarchies plus the cgroup2 mount at /sys/fs/cgroup/unified.',
+      });
+    }
+    return cgroup;
+  }
+
+  static attach(name: string): SandboxCgroup {
+    return new SandboxCgroup(name);
+  }
+
+  dir(controller: (typeof V1_CONTROLLERS)[number] | 'unified'): string {
+    return join(CGROUP_ROOT, controller, this.name);
+  }
+
+  dirs(): string[] {
+    return [...V1_CONTROLLERS.map((c) => this.dir(c)), this.dir('unified')];
+  }
+
+  /** Files a launcher writes its pid to, so that everything it starts is limited. */
+  procsFiles(): string[] {
+    return this.dirs().map((d) => join(d, 'cgroup.procs'));
+  }
+
+  async counters(): Promise<CgroupCounters> {
+    const mem = this.dir('memory');
+    const [oom, pidsEvents, peak, usage, cpuStat] = await Promise.all([
+      readFile(join(mem, 'memory.oom_control'), 'utf8'),
+      readFile(join(this.dir('pids'), 'pids.events'), 'utf8'),
+      readFile(join(mem, 'memory.max_usage_in_bytes'), 'utf8'),
+      readFile(join(mem, 'memory.usage_in_bytes'), 'utf8'),
+      readFile(join(this.dir('unified'), 'cpu.stat'), 'utf8').catch(() => ''),
+    ]);
+    const throttled = await readFile(join(this.dir('cpu'), 'cpu.stat'), 'utf8').catch(() => '');
+    return {
+      oomKills: keyed(oom, 'oom_kill'),
+      pidsMaxEvents: keyed(pidsEvents, 'max'),
+      memoryPeakBytes: Number(peak.trim()),
+      memoryUsageBytes: Number(usage.trim()),
+      cpuUsageUsec: keyed(cpuStat, 'usage_usec'),
+      cpuThrottledUsec: Math.round(keyed(throttled, 'throttled_time') / 1000),
+    };
+  }
+
+  async memoryUsageBytes(): Promise<number> {
+    return Number((await readFile(join(this.dir('memory'), 'memory.usage_in_bytes'), 'utf8')).trim());
+  }
+
+  async resetPeak(): Promise<void> {
+    await writeFile(join(this.dir('memory'), 'memory.max_usage_in_bytes'), '0').catch(() => undefined);
+  }
+
+  async freeze(frozen: boolean): Promise<void> {
+    await writeFile(join(this.dir('unified'), 'cgroup.freeze'), frozen ? '1' : '0');
+  }
+
+  async isPopulated(): Promise<boolean> {
+    const events = await readFile(join(this.dir('unified'), 'cgroup.events'), 'utf8').catch(() => 'populated 0');
+    return keyed(events, 'populated') === 1;
+  }
+
+  /** Kills every process in the sandbox at once and waits until the group is empty. */
+  async kill(timeoutMs = 5000): Promise<void> {
+    const unified = this.dir('unified');
+    if (!(await exists(unified))) return;
+    // A frozen group must thaw for the SIGKILL to be acted on.
+    await writeFile(join(unified, 'cgroup.freeze'), '0').catch(() => undefined);
+    await writeFile(join(unified, 'cgroup.kill'), '1').catch(() => undefined);
+    await waitUntilEmpty(join(unified, 'cgroup.events'), timeoutMs);
+  }
+
+  /** Kills what is left and removes every directory. Safe to call twice. */
+  async remove(): Promise<void> {
+    await this.kill();
+    const failures: string[] = [];
+    for (const dir of this.dirs()) {
+      try {
+        await rmdir(dir);
+      } catch (error) {
+        if ((error as NodeJS.ErrnoException).code !== 'ENOENT') failures.push(`${dir}: ${(error as Error).message}`);
+      }
+    }
+    if (failures.length > 0) {
+      throw new SandboxError('INTERNAL', `cgroup cleanup failed: ${failures.join('; ')}`);
+    }
+  }
+}
+
+/** Names of our cgroups present on the host, for reconciliation after a crash. */
+export async function listSandboxCgroups(): Promise<string[]> {
+  const names = new Set<string>();
+  for (const controller of [...V1_CONTROLLERS, 'unified']) {
+    const entries = await readdir(join(CGROUP_ROOT, controller)).catch(() => [] as string[]);
+    for (const entry of entries) if (entry.startsWith(CGROUP_PREFIX)) names.add(entry);
+  }
+  return [...names];
+}
+
+function keyed(text: string, key: string): number {
+  for (const line of text.split('\n')) {
+    const [k, v] = line.split(' ');
+    if (k === key && v !== undefined) return Number(v);
+  }
+  return 0;
+}
+
+async function exists(path: string): Promise<boolean> {
+  try {
+    await access(path);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+async function writeFileIfExists(path: string, value: string): Promise<void> {
+  try {
+    await writeFile(path, value);
+  } catch (error) {
+    if ((error as NodeJS.ErrnoException).code !== 'ENOENT') throw error;
+  }
+}
+
+/** Waits for `populated 0` in cgroup.events; the kernel signals changes of that file to inotify. */
+async function waitUntilEmpty(eventsFile: string, timeoutMs: number): Promise<void> {
+  const populated = async (): Promise<boolean> => {
+    const text = await readFile(eventsFile, 'utf8').catch(() => 'populated 0');
+    return keyed(text, 'populated') === 1;
+  };
+  if (!(await populated())) return;
+  await new Promise<void>((resolve, reject) => {
+    let settled = false;
+    const watcher = watch(eventsFile, () => void check());
+    const timer = setTimeout(() => finish(new SandboxError('INTERNAL', `cgroup did not empty within ${timeoutMs} ms: ${eventsFile}`)), timeoutMs);
+    function finish(error?: Error): void {
+      if (settled) return;
+      settled = true;
+      clearTimeout(timer);
+      watcher.close();
+      if (error) reject(error);
+      else resolve();
+    }
+    async function check(): Promise<void> {
+      if (!(await populated())) finish();
+    }
+    void check();
+  });
+}

@@ -1,0 +1,175 @@
+import { spawnSync } from 'node:child_process';
+import { access, chmod, copyFile, mkdir, readdir, rename, stat, writeFile } from 'node:fs/promises';
+import { closeSync, constants, existsSync, openSync } from 'node:fs';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { SandboxError } from '../errors/index.js';
+import { ETC_ALLOWLIST, SANDBOX_UID, SANDBOX_USER } from '../backends/namespace/bwrap-args.js';
+import { WorkspaceVolume } from './volume.host.js';
+
+export interface HostEnvironmentOptions {
+  /** Where Capsule keeps its state. @default '/var/lib/capsule' */
+  dataDir?: string;
+  /** Directory of the compiled C helpers. @default dist/native of this package */
+  nativeDir?: string;
+  /** Sparse size of the workspace volume. @default 32 GiB */
+  volumeBytes?: number;
+}
+
+/** Everything a backend needs from a prepared host, resolved to absolute paths. */
+export interface HostPaths {
+  dataDir: string;
+  bwrap: string;
+  launcher: string;
+  agent: string;
+  seccompBpf: string;
+  etcDir: string;
+  etcEntries: string[];
+}
+
+export const DEFAULT_DATA_DIR = '/var/lib/capsule';
+/** The package root: the nearest directory above this file holding package.json (src/ or dist/src/). */
+function packageRoot(): string {
+  let dir = dirname(fileURLToPath(import.meta.url));
+  while (!existsSync(join(dir, 'package.json')) && dirname(dir) !== dir) dir = dirname(dir);
+  return dir;
+}
+
+/**
+ * The prepared host: checks the platform, compiles nothing (the build does), writes the seccomp
+ * program and the synthetic /etc files once, and mounts the workspace volume. Idempotent.
+ */
+export class HostEnvironment {
+  readonly dataDir: string;
+  readonly nativeDir: string;
+  readonly volume: WorkspaceVolume;
+  private paths: HostPaths | undefined;
+
+  constructor(options: HostEnvironmentOptions = {}) {
+    this.dataDir = options.dataDir ?? DEFAULT_DATA_DIR;
+    this.nativeDir = options.nativeDir ?? join(packageRoot(), 'dist', 'native');
+    this.volume = new WorkspaceVolume({ dataDir: this.dataDir, sizeBytes: options.volumeBytes });
+  }
+
+  async ensure(): Promise<HostPaths> {
+    if (this.paths) return this.paths;
+    checkPlatform();
+    const bwrap = '/usr/bin/bwrap';
+    await requireFile(bwrap, 'bubblewrap is not installed');
+    await requireFile('/sys/fs/cgroup/memory/memory.limit_in_bytes', 'the cgroup v1 memory hierarchy is missing');
+    await requireFile('/sys/fs/cgroup/unified/cgroup.procs', 'the cgroup2 mount at /sys/fs/cgroup/unified is missing');
+    for (const tool of ['capsule-launch', 'capsule-agent', 'seccomp-gen']) {
+      await requireFile(join(this.nativeDir, tool), `${tool} is not built (run npm run build)`);
+    }
+
+    // The sandbox's host uid must traverse these directories to reach its workspace and agent.
+    await mkdir(this.dataDir, { recursive: true });
+    await chmod(this.dataDir, 0o711);
+    const binDir = join(this.dataDir, 'bin');
+    await mkdir(binDir, { recursive: true, mode: 0o755 });
+    const agent = join(binDir, 'capsule-agent');
+    await copyIfNewer(join(this.nativeDir, 'capsule-agent'), agent, 0o755);
+
+    const seccompBpf = join(this.dataDir, 'seccomp.bpf');
+    await this.writeSeccomp(seccompBpf);
+    const etcDir = join(this.dataDir, 'etc');
+    await writeEtc(etcDir);
+
+    await this.volume.ensure();
+    await chmod(this.volume.mountPoint, 0o711);
+
+    const etcEntries: string[] = [];
+    for (const entry of ETC_ALLOWLIST) if (await exists(`/etc/${entry}`)) etcEntries.push(entry);
+    this.paths = {
+      dataDir: this.dataDir,
+      bwrap,
+      launcher: join(this.nativeDir, 'capsule-launch'),
+      agent,
+      seccompBpf,
+      etcDir,
+      etcEntries,
+    };
+    return this.paths;
+  }
+
+  private async writeSeccomp(target: string): Promise<void> {
+    const generator = join(this.nativeDir, 'seccomp-gen');
+    if (await isNewer(target, generator)) return;
+    const fd = openSync(`${target}.tmp`, 'w', 0o644);
+    try {
+      const result = spawnSync(generator, [], { stdio: ['ignore', fd, 'pipe'] });
+      if (result.status !== 0) {
+        throw new SandboxError('HOST_NOT_READY', `seccomp-gen failed: ${result.stderr.toString().trim()}`);
+      }
+    } finally {
+      closeSync(fd);
+    }
+    await rename(`${target}.tmp`, target);
+  }
+}
+
+function checkPlatform(): void {
+  if (process.platform !== 'linux') {
+    throw new SandboxError('HOST_NOT_READY', `Capsule's namespace backend needs Linux; this is ${process.platform}`, {
+      hint: 'Run Capsule on a Linux host (Debian 12 is what it is tested on).',
+    });
+  }
+  if (process.getuid?.() !== 0) {
+    throw new SandboxError('HOST_NOT_READY', 'Capsule needs root to set up cgroups, mounts and namespaces', {
+      hint: 'Run as root; sandboxed programs themselves run as an unprivileged host uid.',
+    });
+  }
+}
+
+async function requireFile(path: string, problem: string): Promise<void> {
+  try {
+    await access(path, constants.R_OK);
+  } catch {
+    throw new SandboxError('HOST_NOT_READY', `${problem} (${path} not found)`, {
+      details: { path },
+      hint: 'Run scripts/setup.sh once on this machine (installs bubblewrap, libseccomp, btrfs-progs and builds the helpers).',
+    });
+  }
+}
+
+async function exists(path: string): Promise<boolean> {
+  try {
+    await access(path);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+async function isNewer(target: string, source: string): Promise<boolean> {
+  try {
+    const [t, s] = await Promise.all([stat(target), stat(source)]);
+    return t.mtimeMs >= s.mtimeMs;
+  } catch {
+    return false;
+  }
+}
+
+async function copyIfNewer(source: string, target: string, mode: number): Promise<void> {
+  if (await isNewer(target, source)) return;
+  await copyFile(source, `${target}.tmp`);
+  await chmod(`${target}.tmp`, mode);
+  await rename(`${target}.tmp`, target);
+}
+
+/** Synthetic /etc files: the sandbox sees its own user, no host accounts and no resolver. */
+async function writeEtc(etcDir: string): Promise<void> {
+  await mkdir(etcDir, { recursive: true, mode: 0o755 });
+  const files: Record<string, string> = {
+    passwd: `root:x:0:0:root:/root:/usr/sbin/nologin\n${SANDBOX_USER}:x:${SANDBOX_UID}:${SANDBOX_UID}:sandbox user:/home/${SANDBOX_USER}:/bin/bash\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n`,
+    group: `root:x:0:\n${SANDBOX_USER}:x:${SANDBOX_UID}:\nnogroup:x:65534:\n`,
+    hosts: '127.0.0.1 localhost sandbox\n::1 localhost ip6-localhost ip6-loopback\n',
+    'resolv.conf': '# Capsule: no resolver; names are resolved by the egress proxy when the policy allows.\n',
+    hostname: 'sandbox\n',
+  };
+  const present = new Set(await readdir(etcDir));
+  for (const [name, content] of Object.entries(files)) {
+    if (present.has(name)) continue;
+    await writeFile(join(etcDir, name), content, { mode: 0o644 });
+  }
+}

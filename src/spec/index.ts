@@ -1,0 +1,4 @@
+export * from './schema.js';
+export * from './maxima.js';
+export * from './parse.js';
+export * from './units.js';

@@ -1,0 +1,48 @@
+import { SandboxError } from '../errors/index.js';
+import type { Limits, SandboxSpec } from './schema.js';
+
+const MiB = 1024 * 1024;
+const GiB = 1024 * MiB;
+
+/** The operator's ceilings: a spec may lower any limit, and raise it only up to these. */
+export interface OperatorMaxima {
+  limits: Limits;
+  ttlMs: number;
+}
+
+export const DEFAULT_MAXIMA: OperatorMaxima = {
+  limits: {
+    cpus: 2,
+    wallClockMs: 3_600_000,
+    memoryBytes: 8 * GiB,
+    memoryWarnRatio: 0.99,
+    pids: 4096,
+    diskBytes: 16 * GiB,
+    fileSizeBytes: 4 * GiB,
+    tmpBytes: 2 * GiB,
+    openFiles: 65_536,
+    stdoutBytes: 64 * MiB,
+    stderrBytes: 64 * MiB,
+  },
+  ttlMs: 24 * 3_600_000,
+};
+
+/** Throws SPEC_EXCEEDS_MAXIMUM naming the first field above the operator's maximum. */
+export function checkMaxima(spec: SandboxSpec, maxima: OperatorMaxima = DEFAULT_MAXIMA): void {
+  for (const key of Object.keys(maxima.limits) as (keyof Limits)[]) {
+    const max = maxima.limits[key];
+    const value = spec.limits[key];
+    if (value > max) {
+      throw new SandboxError('SPEC_EXCEEDS_MAXIMUM', `limits.${key} is ${value}, above the operator maximum ${max}`, {
+        details: { field: `limits.${key}`, value, maximum: max },
+        hint: `Lower limits.${key} to at most ${max}, or ask the operator to raise the maximum.`,
+      });
+    }
+  }
+  if (spec.ttlMs > maxima.ttlMs) {
+    throw new SandboxError('SPEC_EXCEEDS_MAXIMUM', `ttlMs is ${spec.ttlMs}, above the operator maximum ${maxima.ttlMs}`, {
+      details: { field: 'ttlMs', value: spec.ttlMs, maximum: maxima.ttlMs },
+      hint: `Lower ttlMs to at most ${maxima.ttlMs}.`,
+    });
+  }
+}

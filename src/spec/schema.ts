@@ -1,0 +1,82 @@
+import { z } from 'zod';
+
+const MiB = 1024 * 1024;
+
+/** Environment variable names a POSIX shell accepts; values may not carry NUL bytes. */
+const envName = z.string().regex(/^[A-Za-z_][A-Za-z0-9_]*$/, 'must be a valid environment variable name');
+const noNul = z.string().refine((s) => !s.includes('\0'), 'must not contain NUL bytes');
+const absolutePath = noNul.refine((p) => p.startsWith('/'), 'must be an absolute path');
+
+/**
+ * Resource limits. Every limit is on by default and finite; units are in the names.
+ * A limit that ends work is reported as `limit_exceeded` with the resource, never as a crash.
+ */
+export const LimitsSchema = z.strictObject({
+  /** CPU cores (a quota, may be fractional). @default 1 */
+  cpus: z.number().positive().max(64).default(1),
+  /** Wall-clock time of a run or of one process, in real time (not CPU time). @default 30000 */
+  wallClockMs: z.number().int().positive().default(30_000),
+  /** Memory including tmpfs pages and kernel memory of the sandbox. @default 512 MiB */
+  memoryBytes: z.number().int().min(16 * MiB).default(512 * MiB),
+  /** Fraction of `memoryBytes` at which a warning is emitted before the OOM kill. @default 0.8 */
+  memoryWarnRatio: z.number().gt(0).lt(1).default(0.8),
+  /** Processes and threads at once. @default 128 */
+  pids: z.number().int().min(4).default(128),
+  /** Bytes the workspace may hold. @default 512 MiB */
+  diskBytes: z.number().int().min(MiB).default(512 * MiB),
+  /** Largest single file a process may write (RLIMIT_FSIZE). @default 64 MiB */
+  fileSizeBytes: z.number().int().min(1024).default(64 * MiB),
+  /** Size of the private /tmp (tmpfs, counted in memory). @default 64 MiB */
+  tmpBytes: z.number().int().min(MiB).default(64 * MiB),
+  /** Open file descriptors per process (RLIMIT_NOFILE). @default 1024 */
+  openFiles: z.number().int().min(16).max(65_536).default(1024),
+  /** Bytes of stdout kept per run or process; the rest is dropped and flagged. @default 1 MiB */
+  stdoutBytes: z.number().int().min(0).default(MiB),
+  /** Bytes of stderr kept per run or process; the rest is dropped and flagged. @default 1 MiB */
+  stderrBytes: z.number().int().min(0).default(MiB),
+});
+
+export const NETWORK_MODES = ['none', 'allowlist', 'internet'] as const;
+
+export const NetworkPolicySchema = z.strictObject({
+  /** `none`: only loopback inside. @default 'none' */
+  mode: z.enum(NETWORK_MODES).default('none'),
+  /** Domains (`api.github.com:443`, `*.pypi.org`) and CIDRs reachable in `allowlist` mode. */
+  allow: z.array(z.string().min(1).max(253)).max(256).default([]),
+  /** Credential-broker handles the sandbox may use. */
+  handles: z.array(z.string().regex(/^[a-z0-9][a-z0-9._-]{0,63}$/)).max(64).default([]),
+});
+
+export const MountSchema = z.strictObject({
+  /** Host directory to expose. */
+  hostPath: absolutePath,
+  /** Where the sandbox sees it, e.g. `/input`. */
+  sandboxPath: absolutePath,
+  /** Host mounts are read-only; a writable host mount would let a sandbox change the host. */
+  readOnly: z.literal(true).default(true),
+});
+
+export const BACKENDS = ['namespace', 'gvisor'] as const;
+
+/** A sandbox is created from exactly this. With no options it is the least capable sandbox. */
+export const SandboxSpecSchema = z.strictObject({
+  /** Isolation backend. @default 'namespace' */
+  backend: z.enum(BACKENDS).default('namespace'),
+  limits: LimitsSchema.default(LimitsSchema.parse({})),
+  network: NetworkPolicySchema.default(NetworkPolicySchema.parse({})),
+  /** The complete environment of processes; nothing of the host's is inherited. @default {} */
+  env: z.record(envName, noNul).default({}),
+  /** Read-only host directories. @default [] */
+  mounts: z.array(MountSchema).max(16).default([]),
+  /** Working directory of processes. @default '/workspace' */
+  cwd: absolutePath.default('/workspace'),
+  /** Time to live of a durable sandbox. @default 300000 */
+  ttlMs: z.number().int().positive().default(300_000),
+});
+
+export type SandboxSpecInput = z.input<typeof SandboxSpecSchema>;
+export type SandboxSpec = z.output<typeof SandboxSpecSchema>;
+export type Limits = z.output<typeof LimitsSchema>;
+export type NetworkPolicy = z.output<typeof NetworkPolicySchema>;
+export type Mount = z.output<typeof MountSchema>;
+export type BackendName = (typeof BACKENDS)[number];

@@ -1,0 +1,102 @@
+import { afterEach, describe, expect, it } from 'vitest';
+import { describeResult, expectNoLeaks, python, testRunner } from '../helpers/sandbox.js';
+import type { Warning } from '../../src/engine/result.js';
+
+const MiB = 1024 * 1024;
+const runner = testRunner();
+afterEach(expectNoLeaks);
+
+describe('limits end work with a readable, classified error', () => {
+  it('contains a fork bomb with the pids limit', async () => {
+    const r = await runner.run(['bash', '-c', ':(){ :|:& };:; wait'], { spec: { limits: { pids: 64, wallClockMs: 10_000 } } });
+    expect(r.outcome, describeResult(r)).toBe('limit_exceeded');
+    expect(r.limit?.resource).toBe('pids');
+    expect(r.limit?.message).toMatch(/^process limit 64 reached \(\d+ forks? refused\)/);
+  });
+
+  it('kills a memory hog with a memory error, after a warning', async () => {
+    const warnings: Warning[] = [];
+    const r = await python(
+      runner,
+      'import time\nchunks = []\nwhile True:\n    chunks.append(bytearray(8 * 1024 * 1024))\n    time.sleep(0.02)',
+      { spec: { limits: { memoryBytes: 128 * MiB } }, onWarning: (w) => warnings.push(w) },
+    );
+    expect(r.outcome, describeResult(r)).toBe('limit_exceeded');
+    expect(r.limit?.resource).toBe('memory');
+    expect(r.limit?.limit).toBe(128 * MiB);
+    expect(r.limit?.message).toMatch(/^memory limit 128 MiB exceeded \(peak [\d.]+ MiB\); the process was killed by the OOM killer\. Raise limits\.memoryBytes/);
+    expect(r.warnings.length).toBe(1);
+    expect(warnings[0]?.message).toMatch(/passed 80% of the 128 MiB limit/);
+  });
+
+  it('stops a disk filler with a disk error', async () => {
+    const r = await runner.run(['dd', 'if=/dev/zero', 'of=/workspace/fill', 'bs=1M', 'count=200'], {
+      spec: { limits: { diskBytes: 32 * MiB, fileSizeBytes: 512 * MiB } },
+    });
+    expect(r.outcome, describeResult(r)).toBe('limit_exceeded');
+    expect(r.limit?.resource).toBe('disk');
+    expect(r.limit?.message).toMatch(/^workspace disk limit 32 MiB reached/);
+    expect(r.stderr).toMatch(/Disk quota exceeded/);
+  });
+
+  it('stops a huge file with the file-size limit', async () => {
+    const r = await runner.run(['dd', 'if=/dev/zero', 'of=/workspace/big', 'bs=1M', 'count=50'], {
+      spec: { limits: { fileSizeBytes: 5 * MiB } },
+    });
+    expect(r.outcome, describeResult(r)).toBe('limit_exceeded');
+    expect(r.limit?.resource).toBe('file_size');
+    expect(r.limit?.message).toMatch(/^file size limit 5 MiB exceeded/);
+  });
+
+  it('keeps the first bytes of a stdout flood and flags the truncation', async () => {
+    const r = await runner.run(['sh', '-c', 'yes capsule | head -c 5000000; echo tail >&2'], { spec: { limits: { stdoutBytes: MiB } } });
+    expect(r.outcome, describeResult(r)).toBe('ok');
+    expect(r.stdoutTruncated).toBe(true);
+    expect(r.stdout.length).toBe(MiB);
+    expect(r.stdoutBytes).toBe(5_000_000);
+    expect(r.stderrTruncated).toBe(false);
+    expect(r.stderr).toBe('tail\n');
+  });
+
+  it('ends an infinite loop by wall clock, in real time', async () => {
+    const r = await python(runner, 'while True: pass', { spec: { limits: { wallClockMs: 1000 } } });
+    expect(r.outcome, describeResult(r)).toBe('limit_exceeded');
+    expect(r.limit?.resource).toBe('wall_clock');
+    expect(r.limit?.message).toMatch(/^wall-clock limit 1 s exceeded/);
+    expect(r.durationMs).toBeGreaterThanOrEqual(1000);
+  });
+
+  it('ends a sleeping process by wall clock too (real time, not CPU time)', async () => {
+    const r = await runner.run(['sleep', '60'], { spec: { limits: { wallClockMs: 500 } } });
+    expect(r.outcome, describeResult(r)).toBe('limit_exceeded');
+    expect(r.limit?.resource).toBe('wall_clock');
+    expect(r.usage.cpuTimeMs).toBeLessThan(400);
+  });
+
+  it('kills the whole process tree on timeout', async () => {
+    const r = await runner.run(['sh', '-c', 'setsid sleep 100 & nohup sleep 100 & sleep 100'], { spec: { limits: { wallClockMs: 500 } } });
+    expect(r.limit?.resource, describeResult(r)).toBe('wall_clock');
+    // afterEach: no process of any sandbox uid is left on the host.
+  });
+
+  it("tells the program's own failure apart from a limit", async () => {
+    const r = await runner.run(['sh', '-c', 'echo oops >&2; exit 3']);
+    expect(r.outcome, describeResult(r)).toBe('exit_nonzero');
+    expect(r.exitCode).toBe(3);
+    expect(r.limit).toBeUndefined();
+    expect(r.stderr).toBe('oops\n');
+  });
+
+  it('reports a missing command as an error, not a crash', async () => {
+    const r = await runner.run(['/nonexistent/tool']);
+    expect(r.outcome, describeResult(r)).toBe('error');
+    expect(r.error?.code).toBe('EXEC_FAILED');
+    expect(r.error?.message).toMatch(/nonexistent/);
+  });
+
+  it('bounds /tmp by its own size', async () => {
+    const r = await runner.run(['dd', 'if=/dev/zero', 'of=/tmp/fill', 'bs=1M', 'count=40'], { spec: { limits: { tmpBytes: 8 * MiB } } });
+    expect(r.outcome, describeResult(r)).toBe('exit_nonzero');
+    expect(r.stderr).toMatch(/No space left on device/);
+  });
+});
