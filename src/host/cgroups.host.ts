@@ -35,8 +35,9 @@ export class SandboxCgroup {
     this.name = name;
   }
 
-  static async create(id: string, limits: CgroupLimits): Promise<SandboxCgroup> {
-    const cgroup = new SandboxCgroup(`${CGROUP_PREFIX}${id}`);
+  /** `prefix` names the Capsule instance (see HostEnvironment.cgroupPrefix); `id` the sandbox. */
+  static async create(prefix: string, id: string, limits: CgroupLimits): Promise<SandboxCgroup> {
+    const cgroup = new SandboxCgroup(`${prefix}${id}`);
     try {
       for (const dir of cgroup.dirs()) await mkdir(dir);
       const mem = cgroup.dir('memory');
@@ -138,12 +139,12 @@ export class SandboxCgroup {
   }
 }
 
-/** Names of our cgroups present on the host, for reconciliation after a crash. */
-export async function listSandboxCgroups(): Promise<string[]> {
+/** Names of cgroups with this prefix present on the host, for reconciliation after a crash. */
+export async function listSandboxCgroups(prefix: string = CGROUP_PREFIX): Promise<string[]> {
   const names = new Set<string>();
   for (const controller of [...V1_CONTROLLERS, 'unified']) {
     const entries = await readdir(join(CGROUP_ROOT, controller)).catch(() => [] as string[]);
-    for (const entry of entries) if (entry.startsWith(CGROUP_PREFIX)) names.add(entry);
+    for (const entry of entries) if (entry.startsWith(prefix)) names.add(entry);
   }
   return [...names];
 }

@@ -1,7 +1,9 @@
 import { spawnSync } from 'node:child_process';
 import { access, chmod, copyFile, mkdir, readdir, rename, stat, writeFile } from 'node:fs/promises';
 import { closeSync, constants, existsSync, openSync } from 'node:fs';
-import { dirname, join } from 'node:path';
+import { createHash } from 'node:crypto';
+import { dirname, join, resolve } from 'node:path';
+import { CGROUP_PREFIX } from './cgroups.host.js';
 import { fileURLToPath } from 'node:url';
 import { SandboxError } from '../errors/index.js';
 import { ETC_ALLOWLIST, SANDBOX_UID, SANDBOX_USER } from '../backends/namespace/bwrap-args.js';
@@ -43,12 +45,18 @@ export class HostEnvironment {
   readonly dataDir: string;
   readonly nativeDir: string;
   readonly volume: WorkspaceVolume;
+  /**
+   * Prefix of this instance's cgroup names: `capsule-<6 hex of the data dir>-`. Two Capsule
+   * instances on one host (or two test runs) never reconcile away each other's sandboxes.
+   */
+  readonly cgroupPrefix: string;
   private paths: HostPaths | undefined;
 
   constructor(options: HostEnvironmentOptions = {}) {
     this.dataDir = options.dataDir ?? DEFAULT_DATA_DIR;
     this.nativeDir = options.nativeDir ?? join(packageRoot(), 'dist', 'native');
     this.volume = new WorkspaceVolume({ dataDir: this.dataDir, sizeBytes: options.volumeBytes });
+    this.cgroupPrefix = `${CGROUP_PREFIX}${createHash('sha256').update(resolve(this.dataDir)).digest('hex').slice(0, 6)}-`;
   }
 
   async ensure(): Promise<HostPaths> {

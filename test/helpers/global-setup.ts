@@ -22,7 +22,7 @@ export default async function setup(project: TestProject): Promise<() => Promise
   await host.ensure();
   project.provide('dataDir', dataDir);
   return async () => {
-    const leaks = await findLeaks(host.volume.mountPoint);
+    const leaks = await findLeaks(dataDir);
     const report = await new NamespaceBackend({ host }).reconcile(new Set());
     await host.volume.unmount();
     await rm(dataDir, { recursive: true, force: true });

@@ -1,8 +1,7 @@
 import { readdir, readFile } from 'node:fs/promises';
+import { join } from 'node:path';
 import { listSandboxCgroups } from '../../src/host/cgroups.host.js';
-
-const SANDBOX_UID_MIN = 3_000_000;
-const SANDBOX_UID_MAX = 4_000_000;
+import { HostEnvironment } from '../../src/host/host-env.host.js';
 
 export interface Leaks {
   cgroups: string[];
@@ -11,28 +10,60 @@ export interface Leaks {
   mounts: string[];
 }
 
-/** Everything of ours still on the host: cgroups, sandbox-uid processes, workspaces, mounts. */
-export async function findLeaks(volumeMount?: string): Promise<Leaks> {
-  const cgroups = await listSandboxCgroups();
-  const processes: string[] = [];
-  for (const entry of await readdir('/proc')) {
-    if (!/^\d+$/.test(entry)) continue;
-    const status = await readFile(`/proc/${entry}/status`, 'utf8').catch(() => '');
-    const uid = Number(/^Uid:\s+(\d+)/m.exec(status)?.[1] ?? -1);
-    if (uid >= SANDBOX_UID_MIN && uid < SANDBOX_UID_MAX) {
-      const name = /^Name:\s+(.*)$/m.exec(status)?.[1] ?? '?';
-      processes.push(`${entry} ${name} uid=${uid}`);
-    }
-  }
-  const workspaces = volumeMount
-    ? (await readdir(volumeMount).catch(() => [] as string[])).filter((e) => e.startsWith('ws-'))
-    : [];
+/**
+ * Everything of this test run's Capsule instance still on the host: its cgroups, any process
+ * descended from this test process (sandboxes, launchers, servers), its workspaces, and mounts
+ * under its data directory other than the workspace volume itself.
+ */
+export async function findLeaks(dataDir: string): Promise<Leaks> {
+  const host = new HostEnvironment({ dataDir });
+  const cgroups = await listSandboxCgroups(host.cgroupPrefix);
+  const processes = await descendants(process.pid);
+  const workspaces = (await readdir(host.volume.mountPoint).catch(() => [] as string[])).filter((e) => e.startsWith('ws-'));
   const mountinfo = await readFile('/proc/self/mountinfo', 'utf8');
   const mounts = mountinfo
     .split('\n')
     .map((line) => line.split(' ')[4] ?? '')
-    .filter((target) => target.includes('capsule') && (!volumeMount || target !== volumeMount));
+    .filter((target) => target.startsWith(join(dataDir, '/')) && target !== host.volume.mountPoint);
   return { cgroups, processes, workspaces, mounts };
+}
+
+/** Live descendants of `root` as "pid name"; zombies count: nobody reaped them. */
+export async function descendants(root: number): Promise<string[]> {
+  const parents = new Map<number, number>();
+  const names = new Map<number, string>();
+  for (const entry of await readdir('/proc')) {
+    if (!/^\d+$/.test(entry)) continue;
+    const stat = await readFile(`/proc/${entry}/stat`, 'utf8').catch(() => '');
+    const match = /^\d+ \((.*)\) \S+ (\d+)/s.exec(stat);
+    if (!match) continue;
+    parents.set(Number(entry), Number(match[2]));
+    names.set(Number(entry), match[1] ?? '?');
+  }
+  const found: string[] = [];
+  for (const [pid] of parents) {
+    let cursor = parents.get(pid);
+    for (let hops = 0; cursor !== undefined && cursor > 1 && hops < 64; hops++) {
+      if (cursor === root) {
+        found.push(`${pid} ${names.get(pid)}`);
+        break;
+      }
+      cursor = parents.get(cursor);
+    }
+  }
+  return found;
+}
+
+/** Processes whose host uid is in the sandbox range (used while a sandbox runs). */
+export async function sandboxUidProcesses(): Promise<{ pid: number; uid: number; name: string }[]> {
+  const found: { pid: number; uid: number; name: string }[] = [];
+  for (const entry of await readdir('/proc')) {
+    if (!/^\d+$/.test(entry)) continue;
+    const status = await readFile(`/proc/${entry}/status`, 'utf8').catch(() => '');
+    const uid = Number(/^Uid:\s+(\d+)/m.exec(status)?.[1] ?? -1);
+    if (uid >= 3_000_000 && uid < 4_000_000) found.push({ pid: Number(entry), uid, name: /^Name:\s+(.*)$/m.exec(status)?.[1] ?? '?' });
+  }
+  return found;
 }
 
 export function describeLeaks(leaks: Leaks): string {

@@ -1,4 +1,3 @@
-import { join } from 'node:path';
 import { expect, inject } from 'vitest';
 import { Runner, type RunOptions, type RunResult } from '../../src/engine/runner.js';
 import { describeLeaks, findLeaks } from './leaks.js';
@@ -24,7 +23,7 @@ export function describeResult(result: RunResult): string {
 
 /** Fails the test when any cgroup, sandbox process, workspace or mount of ours is left. */
 export async function expectNoLeaks(): Promise<void> {
-  const leaks = await findLeaks(join(testDataDir(), 'volume'));
+  const leaks = await findLeaks(testDataDir());
   expect(describeLeaks(leaks), 'host resources left behind').toBe('');
 }
 

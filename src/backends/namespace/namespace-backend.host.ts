@@ -2,7 +2,7 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import { randomInt } from 'node:crypto';
 import { AgentClient, type AgentProcess } from '../agent/index.js';
 import { SandboxError } from '../../errors/index.js';
-import { SandboxCgroup, listSandboxCgroups, CGROUP_PREFIX } from '../../host/cgroups.host.js';
+import { SandboxCgroup, listSandboxCgroups } from '../../host/cgroups.host.js';
 import type { HostEnvironment, HostPaths } from '../../host/host-env.host.js';
 import type { SandboxSpec } from '../../spec/index.js';
 import type {
@@ -59,7 +59,7 @@ export class NamespaceBackend implements Backend {
     const uid = this.allocateUid();
     const cleanup: (() => Promise<void>)[] = [() => Promise.resolve(void this.uidsInUse.delete(uid))];
     try {
-      const cgroup = await SandboxCgroup.create(options.id, spec.limits);
+      const cgroup = await SandboxCgroup.create(this.host.cgroupPrefix, options.id, spec.limits);
       cleanup.push(() => cgroup.remove());
       const workspaceDir = await this.host.volume.create(options.id, spec.limits.diskBytes, uid);
       cleanup.push(() => this.host.volume.delete(options.id));
@@ -84,8 +84,8 @@ export class NamespaceBackend implements Backend {
     await this.host.ensure();
     const removed: string[] = [];
     const failures: string[] = [];
-    for (const name of await listSandboxCgroups()) {
-      const id = name.slice(CGROUP_PREFIX.length);
+    for (const name of await listSandboxCgroups(this.host.cgroupPrefix)) {
+      const id = name.slice(this.host.cgroupPrefix.length);
       if (liveIds.has(id)) continue;
       try {
         await SandboxCgroup.attach(name).remove();
