@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Prepares a new machine for Capsule: Debian packages, npm packages, the build, and a check that
+# unprivileged bubblewrap works. Safe to run again; it installs only what is missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ "$(uname -s)" != "Linux" ]; then
+  echo "capsule setup: Capsule needs Linux (this is $(uname -s)). It is tested on Debian 12." >&2
+  exit 1
+fi
+if [ "$(id -u)" -ne 0 ]; then
+  echo "capsule setup: run as root (Capsule sets up cgroups, mounts and namespaces; sandboxed code runs as an unprivileged uid)." >&2
+  exit 1
+fi
+
+# Debian packages: the isolation tools, the C toolchain for the helpers, and what the default
+# sandbox image offers (Python with the IPython kernel and the data stack).
+packages=(bubblewrap libseccomp-dev btrfs-progs gcc make iproute2 nftables uidmap procps
+  python3 python3-ipykernel python3-jupyter-client python3-numpy python3-pandas python3-matplotlib
+  inotify-tools hyperfine)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+  echo "capsule setup: installing ${missing[*]}" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -q
+  apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+node_major=$(node -p 'process.versions.node.split(".")[0]' 2>/dev/null || echo 0)
+if [ "$node_major" -lt 20 ]; then
+  echo "capsule setup: Node.js 20 or newer is needed (found: $(node --version 2>/dev/null || echo none))." >&2
+  exit 1
+fi
+
+if [ ! -d node_modules ] || [ package-lock.json -nt node_modules/.package-lock.json ]; then
+  npm ci --no-audit --no-fund
+fi
+npm run build --silent
+
+# The kernel must let an unprivileged uid make user namespaces, or bwrap cannot work as one.
+if ! setpriv --reuid=65534 --regid=65534 --clear-groups bwrap --unshare-user --ro-bind / / true 2>/dev/null; then
+  echo "capsule setup: unprivileged user namespaces are disabled; enable them (sysctl kernel.unprivileged_userns_clone=1 or user.max_user_namespaces)." >&2
+  exit 1
+fi
+echo "capsule setup: ready" >&2
