@@ -23,7 +23,8 @@ export interface HostPaths {
   dataDir: string;
   bwrap: string;
   launcher: string;
-  agent: string;
+  /** Host directory bound read-only at /.capsule in every sandbox: the agent and drivers. */
+  toolsDir: string;
   seccompBpf: string;
   etcDir: string;
   etcEntries: string[];
@@ -75,8 +76,12 @@ export class HostEnvironment {
     await chmod(this.dataDir, 0o711);
     const binDir = join(this.dataDir, 'bin');
     await mkdir(binDir, { recursive: true, mode: 0o755 });
-    const agent = join(binDir, 'capsule-agent');
-    await copyIfNewer(join(this.nativeDir, 'capsule-agent'), agent, 0o755);
+    await copyIfNewer(join(this.nativeDir, 'capsule-agent'), join(binDir, 'capsule-agent'), 0o755);
+    // In-sandbox scripts (interpreter drivers) ship as plain files under native/sandbox-tools/.
+    const toolsSource = join(packageRoot(), 'native', 'sandbox-tools');
+    for (const name of await readdir(toolsSource).catch(() => [] as string[])) {
+      await copyIfNewer(join(toolsSource, name), join(binDir, name), 0o644);
+    }
 
     const seccompBpf = join(this.dataDir, 'seccomp.bpf');
     await this.writeSeccomp(seccompBpf);
@@ -92,7 +97,7 @@ export class HostEnvironment {
       dataDir: this.dataDir,
       bwrap,
       launcher: join(this.nativeDir, 'capsule-launch'),
-      agent,
+      toolsDir: binDir,
       seccompBpf,
       etcDir,
       etcEntries,

@@ -27,7 +27,7 @@ describe('namespace sandbox isolation (real bwrap, seccomp, cgroups)', () => {
     expect(uid).toBe('1000');
     expect(status).toEqual(['CapEff:\t0000000000000000', 'NoNewPrivs:\t1', 'Seccomp:\t2', 'ready']);
     // The agent, sh and sleep (and bwrap) run as a sandbox uid on the host, never as root.
-    expect(hostView?.map((p) => p.name), 'sandbox processes seen from the host').toEqual(expect.arrayContaining(['bwrap', 'agent', 'sh', 'sleep']));
+    expect(hostView?.map((p) => p.name), 'sandbox processes seen from the host').toEqual(expect.arrayContaining(['bwrap', 'capsule-agent', 'sh', 'sleep']));
   });
 
   it('cannot see host files outside its binds', async () => {

@@ -11,8 +11,10 @@ export const ETC_ALLOWLIST = [
 /** The uid and gid every sandboxed process has inside its user namespace. */
 export const SANDBOX_UID = 1000;
 export const SANDBOX_USER = 'user';
+/** Capsule's own read-only tools inside the sandbox (the agent, interpreter drivers). */
+export const TOOLS_DIR = '/.capsule';
 /** Where the resident agent lives inside the sandbox. */
-export const AGENT_PATH = '/.capsule/agent';
+export const AGENT_PATH = `${TOOLS_DIR}/capsule-agent`;
 /** Fds the launcher opens for bwrap: the seccomp program, then one per read-only mount. */
 export const SECCOMP_FD = 3;
 export const FIRST_MOUNT_FD = 10;
@@ -33,8 +35,8 @@ export interface BwrapOptions {
   mountFds: readonly number[];
   /** When false, bwrap makes a fresh empty network namespace; when true, the caller's is kept. */
   shareNetwork: boolean;
-  /** Host path of the agent binary, bound read-only at AGENT_PATH. */
-  agentPath: string;
+  /** Host directory of Capsule's in-sandbox tools, bound read-only at TOOLS_DIR. */
+  toolsDir: string;
   /** The program bwrap runs as the sandbox's first process. @default [AGENT_PATH] */
   command?: readonly string[];
 }
@@ -72,7 +74,7 @@ export function buildBwrapArgs(spec: SandboxSpec, options: BwrapOptions): string
     if (fd === undefined) throw new Error(`no fd for mount ${mount.sandboxPath}`);
     args.push('--ro-bind-fd', String(fd), mount.sandboxPath);
   });
-  args.push('--ro-bind', options.agentPath, AGENT_PATH);
+  args.push('--ro-bind', options.toolsDir, TOOLS_DIR);
   // bwrap builds the root on a tmpfs; nothing outside /workspace and /tmp may be written.
   args.push('--remount-ro', '/');
   const command = options.command ?? [AGENT_PATH];

@@ -170,7 +170,7 @@ class NamespaceSandbox implements BackendSandbox {
       etcEntries: paths.etcEntries,
       seccompFd: SECCOMP_FD,
       shareNetwork: false,
-      agentPath: paths.agent,
+      toolsDir: paths.toolsDir,
     });
     const launchArgs = [
       ...cgroup.procsFiles().flatMap((file) => ['--cgroup-procs', file]),
