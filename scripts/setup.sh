@@ -29,6 +29,22 @@ if [ "${#missing[@]}" -gt 0 ]; then
   apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
 
+# gVisor (the "gvisor" backend): runsc from bookworm-backports, whose 2024-07 build has the fast
+# systrap platform; bookworm's own build (2022-12) has only ptrace (~10x slower syscalls). The
+# backports source is added only when no backports source exists yet. If backports cannot be
+# reached, bookworm's runsc is installed instead and Capsule runs it with --platform=ptrace.
+if ! command -v runsc >/dev/null 2>&1; then
+  export DEBIAN_FRONTEND=noninteractive
+  if ! grep -rqs --include='*.list' --include='*.sources' 'bookworm-backports' /etc/apt/sources.list /etc/apt/sources.list.d/; then
+    echo 'deb http://deb.debian.org/debian bookworm-backports main' >/etc/apt/sources.list.d/capsule-backports.list
+  fi
+  apt-get update -q || true
+  if ! apt-get install -y -q --no-install-recommends -t bookworm-backports runsc; then
+    echo "capsule setup: bookworm-backports unreachable; installing bookworm's runsc (ptrace platform only)" >&2
+    apt-get install -y -q --no-install-recommends runsc
+  fi
+fi
+
 node_major=$(node -p 'process.versions.node.split(".")[0]' 2>/dev/null || echo 0)
 if [ "$node_major" -lt 20 ]; then
   echo "capsule setup: Node.js 20 or newer is needed (found: $(node --version 2>/dev/null || echo none))." >&2
