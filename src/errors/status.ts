@@ -28,6 +28,8 @@ export const HTTP_STATUS = {
   HOST_NOT_READY: 503,
   EXEC_FAILED: 422,
   SANDBOX_CRASHED: 502,
+  /** Client side: the SDK or CLI could not reach the Capsule server. */
+  SERVER_UNREACHABLE: 503,
   TIMEOUT: 504,
   ABORTED: 499,
   UNIMPLEMENTED: 501,
