@@ -63,6 +63,8 @@ export interface BackendSandbox {
 export interface CreateOptions {
   id: string;
   signal?: AbortSignal;
+  /** Start on the workspace a previous process of Capsule left for this id (crash recovery). */
+  reuseWorkspace?: boolean;
 }
 
 export interface ReconcileReport {
@@ -76,6 +78,9 @@ export interface Backend {
   readonly name: BackendName;
   probe(): Promise<BackendProbe>;
   create(spec: SandboxSpec, options: CreateOptions): Promise<BackendSandbox>;
-  /** Removes host resources of ours whose sandbox id is not in `liveIds` (after a crash). */
+  /**
+   * At start-up: removes every sandbox's processes and cgroups left by a previous Capsule process
+   * (they cannot be attached to again), and the workspaces of ids not in `liveIds`.
+   */
   reconcile(liveIds: ReadonlySet<string>): Promise<ReconcileReport>;
 }

@@ -79,6 +79,21 @@ export class WorkspaceVolume {
     return path;
   }
 
+  /**
+   * Takes over the workspace a previous Capsule process left for this id (after a crash): the
+   * quota is set again and, if the sandbox now runs as another uid, ownership follows.
+   */
+  async adopt(id: string, diskBytes: number, uid: number): Promise<string> {
+    const path = this.path(id);
+    const info = await stat(path).catch(() => undefined);
+    if (!info?.isDirectory()) {
+      throw new SandboxError('SANDBOX_NOT_FOUND', `the workspace of sandbox ${id} no longer exists`, { details: { sandboxId: id } });
+    }
+    await runCommand(['btrfs', 'qgroup', 'limit', String(diskBytes), path]);
+    if (info.uid !== uid) await runCommand(['chown', '-R', '--no-dereference', `${uid}:${uid}`, path]);
+    return path;
+  }
+
   async delete(id: string): Promise<void> {
     const path = this.path(id);
     this.subvolumeIds.delete(id);

@@ -1,5 +1,5 @@
 import { spawn, type ChildProcess } from 'node:child_process';
-import { randomInt } from 'node:crypto';
+import { createHash } from 'node:crypto';
 import { AgentClient, type AgentProcess } from '../agent/index.js';
 import { SandboxError } from '../../errors/index.js';
 import { SandboxCgroup, listSandboxCgroups } from '../../host/cgroups.host.js';
@@ -56,12 +56,14 @@ export class NamespaceBackend implements Backend {
 
   async create(spec: SandboxSpec, options: CreateOptions): Promise<BackendSandbox> {
     const paths = await this.host.ensure();
-    const uid = this.allocateUid();
+    const uid = this.allocateUid(options.id);
     const cleanup: (() => Promise<void>)[] = [() => Promise.resolve(void this.uidsInUse.delete(uid))];
     try {
       const cgroup = await SandboxCgroup.create(this.host.cgroupPrefix, options.id, spec.limits);
       cleanup.push(() => cgroup.remove());
-      const workspaceDir = await this.host.volume.create(options.id, spec.limits.diskBytes, uid);
+      const workspaceDir = options.reuseWorkspace
+        ? await this.host.volume.adopt(options.id, spec.limits.diskBytes, uid)
+        : await this.host.volume.create(options.id, spec.limits.diskBytes, uid);
       cleanup.push(() => this.host.volume.delete(options.id));
       options.signal?.throwIfAborted();
       const sandbox = await NamespaceSandbox.start({
@@ -86,7 +88,6 @@ export class NamespaceBackend implements Backend {
     const failures: string[] = [];
     for (const name of await listSandboxCgroups(this.host.cgroupPrefix)) {
       const id = name.slice(this.host.cgroupPrefix.length);
-      if (liveIds.has(id)) continue;
       try {
         await SandboxCgroup.attach(name).remove();
         removed.push(`cgroup:${id}`);
@@ -107,14 +108,15 @@ export class NamespaceBackend implements Backend {
     return { removed, failures };
   }
 
-  private allocateUid(): number {
-    for (;;) {
-      const uid = UID_BASE + randomInt(UID_RANGE);
-      if (!this.uidsInUse.has(uid)) {
-        this.uidsInUse.add(uid);
-        return uid;
-      }
-    }
+  /**
+   * A host uid of its own for each live sandbox, derived from the id so that a sandbox recovered
+   * after a restart finds its files owned by the uid it runs as.
+   */
+  private allocateUid(id: string): number {
+    let uid = UID_BASE + (createHash('sha256').update(id).digest().readUInt32BE(0) % UID_RANGE);
+    while (this.uidsInUse.has(uid)) uid = UID_BASE + ((uid - UID_BASE + 1) % UID_RANGE);
+    this.uidsInUse.add(uid);
+    return uid;
   }
 }
 

@@ -1,0 +1,398 @@
+import { SandboxError } from '../errors/index.js';
+import { DEFAULT_MAXIMA, parseSpec, type OperatorMaxima, type BackendName } from '../spec/index.js';
+import type { Backend, BackendSandbox } from '../backends/backend.js';
+import { NamespaceBackend } from '../backends/namespace/namespace-backend.host.js';
+import { baseEnv } from '../backends/namespace/bwrap-args.js';
+import { HostEnvironment } from '../host/host-env.host.js';
+import { assertEnforceable } from './capabilities.js';
+import { newSandboxId } from './ids.js';
+import { ManagedProcess } from './managed-process.js';
+import { superviseExec } from './supervise.js';
+import type { ExecResult } from './result.js';
+import type {
+  CreateSandboxCommand,
+  ListSandboxesQuery,
+  ProcessHandle,
+  ProcessInfo,
+  SandboxEngine,
+  SandboxFiles,
+  SandboxInfo,
+  SandboxState,
+  StartProcessCommand,
+} from './types.js';
+
+/** Where sandbox records outlive the process: the server keeps them in SQLite. */
+export interface SandboxRecordStore {
+  upsert(info: SandboxInfo): void;
+  /** Records in a live state (starting, running, paused) — after a crash, what to recover. */
+  listLive(): SandboxInfo[];
+}
+
+/** Keeps records in memory; for one-process use and tests. */
+export class MemoryRecordStore implements SandboxRecordStore {
+  private readonly records = new Map<string, SandboxInfo>();
+  upsert(info: SandboxInfo): void {
+    this.records.set(info.sandboxId, structuredClone(info));
+  }
+  listLive(): SandboxInfo[] {
+    return [...this.records.values()].filter((r) => LIVE_STATES.has(r.state));
+  }
+}
+
+export type EngineEvent = {
+  type: 'sandbox.created' | 'sandbox.expired' | 'sandbox.crashed' | 'sandbox.recovered' | 'sandbox.killed';
+  sandbox: SandboxInfo;
+};
+
+export interface SandboxManagerOptions {
+  dataDir: string;
+  store?: SandboxRecordStore;
+  maxima?: OperatorMaxima;
+  /** Clock for TTLs. @default Date.now */
+  now?: () => number;
+  onEvent?: (event: EngineEvent) => void;
+  /** Backends by name. @default the namespace backend on this data dir */
+  backends?: Backend[];
+  /** Builds the file service of a live sandbox (src/engine/files). */
+  filesFactory?: (sandbox: BackendSandbox) => SandboxFiles;
+}
+
+const LIVE_STATES: ReadonlySet<SandboxState> = new Set(['starting', 'running', 'paused']);
+/** Ended processes kept per sandbox for late reattach. */
+const MAX_ENDED_PROCESSES = 100;
+
+interface Live {
+  info: SandboxInfo;
+  sandbox?: BackendSandbox;
+  processes: Map<number, ManagedProcess>;
+  files?: SandboxFiles;
+  timer?: NodeJS.Timeout;
+  ending?: Promise<void>;
+}
+
+/**
+ * Durable sandboxes: lifecycle (create → running → killed/expired/failed), TTLs, processes with
+ * replayable event logs, and recovery after a crash. Thin callers (HTTP routes, the E2B facade)
+ * turn requests into calls here.
+ */
+export class SandboxManager implements SandboxEngine {
+  private readonly sandboxes = new Map<string, Live>();
+  private readonly backends: Map<BackendName, Backend>;
+  private readonly store: SandboxRecordStore;
+  private readonly maxima: OperatorMaxima;
+  private readonly now: () => number;
+  private readonly onEvent: (event: EngineEvent) => void;
+  private readonly filesFactory: ((sandbox: BackendSandbox) => SandboxFiles) | undefined;
+  private closed = false;
+
+  private constructor(options: SandboxManagerOptions, backends: Backend[]) {
+    this.backends = new Map(backends.map((b) => [b.name, b]));
+    this.store = options.store ?? new MemoryRecordStore();
+    this.maxima = options.maxima ?? DEFAULT_MAXIMA;
+    this.now = options.now ?? Date.now;
+    this.onEvent = options.onEvent ?? (() => undefined);
+    this.filesFactory = options.filesFactory;
+  }
+
+  /** Prepares the host, reconciles it with the store, and recovers sandboxes a crash left. */
+  static async open(options: SandboxManagerOptions): Promise<SandboxManager> {
+    const backends = options.backends ?? [new NamespaceBackend({ host: new HostEnvironment({ dataDir: options.dataDir }) })];
+    const manager = new SandboxManager(options, backends);
+    await manager.reconcile();
+    return manager;
+  }
+
+  private async reconcile(): Promise<void> {
+    const live = this.store.listLive();
+    const liveIds = new Set(live.map((r) => r.sandboxId));
+    for (const backend of this.backends.values()) await backend.reconcile(liveIds);
+    for (const record of live) await this.recover(record);
+  }
+
+  /** A sandbox that was live when Capsule stopped: its files are kept, its processes are gone. */
+  private async recover(record: SandboxInfo): Promise<void> {
+    const entry: Live = { info: { ...record }, processes: new Map() };
+    this.sandboxes.set(record.sandboxId, entry);
+    if (Date.parse(record.expiresAt) <= this.now()) {
+      await this.end(entry, 'expired', 'ttl expired while the server was down');
+      return;
+    }
+    const backend = this.backends.get(record.spec.backend);
+    try {
+      if (!backend) throw new SandboxError('BACKEND_UNAVAILABLE', `backend ${record.spec.backend} is not configured`);
+      const sandbox = await backend.create(record.spec, { id: record.sandboxId, reuseWorkspace: true });
+      this.attach(entry, sandbox);
+      entry.info.state = 'running';
+      this.save(entry);
+      this.schedule(entry);
+      this.onEvent({ type: 'sandbox.recovered', sandbox: this.snapshot(entry) });
+    } catch (error) {
+      await this.end(entry, 'failed', `lost in a server restart: ${(error as Error).message}`);
+    }
+  }
+
+  async create(command: CreateSandboxCommand): Promise<SandboxInfo> {
+    this.assertOpen();
+    const spec = parseSpec(command.spec ?? {}, this.maxima);
+    const backend = this.backends.get(spec.backend);
+    if (!backend) {
+      throw new SandboxError('BACKEND_UNAVAILABLE', `backend ${spec.backend} is not configured on this server`, {
+        details: { backend: spec.backend },
+        hint: `Use one of: ${[...this.backends.keys()].join(', ')}.`,
+      });
+    }
+    assertEnforceable(spec, await backend.probe());
+    const now = this.now();
+    const info: SandboxInfo = {
+      sandboxId: newSandboxId(),
+      tenantId: command.tenantId,
+      state: 'starting',
+      backend: spec.backend,
+      spec,
+      metadata: { ...(command.metadata ?? {}) },
+      createdAt: new Date(now).toISOString(),
+      expiresAt: new Date(now + spec.ttlMs).toISOString(),
+    };
+    const entry: Live = { info, processes: new Map() };
+    this.sandboxes.set(info.sandboxId, entry);
+    this.save(entry);
+    try {
+      const sandbox = await backend.create(spec, { id: info.sandboxId, signal: command.signal });
+      this.attach(entry, sandbox);
+    } catch (error) {
+      await this.end(entry, 'failed', `failed to start: ${(error as Error).message}`);
+      throw error;
+    }
+    if (this.closed || entry.info.state !== 'starting') {
+      await this.end(entry, 'killed', 'killed while starting');
+      throw new SandboxError('SANDBOX_NOT_RUNNING', `sandbox ${info.sandboxId} was stopped while it started`);
+    }
+    entry.info.state = 'running';
+    this.save(entry);
+    this.schedule(entry);
+    this.onEvent({ type: 'sandbox.created', sandbox: this.snapshot(entry) });
+    return this.snapshot(entry);
+  }
+
+  get(tenantId: string, sandboxId: string): SandboxInfo {
+    return this.snapshot(this.find(tenantId, sandboxId));
+  }
+
+  list(query: ListSandboxesQuery): SandboxInfo[] {
+    const wanted = query.states ? new Set(query.states) : undefined;
+    return [...this.sandboxes.values()]
+      .map((e) => e.info)
+      .filter((i) => i.tenantId === query.tenantId)
+      .filter((i) => !wanted || wanted.has(i.state))
+      .filter((i) => Object.entries(query.metadata ?? {}).every(([k, v]) => i.metadata[k] === v))
+      .map((i) => structuredClone(i));
+  }
+
+  async kill(tenantId: string, sandboxId: string): Promise<SandboxInfo> {
+    const entry = this.find(tenantId, sandboxId);
+    if (LIVE_STATES.has(entry.info.state)) await this.end(entry, 'killed', 'killed by request');
+    else await entry.ending;
+    return this.snapshot(entry);
+  }
+
+  setTimeout(tenantId: string, sandboxId: string, ttlMs: number): SandboxInfo {
+    const entry = this.findLive(tenantId, sandboxId);
+    if (!Number.isInteger(ttlMs) || ttlMs <= 0 || ttlMs > this.maxima.ttlMs) {
+      throw new SandboxError('INVALID_ARGUMENT', `ttlMs must be a whole number of milliseconds between 1 and ${this.maxima.ttlMs}`, {
+        details: { field: 'ttlMs', value: ttlMs, maximum: this.maxima.ttlMs },
+        hint: 'Pass the time to live from now, e.g. 60000 for one minute.',
+      });
+    }
+    entry.info.expiresAt = new Date(this.now() + ttlMs).toISOString();
+    this.save(entry);
+    this.schedule(entry);
+    return this.snapshot(entry);
+  }
+
+  /** Extends the TTL by the spec's ttlMs from now. */
+  keepAlive(tenantId: string, sandboxId: string): SandboxInfo {
+    const entry = this.findLive(tenantId, sandboxId);
+    return this.setTimeout(tenantId, sandboxId, Math.min(entry.info.spec.ttlMs, this.maxima.ttlMs));
+  }
+
+  async startProcess(tenantId: string, sandboxId: string, command: StartProcessCommand): Promise<ProcessHandle> {
+    const entry = this.findRunning(tenantId, sandboxId);
+    const sandbox = entry.sandbox!;
+    const spec = entry.info.spec;
+    if (command.timeoutMs !== undefined && (command.timeoutMs <= 0 || command.timeoutMs > this.maxima.limits.wallClockMs)) {
+      throw new SandboxError('INVALID_ARGUMENT', `timeoutMs must be between 1 and ${this.maxima.limits.wallClockMs}`, {
+        details: { field: 'timeoutMs', value: command.timeoutMs },
+      });
+    }
+    let resolveStarted: (() => void) | undefined;
+    const started = new Promise<void>((resolve) => (resolveStarted = resolve));
+    let settle: ((result: Promise<ExecResult>) => void) | undefined;
+    const settled = new Promise<ExecResult>((resolve) => (settle = (r) => resolve(r)));
+    const managed = new ManagedProcess(
+      { argv: [...command.argv], cwd: command.cwd ?? spec.cwd, tag: command.tag, startedAt: new Date(this.now()).toISOString() },
+      spec.limits,
+      settled,
+    );
+    const result = superviseExec(
+      sandbox,
+      {
+        argv: command.argv,
+        env: { ...baseEnv(), ...spec.env, ...(command.env ?? {}) },
+        cwd: command.cwd ?? spec.cwd,
+        stdin: command.stdin ?? false,
+        ...(command.pty ? { pty: command.pty } : {}),
+      },
+      {
+        timeoutMs: command.timeoutMs ?? spec.limits.wallClockMs,
+        onStart: (agent) => {
+          managed.started(agent);
+          entry.processes.set(agent.pid, managed);
+          this.trimEnded(entry);
+          resolveStarted?.();
+        },
+        onStdout: (chunk) => managed.output('stdout', chunk),
+        onStderr: (chunk) => managed.output('stderr', chunk),
+        onWarning: (warning) => managed.push({ type: 'warning', warning }),
+      },
+    );
+    settle?.(result);
+    const outcome = await Promise.race([started.then(() => undefined), result]);
+    if (outcome !== undefined && outcome.error?.code === 'EXEC_FAILED') {
+      throw new SandboxError('EXEC_FAILED', outcome.error.message, {
+        details: { argv0: command.argv[0] },
+        hint: 'Check that the program exists in the sandbox (PATH is /usr/local/bin:/usr/bin:/bin) and the cwd exists.',
+      });
+    }
+    return managed;
+  }
+
+  getProcess(tenantId: string, sandboxId: string, pid: number): ProcessHandle {
+    const entry = this.find(tenantId, sandboxId);
+    const process = entry.processes.get(pid);
+    if (!process) {
+      throw new SandboxError('PROCESS_NOT_FOUND', `no process ${pid} in sandbox ${sandboxId}`, {
+        details: { sandboxId, pid },
+        hint: 'List processes to see the pids this sandbox knows.',
+      });
+    }
+    return process;
+  }
+
+  listProcesses(tenantId: string, sandboxId: string): ProcessInfo[] {
+    const entry = this.find(tenantId, sandboxId);
+    return [...entry.processes.values()].map((p) => ({ ...p.info }));
+  }
+
+  files(tenantId: string, sandboxId: string): SandboxFiles {
+    const entry = this.findRunning(tenantId, sandboxId);
+    if (!this.filesFactory) throw new SandboxError('UNIMPLEMENTED', 'this engine has no file service configured');
+    entry.files ??= this.filesFactory(entry.sandbox!);
+    return entry.files;
+  }
+
+  /** The backend sandbox of a running sandbox, for services built on it (interpreter, artifacts). */
+  backendSandbox(tenantId: string, sandboxId: string): BackendSandbox {
+    return this.findRunning(tenantId, sandboxId).sandbox!;
+  }
+
+  /** Destroys every live sandbox; records say why. */
+  async close(): Promise<void> {
+    this.closed = true;
+    const live = [...this.sandboxes.values()].filter((e) => LIVE_STATES.has(e.info.state));
+    await Promise.all(live.map((e) => this.end(e, 'killed', 'server shut down')));
+    await Promise.all([...this.sandboxes.values()].flatMap((e) => (e.ending ? [e.ending] : [])));
+  }
+
+  private attach(entry: Live, sandbox: BackendSandbox): void {
+    entry.sandbox = sandbox;
+    void sandbox.lost.then(() => {
+      if (!LIVE_STATES.has(entry.info.state)) return;
+      this.onEvent({ type: 'sandbox.crashed', sandbox: this.snapshot(entry) });
+      return this.end(entry, 'failed', 'crashed: the sandbox stopped on its own (its init or agent exited)');
+    });
+  }
+
+  private schedule(entry: Live): void {
+    clearTimeout(entry.timer);
+    const delay = Math.max(0, Date.parse(entry.info.expiresAt) - this.now());
+    // Node timers hold at most ~24.8 days; a longer TTL re-arms when the first one fires.
+    entry.timer = setTimeout(() => {
+      if (Date.parse(entry.info.expiresAt) > this.now()) return this.schedule(entry);
+      void this.end(entry, 'expired', 'ttl expired');
+    }, Math.min(delay, 2 ** 31 - 1));
+    entry.timer.unref();
+  }
+
+  /** Moves a sandbox to an ended state once, destroying its host resources. */
+  private end(entry: Live, state: 'killed' | 'expired' | 'failed', reason: string): Promise<void> {
+    if (entry.ending) return entry.ending;
+    clearTimeout(entry.timer);
+    entry.info.state = state;
+    entry.info.endReason = reason;
+    entry.info.endedAt = new Date(this.now()).toISOString();
+    entry.ending = (async () => {
+      try {
+        await entry.sandbox?.destroy();
+      } catch (error) {
+        entry.info.endReason = `${reason}; cleanup failed: ${(error as Error).message}`;
+      }
+      this.save(entry);
+      if (state !== 'failed') this.onEvent({ type: `sandbox.${state}`, sandbox: this.snapshot(entry) });
+    })();
+    this.save(entry);
+    return entry.ending;
+  }
+
+  private trimEnded(entry: Live): void {
+    if (entry.processes.size <= MAX_ENDED_PROCESSES) return;
+    for (const [pid, process] of entry.processes) {
+      if (entry.processes.size <= MAX_ENDED_PROCESSES) break;
+      if (!process.info.running) entry.processes.delete(pid);
+    }
+  }
+
+  private save(entry: Live): void {
+    this.store.upsert(this.snapshot(entry));
+  }
+
+  private snapshot(entry: Live): SandboxInfo {
+    return structuredClone(entry.info);
+  }
+
+  private find(tenantId: string, sandboxId: string): Live {
+    const entry = this.sandboxes.get(sandboxId);
+    if (!entry || entry.info.tenantId !== tenantId) {
+      throw new SandboxError('SANDBOX_NOT_FOUND', `sandbox ${sandboxId} not found`, {
+        details: { sandboxId },
+        hint: 'Check the id; sandboxes of other tenants are not visible.',
+      });
+    }
+    return entry;
+  }
+
+  private findLive(tenantId: string, sandboxId: string): Live {
+    const entry = this.find(tenantId, sandboxId);
+    if (!LIVE_STATES.has(entry.info.state)) {
+      throw new SandboxError('SANDBOX_NOT_RUNNING', `sandbox ${sandboxId} is ${entry.info.state}${entry.info.endReason ? ` (${entry.info.endReason})` : ''}`, {
+        details: { sandboxId, state: entry.info.state },
+        hint: 'Create a new sandbox.',
+      });
+    }
+    return entry;
+  }
+
+  private findRunning(tenantId: string, sandboxId: string): Live {
+    const entry = this.findLive(tenantId, sandboxId);
+    if (entry.info.state !== 'running' || !entry.sandbox) {
+      throw new SandboxError('SANDBOX_NOT_RUNNING', `sandbox ${sandboxId} is ${entry.info.state}`, {
+        details: { sandboxId, state: entry.info.state },
+        hint: entry.info.state === 'paused' ? 'Resume the sandbox first.' : 'Wait until it is running.',
+      });
+    }
+    return entry;
+  }
+
+  private assertOpen(): void {
+    if (this.closed) throw new SandboxError('SANDBOX_NOT_RUNNING', 'the engine is shutting down');
+  }
+}

@@ -1,0 +1,122 @@
+import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { SandboxManager, MemoryRecordStore, type EngineEvent } from '../../src/engine/sandbox-manager.js';
+import type { ProcessEvent } from '../../src/engine/types.js';
+import { isSandboxError } from '../../src/errors/index.js';
+import { expectNoLeaks, testDataDir } from '../helpers/sandbox.js';
+
+const T = 'tenant-a';
+let engine: SandboxManager;
+const events: EngineEvent[] = [];
+
+beforeAll(async () => {
+  engine = await SandboxManager.open({ dataDir: testDataDir(), store: new MemoryRecordStore(), onEvent: (e) => events.push(e) });
+});
+afterAll(async () => {
+  await engine.close();
+  await expectNoLeaks();
+});
+
+async function collect(events: AsyncIterable<ProcessEvent>): Promise<ProcessEvent[]> {
+  const all: ProcessEvent[] = [];
+  for await (const e of events) all.push(e);
+  return all;
+}
+
+function text(events: ProcessEvent[], stream: 'stdout' | 'stderr'): string {
+  return Buffer.concat(events.flatMap((e) => (e.type === stream ? [e.data] : []))).toString();
+}
+
+async function waitFor(check: () => boolean, timeoutMs: number): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  while (!check()) {
+    if (Date.now() > deadline) throw new Error(`condition not met within ${timeoutMs} ms`);
+    await new Promise((r) => setTimeout(r, 25));
+  }
+}
+
+describe('SandboxManager (durable sandboxes on real backends)', () => {
+  afterEach(async () => {
+    for (const s of engine.list({ tenantId: T, states: ['running'] })) await engine.kill(T, s.sandboxId);
+  });
+
+  it('creates, runs processes that share files and /tmp, and kills', async () => {
+    const s = await engine.create({ tenantId: T, metadata: { job: 'csv' } });
+    expect(s.state).toBe('running');
+    const w = await engine.startProcess(T, s.sandboxId, { argv: ['sh', '-c', 'echo data > /workspace/a; echo t > /tmp/b'] });
+    expect((await w.result).outcome).toBe('ok');
+    const r = await engine.startProcess(T, s.sandboxId, { argv: ['cat', '/workspace/a', '/tmp/b'] });
+    const evs = await collect(r.events());
+    expect(evs[0]).toEqual({ type: 'start', pid: r.pid });
+    expect(text(evs, 'stdout')).toBe('data\nt\n');
+    expect(evs.at(-1)?.type).toBe('exit');
+    expect(engine.list({ tenantId: T, metadata: { job: 'csv' } }).map((x) => x.sandboxId)).toEqual([s.sandboxId]);
+    const killed = await engine.kill(T, s.sandboxId);
+    expect(killed.state).toBe('killed');
+    expect(killed.endReason).toBe('killed by request');
+  });
+
+  it('reattaches to a background process after it exited and still gets the exit', async () => {
+    const s = await engine.create({ tenantId: T });
+    const p = await engine.startProcess(T, s.sandboxId, { argv: ['sh', '-c', 'echo one; echo two >&2; exit 4'] });
+    await p.result;
+    const late = engine.getProcess(T, s.sandboxId, p.pid);
+    const evs = await collect(late.events());
+    expect(text(evs, 'stdout')).toBe('one\n');
+    expect(text(evs, 'stderr')).toBe('two\n');
+    const exit = evs.at(-1);
+    expect(exit?.type === 'exit' && exit.result.exitCode).toBe(4);
+    expect(engine.listProcesses(T, s.sandboxId).find((x) => x.pid === p.pid)?.running).toBe(false);
+  });
+
+  it('writes stdin, closes it, and signals', async () => {
+    const s = await engine.create({ tenantId: T });
+    const cat = await engine.startProcess(T, s.sandboxId, { argv: ['cat'], stdin: true });
+    cat.writeStdin('hello ');
+    cat.writeStdin('world');
+    cat.closeStdin();
+    const result = await cat.result;
+    expect(result.stdout).toBe('hello world');
+    const sleeper = await engine.startProcess(T, s.sandboxId, { argv: ['sleep', '60'] });
+    sleeper.signal('SIGTERM');
+    expect((await sleeper.result).signal).toBe('SIGTERM');
+    expect(() => sleeper.writeStdin('x')).toThrow(expect.objectContaining({ code: 'PROCESS_NOT_FOUND' }));
+  });
+
+  it('ends a process past its timeout with the wall-clock limit', async () => {
+    const s = await engine.create({ tenantId: T });
+    const p = await engine.startProcess(T, s.sandboxId, { argv: ['sleep', '60'], timeoutMs: 300 });
+    const result = await p.result;
+    expect(result.outcome).toBe('limit_exceeded');
+    expect(result.limit?.resource).toBe('wall_clock');
+  });
+
+  it('refuses a missing program with EXEC_FAILED and a foreign tenant with SANDBOX_NOT_FOUND', async () => {
+    const s = await engine.create({ tenantId: T });
+    await expect(engine.startProcess(T, s.sandboxId, { argv: ['/nope'] })).rejects.toMatchObject({ code: 'EXEC_FAILED' });
+    expect(() => engine.get('tenant-b', s.sandboxId)).toThrow(expect.objectContaining({ code: 'SANDBOX_NOT_FOUND' }));
+  });
+
+  it('expires a sandbox at its TTL, keeps the record with the reason, and can shorten the TTL', async () => {
+    const s = await engine.create({ tenantId: T, spec: { ttlMs: 60_000 } });
+    engine.setTimeout(T, s.sandboxId, 300);
+    await waitFor(() => events.some((e) => e.type === 'sandbox.expired' && e.sandbox.sandboxId === s.sandboxId), 10_000);
+    const info = engine.get(T, s.sandboxId);
+    expect(info.endReason).toBe('ttl expired');
+    expect(info.state).toBe('expired');
+    try {
+      await engine.startProcess(T, s.sandboxId, { argv: ['true'] });
+      expect.unreachable();
+    } catch (error) {
+      expect(isSandboxError(error, 'SANDBOX_NOT_RUNNING')).toBe(true);
+    }
+  });
+
+  it('marks a sandbox whose agent died as failed and cleans it up', async () => {
+    const s = await engine.create({ tenantId: T });
+    // The agent's own process group: killing pid 2 (the agent under bwrap's init) stops the sandbox.
+    const p = await engine.startProcess(T, s.sandboxId, { argv: ['sh', '-c', 'kill -9 $(cat /proc/1/task/1/children | cut -d" " -f1)'] });
+    await p.result;
+    await waitFor(() => engine.get(T, s.sandboxId).state === 'failed', 10_000);
+    expect(engine.get(T, s.sandboxId).endReason).toMatch(/^crashed/);
+  });
+});
