@@ -50,6 +50,11 @@ export class Runner {
     this.backends = new Map([['namespace', new NamespaceBackend({ host: this.host })]]);
   }
 
+  /** Releases the workspace volume when no sandbox of this data dir is left on it. */
+  async close(): Promise<void> {
+    await this.host.volume.releaseIfIdle();
+  }
+
   async run(command: readonly string[], options: RunOptions = {}): Promise<RunResult> {
     if (command.length === 0 || command.some((arg) => typeof arg !== 'string' || arg.includes('\0'))) {
       throw new SandboxError('INVALID_ARGUMENT', 'command must be a non-empty array of strings without NUL bytes', {
@@ -99,7 +104,15 @@ async function prepareOutputDir(sandbox: BackendSandbox): Promise<void> {
   await chown(dir, uid, uid);
 }
 
-/** Runs one command in a fresh sandbox and returns how it ended. */
+/**
+ * Runs one command in a fresh sandbox and returns how it ended. Convenient, not fast: it prepares
+ * the host and releases the workspace volume each time; keep a Runner for many runs.
+ */
 export async function run(command: readonly string[], options: RunOptions & RunnerOptions = {}): Promise<RunResult> {
-  return new Runner(options).run(command, options);
+  const runner = new Runner(options);
+  try {
+    return await runner.run(command, options);
+  } finally {
+    await runner.close();
+  }
 }

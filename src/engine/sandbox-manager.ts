@@ -84,6 +84,7 @@ export class SandboxManager implements SandboxEngine {
   private readonly onEvent: (event: EngineEvent) => void;
   private readonly filesFactory: ((sandbox: BackendSandbox) => SandboxFiles) | undefined;
   private closed = false;
+  private host: HostEnvironment | undefined;
 
   private constructor(options: SandboxManagerOptions, backends: Backend[]) {
     this.backends = new Map(backends.map((b) => [b.name, b]));
@@ -96,8 +97,10 @@ export class SandboxManager implements SandboxEngine {
 
   /** Prepares the host, reconciles it with the store, and recovers sandboxes a crash left. */
   static async open(options: SandboxManagerOptions): Promise<SandboxManager> {
-    const backends = options.backends ?? [new NamespaceBackend({ host: new HostEnvironment({ dataDir: options.dataDir }) })];
+    const host = new HostEnvironment({ dataDir: options.dataDir });
+    const backends = options.backends ?? [new NamespaceBackend({ host })];
     const manager = new SandboxManager(options, backends);
+    manager.host = host;
     await manager.reconcile();
     return manager;
   }
@@ -301,6 +304,7 @@ export class SandboxManager implements SandboxEngine {
     const live = [...this.sandboxes.values()].filter((e) => LIVE_STATES.has(e.info.state));
     await Promise.all(live.map((e) => this.end(e, 'killed', 'server shut down')));
     await Promise.all([...this.sandboxes.values()].flatMap((e) => (e.ending ? [e.ending] : [])));
+    await this.host?.volume.releaseIfIdle();
   }
 
   private attach(entry: Live, sandbox: BackendSandbox): void {

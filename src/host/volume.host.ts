@@ -56,9 +56,18 @@ export class WorkspaceVolume {
     return mounts.split('\n').some((line) => line.split(' ')[4] === this.mountPoint);
   }
 
-  /** Unmounts the volume (and with it the loop device). Used by tests and `capsule host teardown`. */
+  /** Unmounts the volume (and with it the loop device). */
   async unmount(): Promise<void> {
     if (await this.isMounted()) await runCommand(['umount', this.mountPoint]);
+  }
+
+  /**
+   * Unmounts the volume when no workspace is left on it, so an idle host keeps no mount of ours.
+   * Another Capsule process using it makes umount fail with EBUSY, which is fine: it stays.
+   */
+  async releaseIfIdle(): Promise<void> {
+    if (!(await this.isMounted()) || (await this.list()).length > 0) return;
+    await runCommand(['umount', this.mountPoint], { check: false });
   }
 
   path(id: string): string {

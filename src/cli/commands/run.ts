@@ -75,7 +75,7 @@ Exit status: the command's own (128+N when signal N ended it), or
         onStdout: json ? undefined : (chunk) => context.stdout.write(chunk),
         onStderr: json ? undefined : (chunk) => context.stderr.write(chunk),
         onWarning: json ? undefined : (warning) => context.stderr.write(`capsule: warning: ${warning.message}\n`),
-      });
+      }).finally(() => runner.close());
       if (json) context.stdout.write(`${JSON.stringify(result)}\n`);
       else context.stderr.write(`${summarize(result)}\n`);
       context.exitCode = exitCodeOf(result);
