@@ -7,11 +7,33 @@ const runner = testRunner();
 afterEach(expectNoLeaks);
 
 describe('limits end work with a readable, classified error', () => {
-  it('contains a fork bomb with the pids limit', async () => {
-    const r = await runner.run(['bash', '-c', ':(){ :|:& };:; wait'], { spec: { limits: { pids: 64, wallClockMs: 10_000 } } });
+  it('stops runaway forking at the pids limit with a pids error', async () => {
+    const code = [
+      'import os, time',
+      'n = 0',
+      'while True:',
+      '    try:',
+      '        pid = os.fork()',
+      '    except OSError as e:',
+      '        print("fork failed after", n, e.strerror)',
+      '        raise SystemExit(1)',
+      '    if pid == 0:',
+      '        time.sleep(30)',
+      '        os._exit(0)',
+      '    n += 1',
+    ].join('\n');
+    const r = await python(runner, code, { spec: { limits: { pids: 32, wallClockMs: 20_000 } } });
     expect(r.outcome, describeResult(r)).toBe('limit_exceeded');
     expect(r.limit?.resource).toBe('pids');
-    expect(r.limit?.message).toMatch(/^process limit 64 reached \(\d+ forks? refused\)/);
+    expect(r.limit?.message).toMatch(/^process limit 32 reached \(\d+ forks? refused\)/);
+    expect(r.stdout).toMatch(/fork failed after \d+ Resource temporarily unavailable/);
+  });
+
+  it('contains a classic bash fork bomb and leaves nothing behind', async () => {
+    const r = await runner.run(['bash', '-c', ':(){ :|:& };:; sleep 3'], { spec: { limits: { pids: 64, wallClockMs: 1500 } } });
+    expect(r.outcome, describeResult(r)).toBe('limit_exceeded');
+    expect(['pids', 'wall_clock']).toContain(r.limit?.resource);
+    // afterEach: no process, cgroup or workspace of the bomb is left on the host.
   });
 
   it('kills a memory hog with a memory error, after a warning', async () => {
