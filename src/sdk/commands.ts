@@ -1,0 +1,261 @@
+import { AbortedError, ConnectionError } from './errors.js';
+import type { HttpClient, OpenResponse } from './http.js';
+import { readNdjson } from './ndjson.js';
+import type { CallOptions, ExecResult, ProcessInfo, Warning, WireProcessEvent } from './types.js';
+
+/** Where a process's output goes while it runs. Output is decoded as UTF-8, split sequences kept whole. */
+export interface OutputCallbacks {
+  onStdout?: (data: string) => void;
+  onStderr?: (data: string) => void;
+  /** A warning before a limit ends the process (memory pressure). */
+  onWarning?: (warning: Warning) => void;
+}
+
+export interface RunOptions extends OutputCallbacks {
+  /** Working directory inside the sandbox. @default spec.cwd ('/workspace') */
+  cwd?: string;
+  /** Added on top of the spec's environment. */
+  env?: Record<string, string>;
+  /**
+   * Wall-clock limit of the process, enforced by the server: past it the result has
+   * `outcome: 'limit_exceeded'` and `limit.resource: 'wall_clock'`. @default spec.limits.wallClockMs
+   */
+  timeoutMs?: number;
+  /** Bytes written to stdin, which is then closed; `true` keeps stdin open for `sendStdin`. @default closed */
+  stdin?: string | Uint8Array | boolean;
+  /** Return a `CommandHandle` as soon as the process started instead of waiting for its end. @default false */
+  background?: boolean;
+  /** Free-form label, shown by `commands.list()`. */
+  tag?: string;
+  /** Aborting a foreground run kills the process (SIGKILL) and rejects with `AbortedError`. */
+  signal?: AbortSignal;
+  /** Deadline for the server to accept the process (not for the process itself). @default 60000 */
+  requestTimeoutMs?: number;
+}
+
+export interface ConnectOptions extends OutputCallbacks {
+  /** Ends the event stream (not the process). */
+  signal?: AbortSignal;
+  /** Deadline for the server to accept the event stream. @default 60000 */
+  requestTimeoutMs?: number;
+}
+
+/**
+ * Processes of one sandbox. A string command runs as `sh -c <command>` inside the sandbox; pass
+ * an argv array to run a program directly.
+ */
+export class Commands {
+  constructor(
+    private readonly http: HttpClient,
+    private readonly base: string,
+  ) {}
+
+  run(command: string | string[], options: RunOptions & { background: true }): Promise<CommandHandle>;
+  run(command: string | string[], options?: RunOptions & { background?: false }): Promise<ExecResult>;
+  async run(command: string | string[], options: RunOptions = {}): Promise<ExecResult | CommandHandle> {
+    const argv = typeof command === 'string' ? ['sh', '-c', command] : command;
+    const stdinData = typeof options.stdin === 'boolean' ? undefined : options.stdin;
+    const request = {
+      method: 'POST' as const,
+      path: `${this.base}/processes`,
+      json: {
+        argv,
+        cwd: options.cwd,
+        env: options.env,
+        timeoutMs: options.timeoutMs,
+        stdin: options.stdin !== undefined && options.stdin !== false,
+        background: options.background === true,
+        tag: options.tag,
+      },
+      timeoutMs: options.requestTimeoutMs,
+      signal: options.signal,
+    };
+    if (options.background === true) {
+      const { pid } = await this.http.json<{ pid: number }>(request);
+      const handle = new CommandHandle(this.http, this.base, pid, options);
+      if (options.onStdout || options.onStderr || options.onWarning) handle.startStreaming(options.signal);
+      if (stdinData !== undefined) {
+        const call = { signal: options.signal, timeoutMs: options.requestTimeoutMs };
+        await handle.sendStdin(stdinData, call);
+        await handle.closeStdin(call);
+      }
+      return handle;
+    }
+    return this.runForeground(await this.http.open(request), stdinData, options);
+  }
+
+  /** Attaches to a running (or finished, still known) process; its output is replayed from the start. */
+  async connect(pid: number, options: ConnectOptions = {}): Promise<CommandHandle> {
+    const handle = new CommandHandle(this.http, this.base, pid, options);
+    await handle.startStreaming(options.signal, options.requestTimeoutMs).opened;
+    return handle;
+  }
+
+  async list(options: CallOptions = {}): Promise<ProcessInfo[]> {
+    const reply = await this.http.json<{ processes: ProcessInfo[] }>({ method: 'GET', path: `${this.base}/processes`, ...options });
+    return reply.processes;
+  }
+
+  private async runForeground(open: OpenResponse, stdinData: string | Uint8Array | undefined, options: RunOptions): Promise<ExecResult> {
+    const output = new OutputDecoder(options);
+    let pid: number | undefined;
+    try {
+      for await (const event of readNdjson<WireProcessEvent>(open.body)) {
+        if (event.type === 'start') {
+          pid = event.pid;
+          // Once the process has ended, a failed stdin write no longer matters: its result says all.
+          if (stdinData !== undefined) writeAndClose(this.http, this.base, pid, stdinData, options.signal).catch(() => undefined);
+        }
+        const result = output.handle(event);
+        if (result) return result;
+      }
+      throw streamEnded(pid);
+    } catch (error) {
+      if (error instanceof AbortedError && pid !== undefined) await signalQuietly(this.http, this.base, pid, 'SIGKILL');
+      throw error;
+    } finally {
+      open.close();
+    }
+  }
+}
+
+/**
+ * A process started with `background: true` or found with `commands.connect(pid)`. Output
+ * callbacks fire once its event stream is open (at start when callbacks were given, else on
+ * `wait()`); `disconnect()` stops listening and leaves the process running.
+ */
+export class CommandHandle {
+  private streaming: { opened: Promise<void>; result: Promise<ExecResult> } | undefined;
+  private readonly stop = new AbortController();
+
+  constructor(
+    private readonly http: HttpClient,
+    private readonly base: string,
+    readonly pid: number,
+    private readonly callbacks: OutputCallbacks = {},
+  ) {}
+
+  /** Resolves with the result when the process ends. */
+  async wait(options: { signal?: AbortSignal } = {}): Promise<ExecResult> {
+    const { result } = this.startStreaming();
+    if (!options.signal) return result;
+    return raceAbort(result, options.signal, `waiting for process ${this.pid}`);
+  }
+
+  /** Sends a signal to the process. @default 'SIGKILL' */
+  async kill(signal: NodeJS.Signals = 'SIGKILL', options: CallOptions = {}): Promise<void> {
+    await this.http.json({ method: 'POST', path: `${this.path}/signal`, json: { signal }, ...options });
+  }
+
+  /** Writes to stdin (the process must have been started with `stdin: true`). */
+  async sendStdin(data: string | Uint8Array, options: CallOptions = {}): Promise<void> {
+    await this.http.json({ method: 'POST', path: `${this.path}/stdin`, body: data, ...pick(options) });
+  }
+
+  async closeStdin(options: CallOptions = {}): Promise<void> {
+    await this.http.json({ method: 'POST', path: `${this.path}/stdin/close`, ...pick(options) });
+  }
+
+  /** Stops listening to the process's events; the process keeps running. A pending `wait()` rejects. */
+  disconnect(): void {
+    this.stop.abort();
+  }
+
+  /** @internal Opens the event stream once; later calls share it. */
+  startStreaming(signal?: AbortSignal, timeoutMs?: number): { opened: Promise<void>; result: Promise<ExecResult> } {
+    if (this.streaming) return this.streaming;
+    const opened = this.http.open({
+      method: 'GET',
+      path: `${this.path}/events`,
+      signal: signal ? AbortSignal.any([signal, this.stop.signal]) : this.stop.signal,
+      timeoutMs,
+    });
+    const result = opened.then((open) => this.consume(open));
+    // Both are observed by whoever awaits them; these keep an unobserved failure from crashing Node.
+    opened.catch(() => undefined);
+    result.catch(() => undefined);
+    this.streaming = { opened: opened.then(() => undefined), result };
+    return this.streaming;
+  }
+
+  private get path(): string {
+    return `${this.base}/processes/${this.pid}`;
+  }
+
+  private async consume(open: OpenResponse): Promise<ExecResult> {
+    const output = new OutputDecoder(this.callbacks);
+    try {
+      for await (const event of readNdjson<WireProcessEvent>(open.body)) {
+        const result = output.handle(event);
+        if (result) return result;
+      }
+      throw streamEnded(this.pid);
+    } finally {
+      open.close();
+    }
+  }
+}
+
+/** Turns wire events into callbacks; returns the result on `exit`. */
+class OutputDecoder {
+  private readonly stdout = new TextDecoder();
+  private readonly stderr = new TextDecoder();
+
+  constructor(private readonly callbacks: OutputCallbacks) {}
+
+  handle(event: WireProcessEvent): ExecResult | undefined {
+    switch (event.type) {
+      case 'stdout':
+        this.callbacks.onStdout?.(this.stdout.decode(Buffer.from(event.data, 'base64'), { stream: true }));
+        return undefined;
+      case 'stderr':
+        this.callbacks.onStderr?.(this.stderr.decode(Buffer.from(event.data, 'base64'), { stream: true }));
+        return undefined;
+      case 'warning':
+        this.callbacks.onWarning?.(event.warning);
+        return undefined;
+      case 'exit':
+        return event.result;
+      default:
+        return undefined;
+    }
+  }
+}
+
+function streamEnded(pid: number | undefined): ConnectionError {
+  const which = pid === undefined ? 'the process' : `process ${pid}`;
+  return new ConnectionError('SERVER_UNREACHABLE', `the event stream of ${which} ended before its exit event`, {
+    hint:
+      pid === undefined
+        ? 'The connection broke or the server restarted; list the processes with commands.list().'
+        : `The connection broke or the server restarted; reattach with commands.connect(${pid}).`,
+    details: { pid },
+  });
+}
+
+async function writeAndClose(http: HttpClient, base: string, pid: number, data: string | Uint8Array, signal?: AbortSignal): Promise<void> {
+  const path = `${base}/processes/${pid}/stdin`;
+  await http.json({ method: 'POST', path, body: data, signal });
+  await http.json({ method: 'POST', path: `${path}/close`, signal });
+}
+
+/** Best effort: used after an abort, when the caller already has the error that matters. */
+async function signalQuietly(http: HttpClient, base: string, pid: number, signal: NodeJS.Signals): Promise<void> {
+  await http
+    .json({ method: 'POST', path: `${base}/processes/${pid}/signal`, json: { signal }, timeoutMs: 5_000 })
+    .catch(() => undefined);
+}
+
+function pick(options: CallOptions): CallOptions {
+  return { timeoutMs: options.timeoutMs, signal: options.signal };
+}
+
+function raceAbort<T>(promise: Promise<T>, signal: AbortSignal, what: string): Promise<T> {
+  const aborted = () => new AbortedError('ABORTED', `${what} was aborted by the caller's AbortSignal`);
+  if (signal.aborted) return Promise.reject(aborted());
+  return new Promise<T>((resolve, reject) => {
+    const onAbort = () => reject(aborted());
+    signal.addEventListener('abort', onAbort, { once: true });
+    void promise.then(resolve, reject).finally(() => signal.removeEventListener('abort', onAbort));
+  });
+}

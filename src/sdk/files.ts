@@ -1,0 +1,131 @@
+import { AbortedError, FileNotFoundError } from './errors.js';
+import type { HttpClient } from './http.js';
+import { readNdjson } from './ndjson.js';
+import type { CallOptions, FileEntry, WatchEvent } from './types.js';
+
+export type ReadFormat = 'text' | 'bytes' | 'stream';
+export interface ReadOptions<F extends ReadFormat = ReadFormat> extends CallOptions {
+  /** `text` (UTF-8), `bytes` (Uint8Array) or `stream` (ReadableStream). @default 'text' */
+  format?: F;
+}
+
+/** What `files.write` takes; streams are sent as they are read, never buffered whole. */
+export type WriteData = string | Uint8Array | ArrayBuffer | Blob | ReadableStream<Uint8Array> | AsyncIterable<Uint8Array>;
+
+export interface WatchOptions extends CallOptions {
+  /** Also watch subdirectories. @default false */
+  recursive?: boolean;
+  onEvent: (event: WatchEvent) => void;
+}
+
+/** A running watch. `stop()` ends it; `done` settles when it ended (rejects if it broke). */
+export interface WatchHandle {
+  stop(): void;
+  readonly done: Promise<void>;
+}
+
+/**
+ * Files of one sandbox, by the path the sandbox sees (relative paths resolve against
+ * /workspace). Writes are atomic and create missing parents.
+ */
+export class Files {
+  constructor(
+    private readonly http: HttpClient,
+    private readonly base: string,
+  ) {}
+
+  read(path: string, options?: ReadOptions<'text'>): Promise<string>;
+  read(path: string, options: ReadOptions<'bytes'>): Promise<Uint8Array>;
+  read(path: string, options: ReadOptions<'stream'>): Promise<ReadableStream<Uint8Array>>;
+  async read(path: string, options: ReadOptions = {}): Promise<string | Uint8Array | ReadableStream<Uint8Array>> {
+    const request = { method: 'GET' as const, path: `${this.base}/files`, query: { path }, timeoutMs: options.timeoutMs, signal: options.signal };
+    if (options.format === 'stream') return (await this.http.open(request)).body;
+    const bytes = await this.http.bytes(request);
+    return options.format === 'bytes' ? bytes : new TextDecoder().decode(bytes);
+  }
+
+  /** Replaces (or creates) the file atomically; readers never see a partial write. */
+  async write(path: string, data: WriteData, options: CallOptions = {}): Promise<FileEntry> {
+    return this.http.json<FileEntry>({ method: 'PUT', path: `${this.base}/files`, query: { path }, body: await toBody(data), ...pick(options) });
+  }
+
+  /** Entries below `path`, `depth` levels deep. @default depth 1 */
+  async list(path: string, options: CallOptions & { depth?: number } = {}): Promise<FileEntry[]> {
+    const reply = await this.http.json<{ entries: FileEntry[] }>({
+      method: 'GET',
+      path: `${this.base}/files/list`,
+      query: { path, depth: options.depth },
+      ...pick(options),
+    });
+    return reply.entries;
+  }
+
+  async stat(path: string, options: CallOptions = {}): Promise<FileEntry> {
+    return this.http.json<FileEntry>({ method: 'GET', path: `${this.base}/files/stat`, query: { path }, ...pick(options) });
+  }
+
+  /** False only when nothing is at `path`; other failures throw. */
+  async exists(path: string, options: CallOptions = {}): Promise<boolean> {
+    try {
+      await this.stat(path, options);
+      return true;
+    } catch (error) {
+      if (error instanceof FileNotFoundError) return false;
+      throw error;
+    }
+  }
+
+  /** Creates a directory and its parents. */
+  async makeDir(path: string, options: CallOptions = {}): Promise<FileEntry> {
+    return this.http.json<FileEntry>({ method: 'POST', path: `${this.base}/files/mkdir`, json: { path }, ...pick(options) });
+  }
+
+  async move(source: string, destination: string, options: CallOptions = {}): Promise<FileEntry> {
+    return this.http.json<FileEntry>({ method: 'POST', path: `${this.base}/files/move`, json: { source, destination }, ...pick(options) });
+  }
+
+  /** Removes a file or a directory with its contents. */
+  async remove(path: string, options: CallOptions = {}): Promise<void> {
+    await this.http.json({ method: 'DELETE', path: `${this.base}/files`, query: { path }, ...pick(options) });
+  }
+
+  /**
+   * Watches `path` and calls `onEvent` for each change. Resolves once the server accepted the
+   * watch; the handle's `stop()` (or `signal`) ends it.
+   */
+  async watch(path: string, options: WatchOptions): Promise<WatchHandle> {
+    const stop = new AbortController();
+    const signal = options.signal ? AbortSignal.any([options.signal, stop.signal]) : stop.signal;
+    const open = await this.http.open({
+      method: 'GET',
+      path: `${this.base}/files/watch`,
+      query: { path, recursive: options.recursive === true },
+      timeoutMs: options.timeoutMs,
+      signal,
+    });
+    const done = (async () => {
+      try {
+        for await (const event of readNdjson<WatchEvent>(open.body)) options.onEvent(event);
+      } catch (error) {
+        if (error instanceof AbortedError && signal.aborted) return;
+        throw error;
+      } finally {
+        open.close();
+      }
+    })();
+    // Observed by whoever awaits `done`; this keeps an unobserved failure from crashing Node.
+    done.catch(() => undefined);
+    return { stop: () => stop.abort(), done };
+  }
+}
+
+async function toBody(data: WriteData): Promise<Uint8Array | string | ReadableStream<Uint8Array>> {
+  if (typeof data === 'string' || data instanceof Uint8Array || data instanceof ReadableStream) return data;
+  if (data instanceof ArrayBuffer) return new Uint8Array(data);
+  if (data instanceof Blob) return new Uint8Array(await data.arrayBuffer());
+  return ReadableStream.from(data);
+}
+
+function pick(options: CallOptions): CallOptions {
+  return { timeoutMs: options.timeoutMs, signal: options.signal };
+}

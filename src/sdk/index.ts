@@ -1,0 +1,10 @@
+/**
+ * Capsule's TypeScript SDK (`capsule/sdk`): a client of `capsule serve` over HTTP. It loads no
+ * engine, backend or host code and never spawns a process (test/unit/sdk-imports.test.ts checks).
+ */
+export { Sandbox, type CreateOptions, type ListOptions, type SandboxPage } from './sandbox.js';
+export { Commands, CommandHandle, type ConnectOptions, type OutputCallbacks, type RunOptions } from './commands.js';
+export { Files, type ReadFormat, type ReadOptions, type WatchHandle, type WatchOptions, type WriteData } from './files.js';
+export { DEFAULT_REQUEST_TIMEOUT_MS, DEFAULT_URL, resolveConfig, type ConnectionOptions, type ResolvedConfig } from './config.js';
+export * from './errors.js';
+export type * from './types.js';

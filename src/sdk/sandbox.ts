@@ -1,0 +1,141 @@
+import { Commands } from './commands.js';
+import { resolveConfig, type ConnectionOptions } from './config.js';
+import { Files } from './files.js';
+import { HttpClient } from './http.js';
+import type { CallOptions, SandboxInfo, SandboxSpecInput, SandboxState } from './types.js';
+
+export interface CreateOptions extends ConnectionOptions {
+  /** Free-form labels to find the sandbox by later (`Sandbox.list({ metadata })`). */
+  metadata?: Record<string, string>;
+}
+
+export interface ListOptions extends ConnectionOptions {
+  /** Only sandboxes in these states. @default every state */
+  state?: SandboxState | SandboxState[];
+  /** Only sandboxes whose metadata has all these pairs. */
+  metadata?: Record<string, string>;
+  /** Page size. @default the server's (50) */
+  limit?: number;
+  /** `nextCursor` of the previous page. */
+  cursor?: string;
+}
+
+/** One page of `Sandbox.list`; `nextCursor` is null on the last page. */
+export interface SandboxPage {
+  sandboxes: SandboxInfo[];
+  nextCursor: string | null;
+}
+
+/**
+ * A sandbox on a Capsule server. `Sandbox.create()` makes one; `Sandbox.connect(id)` picks up one
+ * made elsewhere. Every method takes `{ timeoutMs, signal }` as its last argument.
+ *
+ * ```ts
+ * const sandbox = await Sandbox.create({ limits: { memoryBytes: 256 * 2 ** 20 } });
+ * const result = await sandbox.commands.run(['python3', '-c', 'print(6 * 7)']);
+ * await sandbox.kill();
+ * ```
+ */
+export class Sandbox {
+  readonly sandboxId: string;
+  readonly commands: Commands;
+  readonly files: Files;
+  private lastInfo: SandboxInfo;
+
+  private constructor(
+    private readonly http: HttpClient,
+    info: SandboxInfo,
+  ) {
+    this.sandboxId = info.sandboxId;
+    this.lastInfo = info;
+    const base = `/v1/sandboxes/${encodeURIComponent(info.sandboxId)}`;
+    this.commands = new Commands(http, base);
+    this.files = new Files(http, base);
+  }
+
+  /** Creates a sandbox from `spec` (safe defaults fill the rest) and returns once it runs. */
+  static async create(spec?: SandboxSpecInput, options: CreateOptions = {}): Promise<Sandbox> {
+    const http = new HttpClient(resolveConfig(options));
+    const info = await http.json<SandboxInfo>({
+      method: 'POST',
+      path: '/v1/sandboxes',
+      json: { spec, metadata: options.metadata },
+      signal: options.signal,
+    });
+    return new Sandbox(http, info);
+  }
+
+  /** Connects to an existing sandbox; `SandboxNotFoundError` if it is unknown to this API key. */
+  static async connect(sandboxId: string, options: ConnectionOptions = {}): Promise<Sandbox> {
+    const http = new HttpClient(resolveConfig(options));
+    return new Sandbox(http, await getInfo(http, sandboxId, options));
+  }
+
+  /** One page of this tenant's sandboxes, newest first. */
+  static async list(options: ListOptions = {}): Promise<SandboxPage> {
+    const http = new HttpClient(resolveConfig(options));
+    const states = options.state === undefined ? undefined : [options.state].flat();
+    return http.json<SandboxPage>({
+      method: 'GET',
+      path: '/v1/sandboxes',
+      query: {
+        state: states?.join(','),
+        metadata: Object.entries(options.metadata ?? {}).map(([key, value]) => `${key}=${value}`),
+        limit: options.limit,
+        cursor: options.cursor,
+      },
+      signal: options.signal,
+    });
+  }
+
+  /** Every matching sandbox, fetching page after page as the loop asks for more. */
+  static async *listAll(options: Omit<ListOptions, 'cursor'> = {}): AsyncGenerator<SandboxInfo, void, undefined> {
+    let cursor: string | undefined;
+    do {
+      const page = await Sandbox.list({ ...options, cursor });
+      yield* page.sandboxes;
+      cursor = page.nextCursor ?? undefined;
+    } while (cursor !== undefined);
+  }
+
+  /** What was last heard from the server about this sandbox (see `getInfo()` for fresh). */
+  get info(): SandboxInfo {
+    return this.lastInfo;
+  }
+
+  async getInfo(options: CallOptions = {}): Promise<SandboxInfo> {
+    return this.remember(await getInfo(this.http, this.sandboxId, options));
+  }
+
+  /** Ends the sandbox and everything in it; returns its final info (state `killed`). */
+  async kill(options: CallOptions = {}): Promise<SandboxInfo> {
+    return this.remember(await this.http.json<SandboxInfo>({ method: 'DELETE', path: this.path, ...pick(options) }));
+  }
+
+  /** Sets the sandbox to end `ttlMs` from now; it may shorten or extend its life. */
+  async setTimeout(ttlMs: number, options: CallOptions = {}): Promise<SandboxInfo> {
+    return this.remember(await this.http.json<SandboxInfo>({ method: 'POST', path: `${this.path}/timeout`, json: { ttlMs }, ...pick(options) }));
+  }
+
+  /** Extends the sandbox's life by its spec's `ttlMs` from now. */
+  async keepAlive(options: CallOptions = {}): Promise<SandboxInfo> {
+    return this.remember(await this.http.json<SandboxInfo>({ method: 'POST', path: `${this.path}/keepalive`, ...pick(options) }));
+  }
+
+  private get path(): string {
+    return `/v1/sandboxes/${encodeURIComponent(this.sandboxId)}`;
+  }
+
+  private remember(info: SandboxInfo): SandboxInfo {
+    this.lastInfo = info;
+    return info;
+  }
+}
+
+async function getInfo(http: HttpClient, sandboxId: string, options: CallOptions): Promise<SandboxInfo> {
+  return http.json<SandboxInfo>({ method: 'GET', path: `/v1/sandboxes/${encodeURIComponent(sandboxId)}`, ...pick(options) });
+}
+
+function pick(options: CallOptions): CallOptions {
+  return { timeoutMs: options.timeoutMs, signal: options.signal };
+}
