@@ -28,6 +28,9 @@ export const ERROR_CODES = [
   'NO_SPACE',
   'FILE_TOO_LARGE',
   'SPEC_EXCEEDS_MAXIMUM',
+  // Results: the sandbox's report did not meet its contract.
+  'REPORT_INVALID',
+  'REPORT_TOO_LARGE',
   // Backend and host.
   'BACKEND_UNAVAILABLE',
   'BACKEND_CANNOT_ENFORCE',
