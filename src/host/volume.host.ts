@@ -1,4 +1,4 @@
-import { chown, mkdir, open, readFile, readdir, stat } from 'node:fs/promises';
+import { chown, mkdir, open, readFile, readdir, stat, type FileHandle } from 'node:fs/promises';
 import { join } from 'node:path';
 import { SandboxError } from '../errors/index.js';
 import { runCommand } from './run-command.host.js';
@@ -23,6 +23,8 @@ export class WorkspaceVolume {
   readonly mountPoint: string;
   private readonly sizeBytes: number;
   private fsid: string | undefined;
+  /** An open directory on the mounted volume: while held, another process's umount gets EBUSY. */
+  private hold: FileHandle | undefined;
   /** Subvolume ids by workspace id, learned once per workspace. */
   private readonly subvolumeIds = new Map<string, number>();
 
@@ -35,7 +37,7 @@ export class WorkspaceVolume {
   /** Creates and mounts the volume if needed; idempotent and cheap when already mounted. */
   async ensure(): Promise<void> {
     if (await this.isMounted()) {
-      await this.readFsid();
+      await this.holdMount();
       return;
     }
     await mkdir(this.mountPoint, { recursive: true, mode: 0o700 });
@@ -48,7 +50,16 @@ export class WorkspaceVolume {
     }
     await runCommand(['mount', '-o', 'loop,nosuid,nodev,noatime', this.image, this.mountPoint]);
     await runCommand(['btrfs', 'quota', 'enable', this.mountPoint]);
-    await this.readFsid();
+    await this.holdMount();
+  }
+
+  private async holdMount(): Promise<void> {
+    this.hold ??= await open(this.mountPoint, 'r');
+  }
+
+  private async letGo(): Promise<void> {
+    await this.hold?.close();
+    this.hold = undefined;
   }
 
   async isMounted(): Promise<boolean> {
@@ -58,6 +69,7 @@ export class WorkspaceVolume {
 
   /** Unmounts the volume (and with it the loop device). */
   async unmount(): Promise<void> {
+    await this.letGo();
     if (await this.isMounted()) await runCommand(['umount', this.mountPoint]);
   }
 
@@ -67,6 +79,7 @@ export class WorkspaceVolume {
    */
   async releaseIfIdle(): Promise<void> {
     if (!(await this.isMounted()) || (await this.list()).length > 0) return;
+    await this.letGo();
     await runCommand(['umount', this.mountPoint], { check: false });
   }
 
@@ -129,7 +142,7 @@ export class WorkspaceVolume {
   }
 
   private async qgroupDir(id: string): Promise<string | undefined> {
-    if (!this.fsid) return undefined;
+    await this.readFsid();
     // The quota group of subvolume N is 0/N, which the kernel exposes in sysfs: reading usage
     // needs no spawn once the id is known.
     let subvolId = this.subvolumeIds.get(id);
@@ -142,6 +155,7 @@ export class WorkspaceVolume {
     return (await exists(dir)) ? dir : undefined;
   }
 
+  /** The filesystem's uuid names its sysfs directory; read once, when usage is first asked. */
   private async readFsid(): Promise<void> {
     if (this.fsid) return;
     const { stdout } = await runCommand(['btrfs', 'filesystem', 'show', '--raw', this.mountPoint]);
