@@ -1,4 +1,4 @@
-import { AbortedError, ConnectionError } from './errors.js';
+import { AbortedError, ConnectionError, errorFromStreamEvent } from './errors.js';
 import type { HttpClient, OpenResponse } from './http.js';
 import { readNdjson } from './ndjson.js';
 import type { CallOptions, ExecResult, ProcessInfo, Warning, WireProcessEvent } from './types.js';
@@ -216,6 +216,8 @@ class OutputDecoder {
         return undefined;
       case 'exit':
         return event.result;
+      case 'error':
+        throw errorFromStreamEvent(event.error);
       default:
         return undefined;
     }

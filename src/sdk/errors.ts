@@ -1,4 +1,4 @@
-import { SandboxError, type ErrorBody, type ErrorCode } from '../errors/index.js';
+import { HTTP_STATUS, SandboxError, type ErrorBody, type ErrorCode } from '../errors/index.js';
 
 export interface CapsuleErrorOptions {
   /** HTTP status of the reply; 0 when no reply arrived (network, timeout, abort). */
@@ -53,6 +53,8 @@ export class SandboxNotRunningError extends ConflictError {}
 export class QuotaExceededError extends CapsuleError {}
 /** A resource limit was hit: disk full, file too large, a limit of the request. */
 export class LimitExceededError extends CapsuleError {}
+/** The sandbox's structured report was invalid or too large. */
+export class ReportError extends CapsuleError {}
 export class UnavailableError extends CapsuleError {}
 /** The Capsule server did not answer: not running, wrong URL, or the connection broke. */
 export class ConnectionError extends UnavailableError {}
@@ -90,6 +92,8 @@ export const ERROR_CLASSES = {
   NO_SPACE: LimitExceededError,
   FILE_TOO_LARGE: LimitExceededError,
   SPEC_EXCEEDS_MAXIMUM: InvalidSpecError,
+  REPORT_INVALID: ReportError,
+  REPORT_TOO_LARGE: ReportError,
   BACKEND_UNAVAILABLE: UnavailableError,
   BACKEND_CANNOT_ENFORCE: InvalidSpecError,
   HOST_NOT_READY: UnavailableError,
@@ -138,4 +142,11 @@ function isErrorBody(body: unknown): body is ErrorBody {
   if (typeof body !== 'object' || body === null) return false;
   const { code, message } = body as Record<string, unknown>;
   return typeof code === 'string' && typeof message === 'string';
+}
+
+/** The typed error for an `{"type":"error"}` line of a stream (no HTTP status of its own). */
+export function errorFromStreamEvent(error: unknown): CapsuleError {
+  const code = isErrorBody(error) ? error.code : 'INTERNAL';
+  const status = Object.hasOwn(HTTP_STATUS, code) ? HTTP_STATUS[code] : 500;
+  return errorFromResponse(status, error);
 }

@@ -1,4 +1,4 @@
-import { AbortedError, FileNotFoundError } from './errors.js';
+import { AbortedError, FileNotFoundError, errorFromStreamEvent } from './errors.js';
 import type { HttpClient } from './http.js';
 import { readNdjson } from './ndjson.js';
 import type { CallOptions, FileEntry, WatchEvent } from './types.js';
@@ -105,7 +105,10 @@ export class Files {
     });
     const done = (async () => {
       try {
-        for await (const event of readNdjson<WatchEvent>(open.body)) options.onEvent(event);
+        for await (const event of readNdjson<WatchEvent | { type: 'error'; error: unknown }>(open.body)) {
+          if (event.type === 'error') throw errorFromStreamEvent(event.error);
+          options.onEvent(event);
+        }
       } catch (error) {
         if (error instanceof AbortedError && signal.aborted) return;
         throw error;

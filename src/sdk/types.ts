@@ -21,7 +21,9 @@ export type WireProcessEvent =
   | { type: 'stdout'; data: string }
   | { type: 'stderr'; data: string }
   | { type: 'warning'; warning: Warning }
-  | { type: 'exit'; result: ExecResult };
+  | { type: 'exit'; result: ExecResult }
+  /** The server failed mid-stream; the code is a wire error code. */
+  | { type: 'error'; error: { code: string; message: string; hint?: string; requestId?: string } };
 
 /** Per-call options every SDK method takes. */
 export interface CallOptions {
