@@ -1,7 +1,7 @@
 /** How an exec or run ended. A limit hit is not a crash and not the program's own failure. */
 export type Outcome = 'ok' | 'exit_nonzero' | 'limit_exceeded' | 'error';
 
-export const LIMIT_RESOURCES = ['wall_clock', 'memory', 'pids', 'disk', 'file_size', 'output', 'cpu'] as const;
+export const LIMIT_RESOURCES = ['wall_clock', 'memory', 'pids', 'disk', 'file_size', 'output', 'cpu', 'egress'] as const;
 export type LimitResource = (typeof LIMIT_RESOURCES)[number];
 
 /** The limit that ended the work: which, its value, what was used, and what to change. */
@@ -45,4 +45,51 @@ export interface ExecResult {
   warnings: Warning[];
   /** Set when outcome is `error`: the sandbox crashed or the process could not start. */
   error?: { code: string; message: string };
+  /**
+   * Set when outcome is not `ok`: a short account of where it failed, the key parameters and the
+   * last lines of stderr (at most 20 lines / 2 KiB). The full output is in the process's log.
+   */
+  diagnostic?: string;
+}
+
+export const DIAGNOSTIC_TAIL_LINES = 20;
+export const DIAGNOSTIC_TAIL_BYTES = 2048;
+
+/** The last bytes of a stream, whatever the output caps kept of its start. */
+export class TailBuffer {
+  private chunks: Buffer[] = [];
+  private size = 0;
+
+  constructor(private readonly maxBytes = DIAGNOSTIC_TAIL_BYTES) {}
+
+  push(chunk: Buffer): void {
+    this.chunks.push(chunk);
+    this.size += chunk.length;
+    while (this.chunks.length > 1 && this.size - (this.chunks[0]?.length ?? 0) >= this.maxBytes) {
+      this.size -= this.chunks.shift()?.length ?? 0;
+    }
+  }
+
+  /** The last complete lines that fit, at most `DIAGNOSTIC_TAIL_LINES`. */
+  lines(): string[] {
+    const all = Buffer.concat(this.chunks);
+    const tail = all.subarray(Math.max(0, all.length - this.maxBytes));
+    const lines = tail.toString('utf8').split('\n');
+    if (tail.length < all.length) lines.shift(); // the first line was cut
+    while (lines.length > 0 && lines[lines.length - 1]?.trim() === '') lines.pop();
+    return lines.slice(-DIAGNOSTIC_TAIL_LINES);
+  }
+}
+
+/** Where and how an exec failed, for the result's error fields; undefined when it succeeded. */
+export function diagnose(result: ExecResult, request: { argv: readonly string[]; cwd?: string }, stderrTail: string[]): string | undefined {
+  if (result.outcome === 'ok') return undefined;
+  const command = request.argv.map((arg) => (arg.length > 60 ? `${arg.slice(0, 57)}...` : arg)).join(' ').slice(0, 200);
+  const how =
+    result.outcome === 'limit_exceeded' ? (result.limit?.message ?? 'a limit was exceeded')
+    : result.outcome === 'error' ? `${result.error?.code ?? 'error'}: ${result.error?.message ?? ''}`
+    : result.signal ? `killed by ${result.signal}` : `exit code ${result.exitCode}`;
+  const where = `\`${command}\` in ${request.cwd ?? '/workspace'} ended after ${result.durationMs} ms: ${how}`;
+  if (stderrTail.length === 0) return where;
+  return `${where}\nlast stderr lines:\n${stderrTail.join('\n')}`;
 }

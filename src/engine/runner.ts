@@ -3,7 +3,7 @@ import { chown, mkdir, stat } from 'node:fs/promises';
 import { SandboxError } from '../errors/index.js';
 import { parseSpec, type OperatorMaxima, type SandboxSpecInput } from '../spec/index.js';
 import type { Backend, BackendSandbox } from '../backends/backend.js';
-import { NamespaceBackend } from '../backends/namespace/namespace-backend.host.js';
+import { createBackends } from '../backends/registry.js';
 import { HostEnvironment, type HostEnvironmentOptions } from '../host/host-env.host.js';
 import { copyOut, type CopyOutReport } from '../host/copy-out.host.js';
 import { baseEnv } from '../backends/namespace/bwrap-args.js';
@@ -11,6 +11,9 @@ import { assertEnforceable } from './capabilities.js';
 import { newSandboxId } from './ids.js';
 import { superviseExec, type SuperviseOptions } from './supervise.js';
 import type { ExecResult } from './result.js';
+import { checkCollectOptions, collectArtifacts, type ArtifactRef, type CollectOptions } from './artifacts.js';
+import { compileReportSchema, readReport, type ReportError, type ReportOptions } from './report.js';
+import { LocalArtifactStore, type ArtifactStore } from '../store/artifacts/index.js';
 
 export interface RunOptions extends Omit<SuperviseOptions, 'timeoutMs' | 'onStart'> {
   /** The sandbox spec; safe defaults fill what is left out. */
@@ -21,16 +24,33 @@ export interface RunOptions extends Omit<SuperviseOptions, 'timeoutMs' | 'onStar
   outputDir?: string;
   /** Working directory inside the sandbox. @default spec.cwd */
   cwd?: string;
+  /**
+   * Collect the output directory into the artifact store after the run. Implied (with defaults)
+   * by `outputDir`; `false` turns it off.
+   */
+  artifacts?: CollectOptions | false;
+  /** Where the report is and the JSON Schema (draft 2020-12) it must satisfy. */
+  report?: Omit<ReportOptions, 'schema'>;
+  reportSchema?: object;
 }
 
 export interface RunResult extends ExecResult {
   sandboxId: string;
   /** What was copied from /workspace/output when `outputDir` was given. */
   output?: CopyOutReport;
+  /** One reference per file of the output directory: delivered, or skipped and why. */
+  artifacts?: ArtifactRef[];
+  /** Files were left out by the total cap or the file-count cap. */
+  artifactsTruncated?: boolean;
+  /** The parsed (and, with `reportSchema`, validated) report. */
+  report?: unknown;
+  reportError?: ReportError;
 }
 
 export interface RunnerOptions extends HostEnvironmentOptions {
   maxima?: OperatorMaxima;
+  /** Where collected artifacts go. @default a LocalArtifactStore at <dataDir>/artifacts, opened per run */
+  artifactStore?: ArtifactStore;
 }
 
 export const OUTPUT_DIR = '/workspace/output';
@@ -43,11 +63,13 @@ export class Runner {
   readonly host: HostEnvironment;
   private readonly backends: Map<string, Backend>;
   private readonly maxima: OperatorMaxima | undefined;
+  private readonly artifactStore: ArtifactStore | undefined;
 
   constructor(options: RunnerOptions = {}) {
     this.host = new HostEnvironment(options);
     this.maxima = options.maxima;
-    this.backends = new Map([['namespace', new NamespaceBackend({ host: this.host })]]);
+    this.artifactStore = options.artifactStore;
+    this.backends = new Map(createBackends(this.host).map((backend) => [backend.name, backend]));
   }
 
   /** Releases the workspace volume when no sandbox of this data dir is left on it. */
@@ -67,6 +89,10 @@ export class Runner {
       input.mounts = [...(input.mounts ?? []), { hostPath: options.inputDir, sandboxPath: '/input' }];
     }
     const spec = parseSpec(input, this.maxima);
+    const validate = options.reportSchema === undefined ? undefined : compileReportSchema(options.reportSchema);
+    const collect = options.artifacts ?? (options.outputDir === undefined ? false : {});
+    if (collect !== false) checkCollectOptions(collect);
+    const wantsReport = collect !== false || validate !== undefined || options.report !== undefined;
     const backend = this.backends.get(spec.backend);
     if (!backend) {
       throw new SandboxError('BACKEND_UNAVAILABLE', `backend ${spec.backend} is not configured on this host`, {
@@ -79,20 +105,36 @@ export class Runner {
     const sandboxId = newSandboxId();
     const sandbox = await backend.create(spec, { id: sandboxId, signal: options.signal });
     try {
-      if (options.outputDir !== undefined) await prepareOutputDir(sandbox);
+      if (options.outputDir !== undefined || wantsReport) await prepareOutputDir(sandbox);
       const result = await superviseExec(
         sandbox,
         { argv: [...command], env: { ...baseEnv(), ...spec.env }, cwd: options.cwd ?? spec.cwd },
         options,
       );
       let output: CopyOutReport | undefined;
-      if (options.outputDir !== undefined) {
-        await sandbox.freeze(); // nothing may change the files while they are copied
-        output = await copyOut(join(sandbox.workspaceDir, 'output'), options.outputDir);
-      }
-      return { sandboxId, ...result, ...(output ? { output } : {}) };
+      if (options.outputDir !== undefined || wantsReport) await sandbox.freeze(); // nothing may change the files while they are copied
+      if (options.outputDir !== undefined) output = await copyOut(join(sandbox.workspaceDir, 'output'), options.outputDir);
+      const collection = collect === false ? undefined : await this.withStore((store) => collectArtifacts(sandbox, store, { ...collect, freeze: false }));
+      const report = wantsReport ? await readReport(sandbox, { ...options.report, validate }) : {};
+      return {
+        sandboxId,
+        ...result,
+        ...(output ? { output } : {}),
+        ...(collection ? { artifacts: collection.artifacts, artifactsTruncated: collection.truncated } : {}),
+        ...report,
+      };
     } finally {
       await sandbox.destroy();
+    }
+  }
+
+  private async withStore<T>(fn: (store: ArtifactStore) => Promise<T>): Promise<T> {
+    if (this.artifactStore) return fn(this.artifactStore);
+    const store = await LocalArtifactStore.open({ root: join(this.host.dataDir, 'artifacts') });
+    try {
+      return await fn(store);
+    } finally {
+      await store.close();
     }
   }
 }

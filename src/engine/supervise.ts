@@ -3,7 +3,7 @@ import type { BackendSandbox, ExecRequest, SandboxCounters } from '../backends/b
 import type { AgentProcess } from '../backends/agent/index.js';
 import { classifyLimit, memoryWarningMessage } from './classify.js';
 import { OutputBuffer } from './output-buffer.js';
-import type { ExecResult, Warning } from './result.js';
+import { diagnose, TailBuffer, type ExecResult, type Warning } from './result.js';
 
 const MEMORY_POLL_MS = 50;
 
@@ -32,6 +32,7 @@ export async function superviseExec(
   const timeoutMs = options.timeoutMs ?? limits.wallClockMs;
   const stdout = new OutputBuffer(limits.stdoutBytes);
   const stderr = new OutputBuffer(limits.stderrBytes);
+  const stderrTail = new TailBuffer();
   const warnings: Warning[] = [];
   options.signal?.throwIfAborted();
 
@@ -41,7 +42,10 @@ export async function superviseExec(
   try {
     child = await sandbox.exec({ ...request, stdin: request.stdin ?? options.stdin !== undefined });
   } catch (error) {
-    if (isSandboxError(error, 'EXEC_FAILED')) return failedToStart(error, performance.now() - started, before);
+    if (isSandboxError(error, 'EXEC_FAILED')) {
+      const failed = failedToStart(error, performance.now() - started, before);
+      return { ...failed, diagnostic: diagnose(failed, request, []) };
+    }
     throw error;
   }
   options.onStart?.(child);
@@ -51,6 +55,7 @@ export async function superviseExec(
   });
   child.onStderr((chunk) => {
     stderr.push(chunk);
+    stderrTail.push(chunk);
     options.onStderr?.(chunk);
   });
   if (options.stdin !== undefined) {
@@ -95,7 +100,9 @@ export async function superviseExec(
   const durationMs = Math.round(performance.now() - started);
 
   const after = await sandbox.counters().catch(() => before);
-  const diskUsedBytes = (await sandbox.diskUsedBytes().catch(() => undefined)) ?? null;
+  // Disk usage only tells a failure apart (a full workspace); reading it costs a spawn the first
+  // time per sandbox, so a clean exit skips it.
+  const diskUsedBytes = exit.exitCode === 0 ? null : ((await sandbox.diskUsedBytes().catch(() => undefined)) ?? null);
   const usage = {
     memoryPeakBytes: after.memoryPeakBytes,
     cpuTimeMs: Math.round((after.cpuUsageUsec - before.cpuUsageUsec) / 1000),
@@ -118,18 +125,22 @@ export async function superviseExec(
   const limit = classifyLimit({
     limits, timeoutMs, timedOut, durationMs, exitCode: exit.exitCode, signal: exit.signal, before, after, diskUsedBytes,
   });
-  if (limit) return { ...base, outcome: 'limit_exceeded', limit };
+  const done = (result: ExecResult): ExecResult => {
+    const diagnostic = diagnose(result, request, stderrTail.lines());
+    return diagnostic === undefined ? result : { ...result, diagnostic };
+  };
+  if (limit) return done({ ...base, outcome: 'limit_exceeded', limit });
   if (aborted) {
-    return { ...base, outcome: 'error', error: { code: 'ABORTED', message: 'the caller aborted the process; it was killed' } };
+    return done({ ...base, outcome: 'error', error: { code: 'ABORTED', message: 'the caller aborted the process; it was killed' } });
   }
   if (exit.lost) {
-    return {
+    return done({
       ...base,
       outcome: 'error',
       error: { code: 'SANDBOX_CRASHED', message: `sandbox ${sandbox.id} stopped while the process ran` },
-    };
+    });
   }
-  return { ...base, outcome: exit.exitCode === 0 ? 'ok' : 'exit_nonzero' };
+  return done({ ...base, outcome: exit.exitCode === 0 ? 'ok' : 'exit_nonzero' });
 }
 
 function failedToStart(error: SandboxError, durationMs: number, counters: SandboxCounters): ExecResult {

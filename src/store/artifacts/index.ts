@@ -1,0 +1,2 @@
+export { LocalArtifactStore, digestFile, isVerifyFailure, type Digest, type LocalArtifactStoreOptions } from './local-store.js';
+export * from './types.js';
