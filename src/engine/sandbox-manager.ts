@@ -218,6 +218,33 @@ export class SandboxManager implements SandboxEngine {
     return this.setTimeout(tenantId, sandboxId, Math.min(entry.info.spec.ttlMs, this.maxima.ttlMs));
   }
 
+  /**
+   * Stops every process of the sandbox where it is (a frozen cgroup: memory stays in RAM and does
+   * not survive a server restart — the answer says so). The TTL keeps running.
+   */
+  async pause(tenantId: string, sandboxId: string): Promise<SandboxInfo & { pause: { keepsMemory: boolean; survivesRestart: boolean } }> {
+    const entry = this.find(tenantId, sandboxId);
+    if (entry.info.state === 'paused') {
+      throw new SandboxError('CONFLICT', `sandbox ${sandboxId} is already paused`, { details: { sandboxId }, hint: 'Resume it first.' });
+    }
+    const live = this.findRunning(tenantId, sandboxId);
+    await live.sandbox!.freeze();
+    live.info.state = 'paused';
+    this.save(live);
+    return { ...this.snapshot(live), pause: { keepsMemory: true, survivesRestart: false } };
+  }
+
+  /** Continues a paused sandbox; resuming a running one is a no-op. */
+  async resume(tenantId: string, sandboxId: string): Promise<SandboxInfo> {
+    const entry = this.findLive(tenantId, sandboxId);
+    if (entry.info.state === 'paused') {
+      await entry.sandbox!.thaw();
+      entry.info.state = 'running';
+      this.save(entry);
+    }
+    return this.snapshot(entry);
+  }
+
   async startProcess(tenantId: string, sandboxId: string, command: StartProcessCommand): Promise<ProcessHandle> {
     const entry = this.findRunning(tenantId, sandboxId);
     const sandbox = entry.sandbox!;

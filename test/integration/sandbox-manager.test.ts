@@ -3,6 +3,10 @@ import { SandboxManager, MemoryRecordStore, type EngineEvent } from '../../src/e
 import type { ProcessEvent } from '../../src/engine/types.js';
 import { isSandboxError } from '../../src/errors/index.js';
 import { expectNoLeaks, testDataDir } from '../helpers/sandbox.js';
+import { existsSync } from 'node:fs';
+import { readFile } from 'node:fs/promises';
+import { join } from 'node:path';
+import { HostEnvironment } from '../../src/host/host-env.host.js';
 
 const T = 'tenant-a';
 let engine: SandboxManager;
@@ -118,5 +122,37 @@ describe('SandboxManager (durable sandboxes on real backends)', () => {
     await p.result;
     await waitFor(() => engine.get(T, s.sandboxId).state === 'failed', 10_000);
     expect(engine.get(T, s.sandboxId).endReason).toMatch(/^crashed/);
+  });
+});
+
+describe('pause and resume (namespace backend: freeze)', () => {
+  it('stops a counting process while paused and continues it after resume', async () => {
+    const s = await engine.create({ tenantId: T });
+    const counter = await engine.startProcess(T, s.sandboxId, {
+      argv: ['sh', '-c', 'i=0; while true; do i=$((i+1)); echo $i > /workspace/n; sleep 0.02; done'],
+    });
+    const read = async (): Promise<number> => {
+      const p = await engine.startProcess(T, s.sandboxId, { argv: ['cat', '/workspace/n'] });
+      return Number((await p.result).stdout);
+    };
+    const workspace = engine.backendSandbox(T, s.sandboxId).workspaceDir;
+    await waitFor(() => existsSync(join(workspace, 'n')), 5000);
+    const paused = await engine.pause(T, s.sandboxId);
+    // The kernel reports the whole group frozen, and the counter file stands still.
+    const events = await readFile(join('/sys/fs/cgroup/unified', `${new HostEnvironment({ dataDir: testDataDir() }).cgroupPrefix}${s.sandboxId}`, 'cgroup.events'), 'utf8');
+    expect(events).toMatch(/^frozen 1$/m);
+    const whilePaused = await readFile(join(workspace, 'n'), 'utf8');
+    expect(await readFile(join(workspace, 'n'), 'utf8')).toBe(whilePaused);
+    expect(paused.state).toBe('paused');
+    expect(paused.pause).toEqual({ keepsMemory: true, survivesRestart: false });
+    await expect(engine.startProcess(T, s.sandboxId, { argv: ['true'] })).rejects.toMatchObject({ code: 'SANDBOX_NOT_RUNNING' });
+    await expect(engine.pause(T, s.sandboxId)).rejects.toMatchObject({ code: 'CONFLICT' });
+    expect((await engine.resume(T, s.sandboxId)).state).toBe('running');
+    const first = await read();
+    let later = first;
+    const deadline = Date.now() + 5000;
+    while (later <= first && Date.now() < deadline) later = await read();
+    expect(later).toBeGreaterThan(first);
+    counter.signal('SIGKILL');
   });
 });
