@@ -58,6 +58,27 @@ export interface BackendSandbox {
   thaw(): Promise<void>;
   /** Kills every process and removes every host resource. Safe to call twice. */
   destroy(): Promise<void>;
+  /**
+   * Stops the sandbox's work until `resume()`. `keepMemory: true` keeps processes and their memory
+   * (gVisor: a checkpoint on disk that frees CPU and RAM; namespace: a frozen cgroup, still in RAM);
+   * `keepMemory: false` ends every process and keeps only the files. Absent on a backend that
+   * cannot pause.
+   */
+  pause?(options: PauseOptions): Promise<PauseResult>;
+  /** Continues a paused sandbox: restored processes, or a fresh agent when memory was not kept. */
+  resume?(): Promise<void>;
+}
+
+export interface PauseOptions {
+  keepMemory: boolean;
+}
+
+/** What a pause kept; the API says it back so callers know what a resume will find. */
+export interface PauseResult {
+  /** Processes and their memory continue after resume. */
+  keepsMemory: boolean;
+  /** The paused sandbox can be resumed by a new Capsule process (after a server restart). */
+  survivesRestart: boolean;
 }
 
 export interface CreateOptions {
@@ -83,4 +104,10 @@ export interface Backend {
    * (they cannot be attached to again), and the workspaces of ids not in `liveIds`.
    */
   reconcile(liveIds: ReadonlySet<string>): Promise<ReconcileReport>;
+  /**
+   * Takes over a sandbox that a previous Capsule process paused with a result saying
+   * `survivesRestart` (gVisor: its checkpoint on disk), still paused; `resume()` continues it.
+   * Absent on a backend whose pause does not survive a restart.
+   */
+  restore?(id: string, spec: SandboxSpec): Promise<BackendSandbox>;
 }

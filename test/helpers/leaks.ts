@@ -1,5 +1,6 @@
 import { readdir, readFile } from 'node:fs/promises';
 import { join } from 'node:path';
+import { spawnSync } from 'node:child_process';
 import { listSandboxCgroups } from '../../src/host/cgroups.host.js';
 import { HostEnvironment } from '../../src/host/host-env.host.js';
 
@@ -8,6 +9,8 @@ export interface Leaks {
   processes: string[];
   workspaces: string[];
   mounts: string[];
+  /** gVisor containers in this instance's runsc state directory, and their bundles. */
+  runsc: string[];
 }
 
 /**
@@ -25,7 +28,8 @@ export async function findLeaks(dataDir: string): Promise<Leaks> {
     .split('\n')
     .map((line) => line.split(' ')[4] ?? '')
     .filter((target) => target.startsWith(join(dataDir, '/')) && target !== host.volume.mountPoint);
-  return { cgroups, processes, workspaces, mounts };
+  const runsc = [...(await runscContainers(dataDir)), ...(await gvisorBundles(dataDir))];
+  return { cgroups, processes, workspaces, mounts, runsc };
 }
 
 /** Live descendants of `root` as "pid name"; zombies count: nobody reaped them. */
@@ -71,4 +75,20 @@ export function describeLeaks(leaks: Leaks): string {
     .filter(([, list]) => (list as string[]).length > 0)
     .map(([kind, list]) => `${kind}: ${(list as string[]).join(', ')}`)
     .join('; ');
+}
+
+/** Containers runsc still knows in this instance's state directory (`<dataDir>/runsc`). */
+export async function runscContainers(dataDir: string): Promise<string[]> {
+  const root = join(dataDir, 'runsc');
+  if (!(await readdir(root).catch(() => undefined))) return [];
+  const result = spawnSync('runsc', ['--root', root, 'list', '--quiet'], { encoding: 'utf8', timeout: 10_000 });
+  if (result.status !== 0) return [];
+  return result.stdout.split('\n').filter((line) => line.trim() !== '').map((id) => `container ${id.trim()}`);
+}
+
+/** OCI bundles and checkpoints of gVisor sandboxes still on disk. */
+async function gvisorBundles(dataDir: string): Promise<string[]> {
+  const bundles = await readdir(join(dataDir, 'gvisor', 'bundles')).catch(() => [] as string[]);
+  const checkpoints = await readdir(join(dataDir, 'checkpoints')).catch(() => [] as string[]);
+  return [...bundles.map((id) => `bundle ${id}`), ...checkpoints.map((id) => `checkpoint ${id}`)];
 }

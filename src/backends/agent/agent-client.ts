@@ -91,10 +91,15 @@ class RunningProcess implements AgentProcess {
     private readonly argv0: string,
     private readonly isPty: boolean,
     hasStdin: boolean,
-    private readonly send: (type: number, id: number, payload?: Buffer) => void,
+    private send: (type: number, id: number, payload?: Buffer) => void,
   ) {
     this.stdinOpen = hasStdin || isPty;
     this.exited = new Promise((resolve) => (this.settle = resolve));
+  }
+
+  /** Sends through another client from now on (the agent was handed over to it). */
+  rebind(send: (type: number, id: number, payload?: Buffer) => void): void {
+    this.send = send;
   }
 
   finish(exit: AgentExit): void {
@@ -169,6 +174,23 @@ const signalNames = new Map<number, NodeJS.Signals>(
   Object.entries(osConstants.signals).map(([name, number]) => [number, name as NodeJS.Signals]),
 );
 
+export interface AgentClientOptions {
+  /**
+   * First process id this client assigns. A client that takes over an agent that already runs
+   * processes (a gVisor sandbox restored from a checkpoint: same agent, new pipes, no second
+   * READY) starts past the ids the agent still tracks. @default 1
+   */
+  firstProcessId?: number;
+  /** Processes of a previous client of the same agent, from its `handOver()`; they continue here. */
+  handOver?: AgentHandOver;
+}
+
+/** What one client passes to the next one that talks to the same agent over new pipes. */
+export interface AgentHandOver {
+  nextProcessId: number;
+  processes: readonly AgentProcess[];
+}
+
 /** Drives one agent: start processes, stream their output, learn how they ended. */
 export class AgentClient {
   /** Resolves on the agent's READY; rejects with SANDBOX_CRASHED if its stream ends first. */
@@ -180,6 +202,7 @@ export class AgentClient {
   private readonly lostListeners: ((reason: SandboxError) => void)[] = [];
   private lostReason: SandboxError | null = null;
   private isClosed = false;
+  private isHandingOver = false;
   private nextProcessId = 1;
   private nextPingId = 1;
   private markReady!: () => void;
@@ -188,7 +211,14 @@ export class AgentClient {
   constructor(
     private readonly toAgent: NodeJS.WritableStream,
     fromAgent: NodeJS.ReadableStream,
+    options: AgentClientOptions = {},
   ) {
+    this.nextProcessId = options.handOver?.nextProcessId ?? options.firstProcessId ?? 1;
+    for (const proc of options.handOver?.processes ?? []) {
+      if (!(proc instanceof RunningProcess) || proc.hasExited) continue;
+      proc.rebind((type, id, data) => this.send(type, id, data));
+      this.running.set(proc.id, proc);
+    }
     this.ready = new Promise<void>((resolve, reject) => {
       this.markReady = resolve;
       this.failReady = reject;
@@ -201,6 +231,11 @@ export class AgentClient {
     fromAgent.on('error', (error: Error) => this.lose(crashed(`reading from the agent failed: ${error.message}`, error)));
     // EPIPE when the agent is gone; its output ending says the same thing, whichever comes first.
     toAgent.on('error', (error: Error) => this.lose(crashed(`writing to the agent failed: ${error.message}`, error)));
+  }
+
+  /** The id the next start() uses; a client taking over the same agent later starts here. */
+  get nextStartId(): number {
+    return this.nextProcessId;
   }
 
   get isAlive(): boolean {
@@ -239,6 +274,21 @@ export class AgentClient {
       this.pings.set(id, { resolve, reject, timer });
       this.send(FrameType.Ping, id);
     });
+  }
+
+  /**
+   * The agent's stream is about to end while the agent lives on (a gVisor checkpoint): when it
+   * ends, running processes stay open for `handOver()` instead of ending as lost.
+   */
+  prepareHandOver(isHandingOver = true): void {
+    this.isHandingOver = isHandingOver;
+  }
+
+  /** After the stream ended: the processes still running, for the next client of this agent. */
+  handOver(): AgentHandOver {
+    const processes = [...this.running.values()];
+    this.running.clear();
+    return { nextProcessId: this.nextProcessId, processes };
   }
 
   /** Ends the agent's stdin: the agent kills every process tree, reports their exits and exits. */
@@ -327,8 +377,10 @@ export class AgentClient {
     this.failReady(reason);
     for (const pending of this.starting.values()) pending.reject(reason);
     this.starting.clear();
-    for (const proc of this.running.values()) proc.finish({ exitCode: null, signal: null, lost: true });
-    this.running.clear();
+    if (!this.isHandingOver) {
+      for (const proc of this.running.values()) proc.finish({ exitCode: null, signal: null, lost: true });
+      this.running.clear();
+    }
     for (const ping of this.pings.values()) {
       clearTimeout(ping.timer);
       ping.reject(reason);

@@ -1,5 +1,7 @@
 export {
   AgentClient,
+  type AgentClientOptions,
+  type AgentHandOver,
   type AgentExit,
   type AgentProcess,
   type AgentStartOptions,

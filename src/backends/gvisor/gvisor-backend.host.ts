@@ -1,0 +1,201 @@
+import { createHash } from 'node:crypto';
+import { mkdir, rm, writeFile } from 'node:fs/promises';
+import { join } from 'node:path';
+import { SandboxError } from '../../errors/index.js';
+import { SandboxCgroup, listSandboxCgroups } from '../../host/cgroups.host.js';
+import type { HostEnvironment } from '../../host/host-env.host.js';
+import type { SandboxSpec } from '../../spec/index.js';
+import type { Backend, BackendProbe, BackendSandbox, Capability, CreateOptions, ReconcileReport } from '../backend.js';
+import { buildOciSpec, hostPidsBackstop, type OciSpec } from './oci-bundle.js';
+import { GvisorLayout } from './layout.js';
+import { GvisorSandbox, type NetworkAttachment } from './gvisor-sandbox.host.js';
+import { probeRunsc, Runsc, writeRootfs, type RunscInfo } from './runsc.host.js';
+
+/** Host uids of gVisor sandbox users; apart from the namespace backend's 3,000,000 range. */
+const UID_BASE = 4_000_000;
+const UID_RANGE = 1_000_000;
+
+const CAPABILITIES: readonly Capability[] = [
+  'limits.cpus', 'limits.memory', 'limits.pids', 'limits.disk', 'limits.fileSize',
+  'limits.openFiles', 'limits.tmp', 'mounts.readOnly', 'network.none', 'pause.freeze', 'pause.keepMemoryOnDisk',
+];
+
+/**
+ * The seam for sandbox networking: a per-sandbox network namespace made by the host's network
+ * code (veth, nftables, egress proxy). runsc runs inside it with `--network=sandbox`, so gVisor's
+ * own netstack sees only what that namespace offers.
+ */
+export interface NetworkNamespaceProvider {
+  /** What sandboxes get through it, e.g. 'network.allowlist'. */
+  readonly capabilities: readonly Capability[];
+  acquire(id: string, spec: SandboxSpec): Promise<NetworkAttachment>;
+}
+
+export interface GvisorBackendOptions {
+  host: HostEnvironment;
+  /** Write runsc's own debug logs here (one set per runsc command). Only for debugging. */
+  debugLogDir?: string;
+  /** Per-sandbox network namespaces; without it only `network.mode: 'none'` is offered. */
+  network?: NetworkNamespaceProvider;
+}
+
+/**
+ * gVisor: each sandbox is a runsc container whose init is the same capsule-agent the namespace
+ * backend uses, spoken to over runsc's stdio pipes. Syscalls go to gVisor's user-space kernel
+ * (systrap platform), never straight to the host's. See docs/decisions/004-gvisor.md.
+ */
+export class GvisorBackend implements Backend {
+  readonly name = 'gvisor' as const;
+  private readonly host: HostEnvironment;
+  private readonly layout: GvisorLayout;
+  private readonly options: GvisorBackendOptions;
+  private readonly uidsInUse = new Set<number>();
+  private runsc: Promise<{ info: RunscInfo; runsc: Runsc }> | undefined;
+
+  constructor(options: GvisorBackendOptions) {
+    this.host = options.host;
+    this.options = options;
+    this.layout = new GvisorLayout(options.host.dataDir);
+  }
+
+  async probe(): Promise<BackendProbe> {
+    try {
+      await this.host.ensure();
+      await this.ready();
+      return { available: true, capabilities: [...CAPABILITIES, ...(this.options.network?.capabilities ?? [])] };
+    } catch (error) {
+      return { available: false, reason: (error as Error).message, capabilities: [] };
+    }
+  }
+
+  async create(spec: SandboxSpec, options: CreateOptions): Promise<BackendSandbox> {
+    return this.open(spec, options.id, { mode: 'run', reuseWorkspace: options.reuseWorkspace === true, signal: options.signal });
+  }
+
+  /** A sandbox a previous Capsule process paused to a checkpoint, still paused: resume() restores it. */
+  async restore(id: string, spec: SandboxSpec): Promise<BackendSandbox> {
+    const saved = await this.layout.readPauseState(id);
+    if (saved === undefined) {
+      throw new SandboxError('SANDBOX_NOT_FOUND', `sandbox ${id} has no gVisor checkpoint to restore`, {
+        details: { sandboxId: id },
+        hint: 'Only a sandbox paused with keepMemory on the gvisor backend can be restored after a restart.',
+      });
+    }
+    return this.open(spec, id, { mode: 'paused', reuseWorkspace: true });
+  }
+
+  async reconcile(liveIds: ReadonlySet<string>): Promise<ReconcileReport> {
+    await this.host.ensure();
+    const { runsc } = await this.ready();
+    const removed: string[] = [];
+    const failures: string[] = [];
+    const attempt = async (what: string, step: () => Promise<void>): Promise<void> => {
+      try {
+        await step();
+        removed.push(what);
+      } catch (error) {
+        failures.push(`${what}: ${(error as Error).message}`);
+      }
+    };
+    // A container of a previous process has lost its stdio pipes: nobody can talk to its agent.
+    for (const id of await runsc.list()) await attempt(`runsc:${id}`, () => runsc.deleteForce(id));
+    for (const name of await listSandboxCgroups(this.host.cgroupPrefix)) {
+      await attempt(`cgroup:${name.slice(this.host.cgroupPrefix.length)}`, () => SandboxCgroup.attach(name).remove());
+    }
+    for (const id of await this.layout.listBundles()) {
+      if (!liveIds.has(id)) await attempt(`bundle:${id}`, () => this.layout.removeBundle(id));
+    }
+    for (const id of await this.layout.listCheckpoints()) {
+      if (!liveIds.has(id)) await attempt(`checkpoint:${id}`, () => this.layout.removeCheckpoint(id));
+    }
+    for (const id of await this.host.volume.list()) {
+      if (!liveIds.has(id)) await attempt(`workspace:${id}`, () => this.host.volume.delete(id));
+    }
+    return { removed, failures };
+  }
+
+  private ready(): Promise<{ info: RunscInfo; runsc: Runsc }> {
+    this.runsc ??= probeRunsc().then((info) => ({
+      info,
+      runsc: new Runsc(info.binary, { rootDir: this.layout.runscRoot, platform: info.platform, debugLogDir: this.options.debugLogDir }),
+    }));
+    this.runsc.catch(() => (this.runsc = undefined));
+    return this.runsc;
+  }
+
+  private async open(
+    spec: SandboxSpec,
+    id: string,
+    how: { mode: 'run' | 'paused'; reuseWorkspace: boolean; signal?: AbortSignal },
+  ): Promise<BackendSandbox> {
+    const paths = await this.host.ensure();
+    const { runsc } = await this.ready();
+    if (spec.network.mode !== 'none' && !this.options.network?.capabilities.includes(`network.${spec.network.mode}`)) {
+      throw new SandboxError('BACKEND_CANNOT_ENFORCE', `backend gvisor cannot enforce network.${spec.network.mode} on this host`, {
+        details: { backend: 'gvisor', missing: [`network.${spec.network.mode}`] },
+        hint: 'Use network mode "none" with the gvisor backend until per-sandbox network namespaces are configured for it.',
+      });
+    }
+    if (how.mode === 'paused') {
+      // Left by the process that paused it, or by a crash: nothing of it is running now.
+      await runsc.deleteForce(id);
+      await SandboxCgroup.attach(`${this.host.cgroupPrefix}${id}`).remove();
+    }
+    const uid = this.allocateUid(id);
+    const cleanup: (() => Promise<unknown>)[] = [async () => this.uidsInUse.delete(uid)];
+    try {
+      await mkdir(this.layout.runscRoot, { recursive: true, mode: 0o700 });
+      // runsc joins these pre-made groups and leaves them when the container goes: the counters
+      // (OOM kills above all) stay readable after the sandbox died of its memory limit.
+      const cgroup = await SandboxCgroup.create(this.host.cgroupPrefix, id, { ...spec.limits, pids: hostPidsBackstop(spec.limits.pids) });
+      cleanup.push(() => cgroup.remove());
+      const workspaceDir = how.reuseWorkspace
+        ? await this.host.volume.adopt(id, spec.limits.diskBytes, uid)
+        : await this.host.volume.create(id, spec.limits.diskBytes, uid);
+      if (!how.reuseWorkspace) cleanup.push(() => this.host.volume.delete(id));
+      const bundleDir = this.layout.bundleDir(id);
+      const oci: OciSpec = buildOciSpec(spec, {
+        rootfsDir: join(bundleDir, 'rootfs'),
+        workspaceDir,
+        etcDir: paths.etcDir,
+        etcEntries: paths.etcEntries,
+        toolsDir: paths.toolsDir,
+        hostUid: uid,
+        cgroupsPath: cgroup.name,
+      });
+      await rm(bundleDir, { recursive: true, force: true });
+      cleanup.push(() => this.layout.removeBundle(id));
+      await writeRootfs(oci.root.path, paths.etcEntries, spec.mounts.map((m) => m.sandboxPath));
+      await writeFile(join(bundleDir, 'config.json'), JSON.stringify(oci, null, 1), { mode: 0o600 });
+      how.signal?.throwIfAborted();
+      const network = spec.network.mode === 'none' ? undefined : await this.options.network?.acquire(id, spec);
+      if (network) cleanup.push(() => network.release());
+      const sandbox = new GvisorSandbox({
+        id, spec, workspaceDir, cgroup, runsc, layout: this.layout, launcher: paths.launcher, network,
+        diskUsed: () => this.host.volume.usedBytes(id),
+        release: async () => {
+          this.uidsInUse.delete(uid);
+          await network?.release();
+          await this.layout.removeCheckpoint(id);
+          await this.layout.removeBundle(id);
+          await this.host.volume.delete(id);
+        },
+      });
+      if (how.mode === 'run') await sandbox.start();
+      else await sandbox.adoptCheckpoint();
+      return sandbox;
+    } catch (error) {
+      for (const step of cleanup.reverse()) await step().catch(() => undefined);
+      if (how.signal?.aborted) throw new SandboxError('ABORTED', `creating sandbox ${id} was aborted`, { cause: error });
+      throw error;
+    }
+  }
+
+  /** Derived from the id, so a sandbox restored after a restart finds its files owned by its uid. */
+  private allocateUid(id: string): number {
+    let uid = UID_BASE + (createHash('sha256').update(`gvisor:${id}`).digest().readUInt32BE(0) % UID_RANGE);
+    while (this.uidsInUse.has(uid)) uid = UID_BASE + ((uid - UID_BASE + 1) % UID_RANGE);
+    this.uidsInUse.add(uid);
+    return uid;
+  }
+}

@@ -1,0 +1,253 @@
+import { spawn, type ChildProcess } from 'node:child_process';
+import { join } from 'node:path';
+import { AgentClient, type AgentHandOver, type AgentProcess } from '../agent/index.js';
+import { SandboxError } from '../../errors/index.js';
+import type { SandboxCgroup } from '../../host/cgroups.host.js';
+import type { SandboxSpec } from '../../spec/index.js';
+import type { BackendSandbox, ExecRequest, PauseOptions, PauseResult, SandboxCounters } from '../backend.js';
+import type { GvisorLayout } from './layout.js';
+import type { Runsc } from './runsc.host.js';
+
+const AGENT_READY_TIMEOUT_MS = 15_000;
+const STDERR_TAIL_BYTES = 4096;
+
+/** A network namespace made for one sandbox; runsc runs inside it. */
+export interface NetworkAttachment {
+  /** e.g. /run/netns/capsule-<id>. */
+  path: string;
+  release(): Promise<void>;
+}
+
+export interface GvisorSandboxOptions {
+  id: string;
+  spec: SandboxSpec;
+  workspaceDir: string;
+  cgroup: SandboxCgroup;
+  runsc: Runsc;
+  layout: GvisorLayout;
+  launcher: string;
+  network: NetworkAttachment | undefined;
+  diskUsed: () => Promise<number | undefined>;
+  release: () => Promise<void>;
+}
+
+type State = 'starting' | 'running' | 'pausing' | 'paused' | 'resuming' | 'destroyed';
+
+/** One runsc container and the agent inside it, reached over `runsc run`'s (or restore's) stdio. */
+export class GvisorSandbox implements BackendSandbox {
+  readonly backend = 'gvisor' as const;
+  readonly id: string;
+  readonly spec: SandboxSpec;
+  readonly workspaceDir: string;
+  readonly lost: Promise<void>;
+  private readonly options: GvisorSandboxOptions;
+  private readonly cgroup: SandboxCgroup;
+  private state: State = 'starting';
+  private child: ChildProcess | undefined;
+  private childExited: Promise<void> = Promise.resolve();
+  private agent: AgentClient | undefined;
+  private handOver: AgentHandOver | undefined;
+  private nextProcessId = 1;
+  private stderrTail = '';
+  private markLost!: () => void;
+  private destroying: Promise<void> | undefined;
+
+  constructor(options: GvisorSandboxOptions) {
+    this.options = options;
+    this.id = options.id;
+    this.spec = options.spec;
+    this.workspaceDir = options.workspaceDir;
+    this.cgroup = options.cgroup;
+    this.lost = new Promise((resolve) => (this.markLost = resolve));
+  }
+
+  /** Boots a fresh container: `runsc run`, then the agent's READY. */
+  async start(): Promise<void> {
+    await this.launch(['run', '--bundle', this.options.layout.bundleDir(this.id), this.id], 'ready');
+  }
+
+  /** Takes over a checkpoint a previous process left; the sandbox stays paused until resume(). */
+  async adoptCheckpoint(): Promise<void> {
+    const saved = await this.options.layout.readPauseState(this.id);
+    this.nextProcessId = saved?.nextProcessId ?? 1;
+    this.state = 'paused';
+  }
+
+  exec(request: ExecRequest): Promise<AgentProcess> {
+    if (this.state !== 'running' || this.agent === undefined) {
+      return Promise.reject(
+        new SandboxError('SANDBOX_NOT_RUNNING', `sandbox ${this.id} is ${this.state === 'paused' ? 'paused' : this.state}`, {
+          details: { sandboxId: this.id, state: this.state },
+          hint: this.state === 'paused' ? 'Resume the sandbox before running processes in it.' : undefined,
+        }),
+      );
+    }
+    return this.agent.start(request);
+  }
+
+  async counters(): Promise<SandboxCounters> {
+    return this.cgroup.counters();
+  }
+
+  memoryUsageBytes(): Promise<number> {
+    return this.cgroup.memoryUsageBytes();
+  }
+
+  diskUsedBytes(): Promise<number | undefined> {
+    return this.options.diskUsed();
+  }
+
+  resetPeak(): Promise<void> {
+    return this.cgroup.resetPeak();
+  }
+
+  /** Every runsc process (sentry, gofer, stubs) is in the v2 group: freezing it stops the sandbox. */
+  freeze(): Promise<void> {
+    return this.cgroup.freeze(true);
+  }
+
+  thaw(): Promise<void> {
+    return this.cgroup.freeze(false);
+  }
+
+  async pause(options: PauseOptions): Promise<PauseResult> {
+    if (this.state !== 'running') {
+      throw new SandboxError('CONFLICT', `sandbox ${this.id} is ${this.state}; only a running sandbox can be paused`, {
+        details: { sandboxId: this.id, state: this.state },
+      });
+    }
+    const agent = this.agent;
+    if (agent === undefined) throw new SandboxError('INTERNAL', `sandbox ${this.id} has no agent`);
+    this.state = 'pausing';
+    if (options.keepMemory) {
+      // The agent lives on inside the checkpoint; its stream ends here, its processes do not.
+      agent.prepareHandOver();
+      try {
+        await this.options.runsc.checkpoint(this.id, this.options.layout.imageDir(this.id));
+      } catch (error) {
+        agent.prepareHandOver(false);
+        this.state = 'running';
+        throw new SandboxError('INTERNAL', `checkpoint of sandbox ${this.id} failed: ${(error as Error).message}`, { cause: error });
+      }
+      await this.childExited; // runsc run ends once the container is saved
+      this.handOver = agent.handOver();
+      this.nextProcessId = this.handOver.nextProcessId;
+    } else {
+      this.nextProcessId = agent.nextStartId;
+      agent.close();
+      await this.stopContainer();
+    }
+    this.agent = undefined;
+    await this.options.layout.writePauseState(this.id, {
+      keepsMemory: options.keepMemory,
+      nextProcessId: this.nextProcessId,
+      pausedAt: new Date().toISOString(),
+    });
+    this.state = 'paused';
+    return { keepsMemory: options.keepMemory, survivesRestart: true };
+  }
+
+  async resume(): Promise<void> {
+    if (this.state !== 'paused') {
+      throw new SandboxError('CONFLICT', `sandbox ${this.id} is ${this.state}; only a paused sandbox can be resumed`, {
+        details: { sandboxId: this.id, state: this.state },
+      });
+    }
+    const saved = await this.options.layout.readPauseState(this.id);
+    this.state = 'resuming';
+    const bundle = this.options.layout.bundleDir(this.id);
+    try {
+      if (saved?.keepsMemory) {
+        const image = this.options.layout.imageDir(this.id);
+        await this.launch(['restore', `--image-path=${image}`, '--bundle', bundle, this.id], 'ping');
+      } else {
+        await this.launch(['run', '--bundle', bundle, this.id], 'ready');
+      }
+    } catch (error) {
+      this.state = 'paused';
+      throw error;
+    }
+    this.handOver = undefined;
+    await this.options.layout.removeCheckpoint(this.id);
+  }
+
+  destroy(): Promise<void> {
+    this.destroying ??= this.teardown();
+    return this.destroying;
+  }
+
+  /**
+   * Starts runsc through capsule-launch, which puts it (and so the sentry, gofer and stubs) in
+   * the sandbox's v2 cgroup for freeze and kill, and stays as their subreaper. runsc moves the
+   * sentry and gofer into the v1 groups named by cgroupsPath, where the limits are.
+   */
+  private async launch(runscArgs: string[], waitFor: 'ready' | 'ping'): Promise<void> {
+    const network = this.options.network;
+    const unifiedProcs = join(this.cgroup.dir('unified'), 'cgroup.procs');
+    const args = [
+      '--cgroup-procs', unifiedProcs,
+      ...(network ? ['--netns', network.path] : []),
+      '--', this.options.runsc.binary, ...this.options.runsc.flagsFor(network ? 'sandbox' : 'none'), ...runscArgs,
+    ];
+    this.stderrTail = '';
+    const child = spawn(this.options.launcher, args, { stdio: ['pipe', 'pipe', 'pipe'], env: {} });
+    this.child = child;
+    this.childExited = new Promise((resolve) => child.once('close', () => resolve()));
+    child.stderr?.on('data', (chunk: Buffer) => {
+      this.stderrTail = (this.stderrTail + chunk.toString('utf8')).slice(-STDERR_TAIL_BYTES);
+    });
+    const agent = new AgentClient(child.stdin, child.stdout, {
+      ...(this.handOver ? { handOver: this.handOver } : { firstProcessId: this.nextProcessId }),
+    });
+    agent.onLost(() => {
+      if (this.agent === agent && this.state === 'running') this.markLost();
+    });
+    const spawnError = new Promise<never>((_, reject) => child.once('error', reject));
+    const exitedEarly = this.childExited.then(() => {
+      throw new Error('runsc exited before the agent answered');
+    });
+    let timer: NodeJS.Timeout | undefined;
+    const timeout = new Promise<never>((_, reject) => {
+      timer = setTimeout(() => reject(new Error(`no answer within ${AGENT_READY_TIMEOUT_MS} ms`)), AGENT_READY_TIMEOUT_MS);
+    });
+    try {
+      await Promise.race([waitFor === 'ready' ? agent.ready : agent.ping(AGENT_READY_TIMEOUT_MS), spawnError, exitedEarly, timeout]);
+    } catch (error) {
+      agent.close();
+      await this.stopContainer();
+      const why = this.stderrTail.trim();
+      throw new SandboxError('HOST_NOT_READY', `gVisor sandbox ${this.id} failed to start${why ? `: ${why}` : ''}`, {
+        cause: error,
+        hint: 'Check that runsc works on this host (scripts/setup.sh installs it); set debugLogDir on the gvisor backend for runsc logs.',
+      });
+    } finally {
+      clearTimeout(timer);
+      exitedEarly.catch(() => undefined);
+    }
+    this.agent = agent;
+    this.state = 'running';
+  }
+
+  /** Kills every runsc process of this sandbox and removes runsc's record of the container. */
+  private async stopContainer(): Promise<void> {
+    await this.cgroup.kill();
+    const child = this.child;
+    if (child && child.exitCode === null && child.signalCode === null) child.kill('SIGKILL');
+    await this.childExited;
+    await this.options.runsc.deleteForce(this.id);
+  }
+
+  private async teardown(): Promise<void> {
+    const failures: string[] = [];
+    const wasRunning = this.state === 'running';
+    this.state = 'destroyed';
+    this.agent?.close();
+    if (wasRunning) this.markLost();
+    await this.stopContainer().catch((error: Error) => failures.push(error.message));
+    await this.cgroup.remove().catch((error: Error) => failures.push(error.message));
+    await this.options.release().catch((error: Error) => failures.push(error.message));
+    if (failures.length > 0) {
+      throw new SandboxError('INTERNAL', `cleanup of sandbox ${this.id} failed: ${failures.join('; ')}`);
+    }
+  }
+}

@@ -1,0 +1,72 @@
+import { mkdir, readdir, readFile, rename, rm, writeFile } from 'node:fs/promises';
+import { join } from 'node:path';
+
+/** What a paused gVisor sandbox needs to be resumed, possibly by a new Capsule process. */
+export interface PauseState {
+  /** True when `image/` holds a checkpoint of memory and processes; false: files only. */
+  keepsMemory: boolean;
+  /** The agent client's next process id: a restored agent still tracks the ids before it. */
+  nextProcessId: number;
+  pausedAt: string;
+}
+
+/**
+ * Where a Capsule instance keeps gVisor state, all under its data directory:
+ *
+ *   runsc/                 runsc --root: container state of this instance only
+ *   gvisor/bundles/<id>/   config.json (the OCI spec) and rootfs/ (mount points)
+ *   checkpoints/<id>/      pause.json and image/ (runsc checkpoint --image-path)
+ *
+ * A new process restores a paused sandbox from bundles/<id> and checkpoints/<id> alone.
+ */
+export class GvisorLayout {
+  readonly runscRoot: string;
+  private readonly bundlesDir: string;
+  private readonly checkpointsDir: string;
+
+  constructor(dataDir: string) {
+    this.runscRoot = join(dataDir, 'runsc');
+    this.bundlesDir = join(dataDir, 'gvisor', 'bundles');
+    this.checkpointsDir = join(dataDir, 'checkpoints');
+  }
+
+  bundleDir(id: string): string {
+    return join(this.bundlesDir, id);
+  }
+
+  checkpointDir(id: string): string {
+    return join(this.checkpointsDir, id);
+  }
+
+  imageDir(id: string): string {
+    return join(this.checkpointDir(id), 'image');
+  }
+
+  async writePauseState(id: string, state: PauseState): Promise<void> {
+    await mkdir(this.checkpointDir(id), { recursive: true, mode: 0o700 });
+    const file = join(this.checkpointDir(id), 'pause.json');
+    await writeFile(`${file}.tmp`, JSON.stringify(state), { mode: 0o600 });
+    await rename(`${file}.tmp`, file);
+  }
+
+  async readPauseState(id: string): Promise<PauseState | undefined> {
+    const text = await readFile(join(this.checkpointDir(id), 'pause.json'), 'utf8').catch(() => undefined);
+    return text === undefined ? undefined : (JSON.parse(text) as PauseState);
+  }
+
+  listBundles(): Promise<string[]> {
+    return readdir(this.bundlesDir).catch(() => [] as string[]);
+  }
+
+  listCheckpoints(): Promise<string[]> {
+    return readdir(this.checkpointsDir).catch(() => [] as string[]);
+  }
+
+  removeBundle(id: string): Promise<void> {
+    return rm(this.bundleDir(id), { recursive: true, force: true });
+  }
+
+  removeCheckpoint(id: string): Promise<void> {
+    return rm(this.checkpointDir(id), { recursive: true, force: true });
+  }
+}

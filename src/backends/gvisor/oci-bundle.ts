@@ -1,0 +1,172 @@
+import type { SandboxSpec } from '../../spec/index.js';
+import { AGENT_PATH, SANDBOX_UID, TOOLS_DIR } from '../namespace/bwrap-args.js';
+
+/** Files Capsule writes itself and binds over the host's /etc (see HostPaths.etcDir). */
+export const SYNTHETIC_ETC_FILES = ['passwd', 'group', 'hosts', 'resolv.conf', 'hostname'] as const;
+
+/**
+ * Host threads and stub processes of runsc itself (sentry, gofer, Go runtime) that share the
+ * host pids cgroup with nothing else. Processes inside gVisor never appear on the host: their
+ * count is bounded by RLIMIT_NPROC in the sentry, and the host pids.max is only a backstop
+ * against a runaway sentry (hitting it panics the whole sandbox, so it sits well above).
+ */
+export const RUNSC_HOST_TASKS = 256;
+
+/** Host pids.max for a gVisor sandbox: the spec's process limit plus runsc's own threads. */
+export function hostPidsBackstop(pids: number): number {
+  return 2 * pids + RUNSC_HOST_TASKS;
+}
+
+export interface OciBundleOptions {
+  /** Host directory of the read-only root skeleton (mount points and the usr symlinks). */
+  rootfsDir: string;
+  /** Host path of the workspace, bound read-write at /workspace. */
+  workspaceDir: string;
+  /** Host directory holding the synthetic passwd, group, hosts, resolv.conf and hostname. */
+  etcDir: string;
+  /** /etc entries that exist on this host (a subset of ETC_ALLOWLIST). */
+  etcEntries: readonly string[];
+  /** Host directory of Capsule's in-sandbox tools, bound read-only at TOOLS_DIR. */
+  toolsDir: string;
+  /**
+   * Host uid (and gid) that the sandbox user 1000 maps to: files it writes in /workspace are
+   * owned by it on the host, never by a real host account that happens to be uid 1000.
+   */
+  hostUid: number;
+  /** cgroup path runsc joins (the sandbox's SandboxCgroup name, pre-created with the limits). */
+  cgroupsPath: string;
+  /** The program that runs as the container's init. @default [AGENT_PATH] */
+  command?: readonly string[];
+}
+
+/** The subset of the OCI runtime spec Capsule writes; runsc reads it from `<bundle>/config.json`. */
+export interface OciSpec {
+  ociVersion: string;
+  process: {
+    user: { uid: number; gid: number; additionalGids: number[] };
+    args: string[];
+    env: string[];
+    cwd: string;
+    capabilities: Record<'bounding' | 'effective' | 'inheritable' | 'permitted' | 'ambient', string[]>;
+    noNewPrivileges: boolean;
+    rlimits: { type: string; hard: number; soft: number }[];
+  };
+  root: { path: string; readonly: boolean };
+  hostname: string;
+  mounts: { destination: string; type: string; source: string; options?: string[] }[];
+  linux: {
+    namespaces: { type: string; path?: string }[];
+    uidMappings: { containerID: number; hostID: number; size: number }[];
+    gidMappings: { containerID: number; hostID: number; size: number }[];
+    resources: {
+      memory: { limit: number; swap: number };
+      cpu: { quota: number; period: number };
+      pids: { limit: number };
+    };
+    cgroupsPath: string;
+  };
+}
+
+const CPU_PERIOD_US = 100_000;
+
+/**
+ * The OCI spec of a gVisor sandbox, from the same SandboxSpec the namespace backend uses. Pure:
+ * unit tests pin every isolation-relevant field. Nothing secret goes here (the process's
+ * environment is empty: each exec carries its own through the agent).
+ */
+export function buildOciSpec(spec: SandboxSpec, options: OciBundleOptions): OciSpec {
+  const ro = ['rbind', 'ro', 'nosuid', 'nodev'];
+  const mounts: OciSpec['mounts'] = [
+    { destination: '/proc', type: 'proc', source: 'proc' },
+    { destination: '/dev', type: 'tmpfs', source: 'tmpfs', options: ['nosuid', 'mode=755'] },
+    { destination: '/usr', type: 'bind', source: '/usr', options: ro },
+  ];
+  for (const entry of options.etcEntries) {
+    mounts.push({ destination: `/etc/${entry}`, type: 'bind', source: `/etc/${entry}`, options: ro });
+  }
+  for (const file of SYNTHETIC_ETC_FILES) {
+    mounts.push({ destination: `/etc/${file}`, type: 'bind', source: `${options.etcDir}/${file}`, options: ro });
+  }
+  mounts.push(
+    {
+      destination: '/tmp',
+      type: 'tmpfs',
+      source: 'tmpfs',
+      options: ['nosuid', 'nodev', 'mode=1777', `size=${spec.limits.tmpBytes}`],
+    },
+    { destination: '/workspace', type: 'bind', source: options.workspaceDir, options: ['rbind', 'rw', 'nosuid', 'nodev'] },
+  );
+  for (const mount of spec.mounts) {
+    mounts.push({ destination: mount.sandboxPath, type: 'bind', source: mount.hostPath, options: ro });
+  }
+  mounts.push({ destination: TOOLS_DIR, type: 'bind', source: options.toolsDir, options: ro });
+
+  const noCaps: string[] = [];
+  return {
+    ociVersion: '1.0.2',
+    process: {
+      user: { uid: SANDBOX_UID, gid: SANDBOX_UID, additionalGids: [] },
+      args: [...(options.command ?? [AGENT_PATH])],
+      env: [],
+      cwd: '/workspace',
+      capabilities: { bounding: noCaps, effective: noCaps, inheritable: noCaps, permitted: noCaps, ambient: noCaps },
+      noNewPrivileges: true,
+      rlimits: [
+        { type: 'RLIMIT_FSIZE', hard: spec.limits.fileSizeBytes, soft: spec.limits.fileSizeBytes },
+        { type: 'RLIMIT_NOFILE', hard: spec.limits.openFiles, soft: spec.limits.openFiles },
+        // gVisor counts its own tasks per uid: every sandboxed process is uid 1000 in a kernel
+        // of its own, so this is exactly the sandbox's process (and thread) limit.
+        { type: 'RLIMIT_NPROC', hard: spec.limits.pids, soft: spec.limits.pids },
+        { type: 'RLIMIT_CORE', hard: 0, soft: 0 },
+      ],
+    },
+    root: { path: options.rootfsDir, readonly: true },
+    hostname: 'sandbox',
+    mounts,
+    linux: {
+      namespaces: ['pid', 'network', 'ipc', 'uts', 'mount', 'user'].map((type) => ({ type })),
+      // Root stays root (host files under /usr show their real owner); the sandbox user is a
+      // host uid of its own. Nobody inside can become root: no capabilities, noNewPrivileges.
+      uidMappings: [
+        { containerID: 0, hostID: 0, size: 1 },
+        { containerID: SANDBOX_UID, hostID: options.hostUid, size: 1 },
+      ],
+      gidMappings: [
+        { containerID: 0, hostID: 0, size: 1 },
+        { containerID: SANDBOX_UID, hostID: options.hostUid, size: 1 },
+      ],
+      resources: {
+        memory: { limit: spec.limits.memoryBytes, swap: spec.limits.memoryBytes },
+        cpu: { quota: Math.max(1000, Math.round(spec.limits.cpus * CPU_PERIOD_US)), period: CPU_PERIOD_US },
+        pids: { limit: hostPidsBackstop(spec.limits.pids) },
+      },
+      cgroupsPath: options.cgroupsPath.startsWith('/') ? options.cgroupsPath : `/${options.cgroupsPath}`,
+    },
+  };
+}
+
+export type RunscPlatform = 'systrap' | 'ptrace';
+
+export interface RunscFlagsOptions {
+  /** runsc's state directory for this Capsule instance. */
+  rootDir: string;
+  platform: RunscPlatform;
+  /** `none`: loopback only. `sandbox`: gVisor's netstack on the network namespace runsc runs in. */
+  network: 'none' | 'sandbox';
+  /** Directory for runsc's own debug logs; only when debugging. */
+  debugLogDir?: string;
+}
+
+/** runsc's global flags, in front of every subcommand of one Capsule instance. */
+export function buildRunscFlags(options: RunscFlagsOptions): string[] {
+  const flags = [
+    '--root', options.rootDir,
+    '--rootless=false',
+    `--platform=${options.platform}`,
+    `--network=${options.network}`,
+    // The root is read-only and writable places are explicit mounts: no overlay is needed.
+    '--overlay2=none',
+  ];
+  if (options.debugLogDir !== undefined) flags.push('--debug', `--debug-log=${options.debugLogDir}/`);
+  return flags;
+}

@@ -1,0 +1,17 @@
+import type { HostEnvironment } from '../host/host-env.host.js';
+import type { Backend } from './backend.js';
+import { GvisorBackend, type GvisorBackendOptions } from './gvisor/gvisor-backend.host.js';
+import { NamespaceBackend } from './namespace/namespace-backend.host.js';
+
+export interface BackendRegistryOptions {
+  /** Options of the gvisor backend beyond the host (debug logs, network namespaces). */
+  gvisor?: Omit<GvisorBackendOptions, 'host'>;
+}
+
+/**
+ * Every isolation backend Capsule has, on one prepared host. Each reports through `probe()`
+ * whether it is available here and what it enforces; callers refuse specs it cannot honour.
+ */
+export function createBackends(host: HostEnvironment, options: BackendRegistryOptions = {}): Backend[] {
+  return [new NamespaceBackend({ host }), new GvisorBackend({ host, ...options.gvisor })];
+}
