@@ -3,7 +3,7 @@ import { chown, mkdir, stat } from 'node:fs/promises';
 import { SandboxError } from '../errors/index.js';
 import { parseSpec, type OperatorMaxima, type SandboxSpecInput } from '../spec/index.js';
 import type { Backend, BackendSandbox } from '../backends/backend.js';
-import { createBackends } from '../backends/registry.js';
+import { NamespaceBackend } from '../backends/namespace/namespace-backend.host.js';
 import { HostEnvironment, type HostEnvironmentOptions } from '../host/host-env.host.js';
 import { copyOut, type CopyOutReport } from '../host/copy-out.host.js';
 import { baseEnv } from '../backends/namespace/bwrap-args.js';
@@ -69,7 +69,7 @@ export class Runner {
     this.host = new HostEnvironment(options);
     this.maxima = options.maxima;
     this.artifactStore = options.artifactStore;
-    this.backends = new Map(createBackends(this.host).map((backend) => [backend.name, backend]));
+    this.backends = new Map([['namespace', new NamespaceBackend({ host: this.host })]]);
   }
 
   /** Releases the workspace volume when no sandbox of this data dir is left on it. */
