@@ -1,6 +1,8 @@
 import { Command, CommanderError } from 'commander';
 import { isSandboxError } from '../errors/index.js';
 import { runCommand } from './commands/run.js';
+import { filesCommand } from './commands/files.js';
+import { sandboxCommand } from './commands/sandbox.js';
 import type { CliContext } from './context.js';
 import { EXIT_INTERNAL, EXIT_USAGE, exitCodeForError } from './exit-codes.js';
 
@@ -15,6 +17,8 @@ export function buildProgram(context: CliContext): Command {
       writeErr: (text) => context.stderr.write(text),
     });
   program.addCommand(runCommand(context));
+  program.addCommand(sandboxCommand(context));
+  program.addCommand(filesCommand(context));
   for (const command of program.commands) command.exitOverride();
   return program;
 }

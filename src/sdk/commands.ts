@@ -12,6 +12,8 @@ export interface OutputCallbacks {
 }
 
 export interface RunOptions extends OutputCallbacks {
+  /** Called with the process id once the process started. */
+  onStart?: (pid: number) => void;
   /** Working directory inside the sandbox. @default spec.cwd ('/workspace') */
   cwd?: string;
   /** Added on top of the spec's environment. */
@@ -73,6 +75,7 @@ export class Commands {
     if (options.background === true) {
       const { pid } = await this.http.json<{ pid: number }>(request);
       const handle = new CommandHandle(this.http, this.base, pid, options);
+      options.onStart?.(pid);
       if (options.onStdout || options.onStderr || options.onWarning) handle.startStreaming(options.signal);
       if (stdinData !== undefined) {
         const call = { signal: options.signal, timeoutMs: options.requestTimeoutMs };
@@ -103,6 +106,7 @@ export class Commands {
       for await (const event of readNdjson<WireProcessEvent>(open.body)) {
         if (event.type === 'start') {
           pid = event.pid;
+          options.onStart?.(pid);
           // Once the process has ended, a failed stdin write no longer matters: its result says all.
           if (stdinData !== undefined) writeAndClose(this.http, this.base, pid, stdinData, options.signal).catch(() => undefined);
         }

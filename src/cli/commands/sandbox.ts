@@ -1,0 +1,259 @@
+import { constants } from 'node:os';
+import { Command, Option } from 'commander';
+import { SandboxError } from '../../errors/index.js';
+import { Sandbox, resolveConfig, type ConnectionOptions, type ExecResult, type SandboxInfo, type SandboxState } from '../../sdk/index.js';
+import type { SandboxSpecInput } from '../../spec/index.js';
+import type { CliContext } from '../context.js';
+import { EXIT_COMMAND_NOT_FOUND, EXIT_INTERNAL, LIMIT_EXIT_CODES } from '../exit-codes.js';
+import { bytesOption, collect, durationOption, numberOption } from '../options.js';
+
+/** Flags every client command takes. */
+export interface ClientFlags {
+  url?: string;
+  apiKey?: string;
+  json?: boolean;
+}
+
+/** Adds `--url`, `--api-key` and `--json`; they override CAPSULE_URL and CAPSULE_API_KEY. */
+export function clientCommand(name: string, description: string): Command {
+  return new Command(name)
+    .description(description)
+    .option('--url <url>', 'Capsule server (default $CAPSULE_URL or http://127.0.0.1:7070)')
+    .option('--api-key <key>', 'API key (default $CAPSULE_API_KEY)')
+    .option('--json', 'print one JSON object (NDJSON for streams) on stdout');
+}
+
+/** The SDK's connection from the flags, then the CLI context's environment. */
+export function connection(flags: ClientFlags, context: CliContext): ConnectionOptions {
+  const { url, apiKey } = resolveConfig({ url: flags.url, apiKey: flags.apiKey }, context.env);
+  return { url, apiKey };
+}
+
+/**
+ * Nested subcommands do not inherit the program's exit override and output streams (only
+ * `.command()` children do): set them so usage errors and help reach the CLI context.
+ */
+export function inheritOutput(group: Command, context: CliContext): Command {
+  for (const command of [group, ...group.commands]) {
+    command.exitOverride().configureOutput({
+      writeOut: (text) => context.stdout.write(text),
+      writeErr: (text) => context.stderr.write(text),
+    });
+  }
+  return group;
+}
+
+export function printJson(context: CliContext, value: unknown): void {
+  context.stdout.write(`${JSON.stringify(value)}\n`);
+}
+
+interface CreateFlags extends ClientFlags {
+  memory?: number;
+  timeout?: number;
+  wallClock?: number;
+  cpus?: number;
+  pids?: number;
+  disk?: number;
+  network: 'none' | 'allowlist' | 'internet';
+  allow?: string[];
+  env?: string[];
+  metadata?: string[];
+  cwd?: string;
+}
+
+interface ListFlags extends ClientFlags {
+  state?: string[];
+  metadata?: string[];
+  limit?: number;
+}
+
+interface ExecFlags extends ClientFlags {
+  cwd?: string;
+  env?: string[];
+  timeout?: number;
+  background?: boolean;
+}
+
+/** `capsule sandbox create|get|list|exec|ps|kill|timeout|keepalive`: durable sandboxes on a server. */
+export function sandboxCommand(context: CliContext): Command {
+  const sandbox = new Command('sandbox').description('Create and drive sandboxes on a Capsule server (capsule serve)');
+
+  sandbox.addCommand(
+    clientCommand('create', 'Create a sandbox and print its id')
+      .option('--memory <size>', 'memory limit, e.g. 256MiB (default 512MiB)', bytesOption('--memory'))
+      .option('--timeout <duration>', 'time to live: the sandbox ends this long from now (default 5m)', durationOption('--timeout'))
+      .option('--wall-clock <duration>', 'default wall-clock limit of each process (default 30s)', durationOption('--wall-clock'))
+      .option('--cpus <n>', 'CPU cores (default 1)', numberOption('--cpus'))
+      .option('--pids <n>', 'process limit (default 128)', numberOption('--pids'))
+      .option('--disk <size>', 'workspace disk limit (default 512MiB)', bytesOption('--disk'))
+      .addOption(new Option('--network <mode>', 'network access').choices(['none', 'allowlist', 'internet']).default('none'))
+      .option('--allow <domain-or-cidr>', 'allowed destination (repeatable, with --network allowlist)', collect)
+      .option('--env <KEY=VALUE>', 'environment variable of every process (repeatable)', collect)
+      .option('--metadata <key=value>', 'label to find the sandbox by (repeatable)', collect)
+      .option('--cwd <dir>', 'working directory of processes (default /workspace)')
+      .action(async (flags: CreateFlags) => {
+        const spec: SandboxSpecInput = {
+          limits: {
+            ...(flags.memory !== undefined && { memoryBytes: flags.memory }),
+            ...(flags.wallClock !== undefined && { wallClockMs: flags.wallClock }),
+            ...(flags.cpus !== undefined && { cpus: flags.cpus }),
+            ...(flags.pids !== undefined && { pids: flags.pids }),
+            ...(flags.disk !== undefined && { diskBytes: flags.disk }),
+          },
+          network: { mode: flags.network, allow: flags.allow ?? [] },
+          env: parsePairs('--env', flags.env ?? []),
+          ...(flags.timeout !== undefined && { ttlMs: flags.timeout }),
+          ...(flags.cwd !== undefined && { cwd: flags.cwd }),
+        };
+        const created = await Sandbox.create(spec, { ...connection(flags, context), metadata: parsePairs('--metadata', flags.metadata ?? []) });
+        if (flags.json) printJson(context, created.info);
+        else context.stdout.write(`${created.sandboxId}\n`);
+      }),
+  );
+
+  sandbox.addCommand(
+    clientCommand('get', 'Show a sandbox')
+      .argument('<id>', 'sandbox id')
+      .action(async (id: string, flags: ClientFlags) => {
+        const found = await Sandbox.connect(id, connection(flags, context));
+        printInfo(context, flags, found.info);
+      }),
+  );
+
+  sandbox.addCommand(
+    clientCommand('list', "List this API key's sandboxes, newest first")
+      .option('--state <state>', 'only this state (repeatable): starting, running, paused, killed, expired, failed', collect)
+      .option('--metadata <key=value>', 'only sandboxes with this label (repeatable)', collect)
+      .option('--limit <n>', 'at most this many (default: all)', numberOption('--limit'))
+      .action(async (flags: ListFlags) => {
+        const sandboxes: SandboxInfo[] = [];
+        const query = {
+          ...connection(flags, context),
+          state: flags.state as SandboxState[] | undefined,
+          metadata: parsePairs('--metadata', flags.metadata ?? []),
+        };
+        for await (const info of Sandbox.listAll(query)) {
+          if (flags.limit !== undefined && sandboxes.length >= flags.limit) break;
+          sandboxes.push(info);
+        }
+        if (flags.json) return printJson(context, { sandboxes });
+        for (const info of sandboxes) {
+          const labels = Object.entries(info.metadata).map(([k, v]) => `${k}=${v}`).join(',');
+          context.stdout.write(`${info.sandboxId}  ${info.state.padEnd(8)}  expires ${info.expiresAt}  ${labels}\n`);
+        }
+      }),
+  );
+
+  sandbox.addCommand(
+    clientCommand('exec', 'Run a command in a sandbox; exits with its exit status')
+      .argument('<id>', 'sandbox id')
+      .argument('<command...>', 'the command and its arguments (put -- before them)')
+      .option('--cwd <dir>', 'working directory (default the spec cwd)')
+      .option('--env <KEY=VALUE>', 'environment variable added for this command (repeatable)', collect)
+      .option('--timeout <duration>', 'wall-clock limit of this command', durationOption('--timeout'))
+      .option('--background', 'start it and print its pid without waiting')
+      .action(async (id: string, argv: string[], flags: ExecFlags) => {
+        const target = await Sandbox.connect(id, connection(flags, context));
+        const options = { cwd: flags.cwd, env: flags.env && parsePairs('--env', flags.env), timeoutMs: flags.timeout };
+        if (flags.background) {
+          const handle = await target.commands.run(argv, { ...options, background: true });
+          if (flags.json) printJson(context, { sandboxId: id, pid: handle.pid });
+          else context.stdout.write(`${handle.pid}\n`);
+          return;
+        }
+        const json = flags.json === true;
+        const result = await target.commands.run(argv, {
+          ...options,
+          onStart: json ? (pid) => printJson(context, { type: 'start', sandboxId: id, pid }) : undefined,
+          onStdout: (data) => (json ? printJson(context, { type: 'stdout', data }) : context.stdout.write(data)),
+          onStderr: (data) => (json ? printJson(context, { type: 'stderr', data }) : context.stderr.write(data)),
+          onWarning: (warning) => (json ? printJson(context, { type: 'warning', warning }) : context.stderr.write(`capsule: warning: ${warning.message}\n`)),
+        });
+        if (json) printJson(context, { type: 'exit', result });
+        else if (result.outcome === 'limit_exceeded' || result.outcome === 'error') context.stderr.write(`capsule: ${describeEnd(result)}\n`);
+        context.exitCode = exitCodeOf(result);
+      }),
+  );
+
+  sandbox.addCommand(
+    clientCommand('ps', 'List the processes of a sandbox')
+      .argument('<id>', 'sandbox id')
+      .action(async (id: string, flags: ClientFlags) => {
+        const processes = await (await Sandbox.connect(id, connection(flags, context))).commands.list();
+        if (flags.json) return printJson(context, { processes });
+        for (const p of processes) context.stdout.write(`${String(p.pid).padStart(6)}  ${p.running ? 'running' : 'exited '}  ${p.argv.join(' ')}\n`);
+      }),
+  );
+
+  sandbox.addCommand(
+    clientCommand('kill', 'End a sandbox and everything in it')
+      .argument('<id>', 'sandbox id')
+      .action(async (id: string, flags: ClientFlags) => {
+        const target = await Sandbox.connect(id, connection(flags, context));
+        printInfo(context, flags, await target.kill());
+      }),
+  );
+
+  sandbox.addCommand(
+    clientCommand('timeout', 'Make a sandbox end DURATION from now (shorter or longer)')
+      .argument('<id>', 'sandbox id')
+      .argument('<duration>', 'e.g. 10m, 90s', durationOption('<duration>'))
+      .action(async (id: string, ttlMs: number, flags: ClientFlags) => {
+        const target = await Sandbox.connect(id, connection(flags, context));
+        printInfo(context, flags, await target.setTimeout(ttlMs));
+      }),
+  );
+
+  sandbox.addCommand(
+    clientCommand('keepalive', "Extend a sandbox's life by its spec's TTL from now")
+      .argument('<id>', 'sandbox id')
+      .action(async (id: string, flags: ClientFlags) => {
+        const target = await Sandbox.connect(id, connection(flags, context));
+        printInfo(context, flags, await target.keepAlive());
+      }),
+  );
+
+  return inheritOutput(sandbox, context);
+}
+
+function printInfo(context: CliContext, flags: ClientFlags, info: SandboxInfo): void {
+  if (flags.json) return printJson(context, info);
+  const lines = [
+    `sandbox   ${info.sandboxId}`,
+    `state     ${info.state}${info.endReason ? ` (${info.endReason})` : ''}`,
+    `backend   ${info.backend}`,
+    `created   ${info.createdAt}`,
+    `expires   ${info.expiresAt}`,
+    ...Object.entries(info.metadata).map(([k, v]) => `metadata  ${k}=${v}`),
+  ];
+  context.stdout.write(`${lines.join('\n')}\n`);
+}
+
+/** Parses repeated `key=value` flags (in an action, where a SandboxError is what gets reported). */
+export function parsePairs(flag: string, pairs: string[]): Record<string, string> {
+  const out: Record<string, string> = {};
+  for (const pair of pairs) {
+    const eq = pair.indexOf('=');
+    if (eq <= 0) {
+      throw new SandboxError('INVALID_ARGUMENT', `${flag}: "${pair}" is not key=value`, {
+        details: { flag, value: pair },
+        hint: `Write ${flag} NAME=value, once per pair.`,
+      });
+    }
+    out[pair.slice(0, eq)] = pair.slice(eq + 1);
+  }
+  return out;
+}
+
+/** Same convention as `capsule run`: the command's own status, 128+N for a signal, or a limit's code. */
+function exitCodeOf(result: ExecResult): number {
+  if (result.outcome === 'limit_exceeded' && result.limit) return LIMIT_EXIT_CODES[result.limit.resource];
+  if (result.outcome === 'error') return result.error?.code === 'EXEC_FAILED' ? EXIT_COMMAND_NOT_FOUND : EXIT_INTERNAL;
+  if (result.exitCode !== null) return result.exitCode;
+  return 128 + ((constants.signals as Record<string, number>)[result.signal ?? ''] ?? 0);
+}
+
+function describeEnd(result: ExecResult): string {
+  if (result.outcome === 'limit_exceeded') return `limit exceeded (${result.limit?.resource}): ${result.limit?.message}`;
+  return `error ${result.error?.code}: ${result.error?.message}`;
+}
