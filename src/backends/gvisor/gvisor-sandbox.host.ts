@@ -1,4 +1,5 @@
 import { spawn, type ChildProcess } from 'node:child_process';
+import { writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { AgentClient, type AgentHandOver, type AgentProcess } from '../agent/index.js';
 import { SandboxError } from '../../errors/index.js';
@@ -132,6 +133,8 @@ export class GvisorSandbox implements BackendSandbox {
       await this.childExited; // runsc run ends once the container is saved
       this.handOver = agent.handOver();
       this.nextProcessId = this.handOver.nextProcessId;
+      // No process is left in the group: hand back the page cache it was charged (the image).
+      await writeFile(join(this.cgroup.dir('memory'), 'memory.force_empty'), '0').catch(() => undefined);
     } else {
       this.nextProcessId = agent.nextStartId;
       agent.close();
