@@ -287,6 +287,7 @@ describe('sandbox files: atomicity, limits and streaming', () => {
       const stoppedCats = async (): Promise<string> =>
         (await sh(sandbox, 'for s in /proc/[0-9]*/stat; do read -r line < "$s" && case "$line" in *"(cat) T "*) echo stopped;; esac; done')).stdout;
       await waitFor(async () => (await stoppedCats()).includes('stopped'));
+      console.info(`read back-pressure: ${(stream.readableLength / MiB).toFixed(2)} MiB buffered while the consumer is idle`);
       expect(stream.readableLength).toBeLessThan(8 * MiB);
       let bytes = 0;
       for await (const chunk of stream) {
@@ -307,6 +308,33 @@ describe('sandbox files: atomicity, limits and streaming', () => {
       controller.abort();
       await expectCode(writing, 'ABORTED');
       expect(await files.list('.')).toEqual([]);
+    });
+  });
+
+  it('fails a write whose data source breaks, and removes the temp file', async () => {
+    await withSandbox({}, async (files) => {
+      const source = new Readable({ read() {} });
+      source.push(Buffer.alloc(2 * MiB, 'x'));
+      const writing = files.write('broken', source);
+      await waitFor(async () => (await files.list('.')).some((e) => e.name.startsWith('.capsule-upload-')));
+      source.destroy(new Error('client went away'));
+      const error = await writing.catch((caught: unknown) => caught);
+      expect(isSandboxError(error, 'ABORTED'), String(error)).toBe(true);
+      expect((error as Error).message).toMatch(/reading the data to write failed: client went away/);
+      await waitFor(async () => (await files.list('.')).length === 0);
+    });
+  });
+
+  it('times out instead of hanging when the sandbox is frozen', async () => {
+    await withSandbox({}, async (files, sandbox) => {
+      const quick = createSandboxFiles(sandbox, { timeoutMs: 300 });
+      await sandbox.freeze();
+      try {
+        await expectCode(quick.stat('/workspace'), 'TIMEOUT');
+      } finally {
+        await sandbox.thaw();
+      }
+      expect((await quick.stat('/workspace')).type).toBe('dir');
     });
   });
 

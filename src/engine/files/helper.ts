@@ -100,6 +100,41 @@ export function lostError(sandboxId: string, operation: FileOperation, path: str
   });
 }
 
+/**
+ * Starts a helper, bounded by the timeout and the signal: a frozen or overloaded sandbox must not
+ * hang the caller. A helper that starts after the caller gave up is killed at once.
+ */
+export async function startHelper(sandbox: BackendSandbox, request: ExecRequest, options: GuardOptions): Promise<AgentProcess> {
+  const { operation, path, timeoutMs, signal } = options;
+  const aborted = (): SandboxError =>
+    new SandboxError('ABORTED', `${operation} of ${path} was aborted by the caller`, { details: { path, operation } });
+  if (signal?.aborted) throw aborted();
+  const started = sandbox.exec(request);
+  let timer: NodeJS.Timeout | undefined;
+  let onAbort: (() => void) | undefined;
+  const gaveUp = new Promise<never>((_, reject) => {
+    timer = setTimeout(() => {
+      reject(
+        new SandboxError('TIMEOUT', `${operation} of ${path}: the sandbox did not start its helper within ${timeoutMs} ms`, {
+          details: { path, operation, timeoutMs },
+          hint: 'The sandbox may be paused or out of processes (limits.pids); resume it or retry.',
+        }),
+      );
+    }, timeoutMs);
+    onAbort = () => reject(aborted());
+    signal?.addEventListener('abort', onAbort, { once: true });
+  });
+  try {
+    return await Promise.race([started, gaveUp]);
+  } catch (error) {
+    started.then((proc) => proc.signal('SIGKILL'), () => undefined);
+    throw error;
+  } finally {
+    clearTimeout(timer);
+    if (onAbort) signal?.removeEventListener('abort', onAbort);
+  }
+}
+
 /** Keeps the last bytes of a helper's stderr. */
 export class StderrTail {
   private text = '';
@@ -129,7 +164,7 @@ export interface RunHelperOptions extends GuardOptions {
 
 /** Runs one helper to completion, keeping its stdout (bounded) and the tail of its stderr. */
 export async function runHelper(sandbox: BackendSandbox, argv: string[], options: RunHelperOptions): Promise<HelperResult> {
-  const proc = await sandbox.exec(helperRequest(argv));
+  const proc = await startHelper(sandbox, helperRequest(argv), options);
   const guard = new HelperGuard(proc, options);
   const chunks: Buffer[] = [];
   let stdoutBytes = 0;

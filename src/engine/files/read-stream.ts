@@ -1,7 +1,7 @@
 import { Readable } from 'node:stream';
 import type { BackendSandbox } from '../../backends/backend.js';
 import { fileError, type FileErrorContext } from './errors.js';
-import { HelperGuard, StderrTail, helperRequest, lostError } from './helper.js';
+import { HelperGuard, StderrTail, helperRequest, lostError, startHelper } from './helper.js';
 
 /** Bytes the returned stream buffers before the helper is paused. */
 export const READ_HIGH_WATER_BYTES = 1024 * 1024;
@@ -22,9 +22,9 @@ export interface ReadOptions {
  * here rather than failing the stream later.
  */
 export async function openRead(sandbox: BackendSandbox, path: string, options: ReadOptions): Promise<Readable> {
-  options.signal?.throwIfAborted();
-  const proc = await sandbox.exec(helperRequest(['cat', '--', path]));
-  const guard = new HelperGuard(proc, { operation: 'read', path, timeoutMs: options.idleTimeoutMs, signal: options.signal });
+  const guardOptions = { operation: 'read' as const, path, timeoutMs: options.idleTimeoutMs, signal: options.signal };
+  const proc = await startHelper(sandbox, helperRequest(['cat', '--', path]), guardOptions);
+  const guard = new HelperGuard(proc, guardOptions);
   const stderr = new StderrTail();
   let isStopped = false;
   let hasEnded = false;

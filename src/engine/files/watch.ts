@@ -3,7 +3,7 @@ import type { BackendSandbox } from '../../backends/backend.js';
 import type { SandboxError } from '../../errors/index.js';
 import type { WatchEvent } from '../types.js';
 import { fileError, type FileErrorContext } from './errors.js';
-import { HelperGuard, StderrTail, helperRequest, lostError } from './helper.js';
+import { HelperGuard, StderrTail, helperRequest, lostError, startHelper } from './helper.js';
 import { UPLOAD_TEMP_PREFIX, WATCH_EVENTS } from './scripts.js';
 
 /** Queued events past which inotifywait is paused (the kernel queues meanwhile). */
@@ -136,16 +136,18 @@ export class SandboxWatch implements AsyncIterable<WatchEvent> {
       return;
     }
     const argv = ['inotifywait', '-m', ...(recursive ? ['-r'] : []), '-e', WATCH_EVENTS, '--no-newline', '--format', '%e%0%w%f%0', '--', this.path];
-    const proc = await this.sandbox.exec(helperRequest(argv));
+    const guardOptions = { operation: 'watch' as const, path: this.path, timeoutMs: setupTimeoutMs };
+    const proc = await startHelper(this.sandbox, helperRequest(argv), guardOptions);
     this.proc = proc;
     if (this.isClosing) proc.signal('SIGKILL');
-    const guard = new HelperGuard(proc, { operation: 'watch', path: this.path, timeoutMs: setupTimeoutMs });
+    const guard = new HelperGuard(proc, guardOptions);
     const stderr = new StderrTail();
     const onAbort = (): void => {
       this.isClosing = true;
       proc.signal('SIGKILL');
     };
     signal?.addEventListener('abort', onAbort, { once: true });
+    if (signal?.aborted) onAbort();
     proc.onStderr((chunk) => {
       stderr.push(chunk);
       if (stderr.toString().includes('Watches established')) {

@@ -4,7 +4,7 @@ import type { BackendSandbox } from '../../backends/backend.js';
 import type { FileEntry } from '../types.js';
 import { parseEntries, FIND_FORMAT } from './entries.js';
 import { fileError, type FileErrorContext } from './errors.js';
-import { HelperGuard, StderrTail, helperRequest, lostError, shArgv } from './helper.js';
+import { HelperGuard, StderrTail, helperRequest, lostError, shArgv, startHelper } from './helper.js';
 import { WRITE_SCRIPT } from './scripts.js';
 
 /** Bytes per frame: one `head -c` in the sandbox per frame. */
@@ -27,9 +27,9 @@ export interface WriteOptions {
 
 /** Streams `data` into a temp file in the sandbox and renames it over `path`. */
 export async function writeFile(sandbox: BackendSandbox, path: string, data: WriteData, options: WriteOptions): Promise<FileEntry> {
-  options.signal?.throwIfAborted();
-  const proc = await sandbox.exec(helperRequest(shArgv(WRITE_SCRIPT, path, FIND_FORMAT), true));
-  const guard = new HelperGuard(proc, { operation: 'write', path, timeoutMs: options.idleTimeoutMs, signal: options.signal, terminateFirst: true });
+  const guardOptions = { operation: 'write' as const, path, timeoutMs: options.idleTimeoutMs, signal: options.signal, terminateFirst: true };
+  const proc = await startHelper(sandbox, helperRequest(shArgv(WRITE_SCRIPT, path, FIND_FORMAT), true), guardOptions);
+  const guard = new HelperGuard(proc, guardOptions);
   const stderr = new StderrTail();
   const record: Buffer[] = [];
   let acked = 0;
