@@ -1,6 +1,7 @@
 /**
- * One-shot execution cost: `run(['/bin/true'])` on a long-lived Runner and `capsule run --
- * /bin/true`, beside a plain spawn and raw bubblewrap, in the same run and interleaved so that
+ * One-shot execution cost: `run(['/bin/true'])` on a long-lived Runner (cold, and with a warm
+ * pool of two sandboxes started ahead) and `capsule run -- /bin/true`, beside a plain spawn and
+ * raw bubblewrap, in the same run and interleaved so that
  * the machine's noise hits every contender alike. Prints p50/p95 and ratios to raw bwrap.
  *
  *   node dist/bench/isolation.js [--n 30] [--json]
@@ -33,12 +34,17 @@ async function main(): Promise<void> {
   const dataDir = await mkdtemp(join(tmpdir(), 'capsule-bench-'));
   const ws = await mkdtemp(join(tmpdir(), 'capsule-bench-ws-'));
   const runner = new Runner({ dataDir, volumeBytes: 4 * 1024 ** 3 });
+  const warm = new Runner({ dataDir, volumeBytes: 4 * 1024 ** 3, warmPool: 2 });
   const cli = join(import.meta.dirname, '..', '..', 'bin', 'capsule.js');
   const contenders: Record<string, () => Promise<unknown>> = {
     'plain spawn /bin/true': () => spawnWait('/bin/true', []),
     'raw bwrap /bin/true': () => spawnWait('/usr/bin/bwrap', RAW_BWRAP(ws)),
     'capsule run() library': async () => {
       const r = await runner.run(['/bin/true']);
+      if (r.outcome !== 'ok') throw new Error(`run failed: ${JSON.stringify(r)}`);
+    },
+    'capsule run() library, warm pool': async () => {
+      const r = await warm.run(['/bin/true']);
       if (r.outcome !== 'ok') throw new Error(`run failed: ${JSON.stringify(r)}`);
     },
     'capsule run CLI': () => spawnWait(process.execPath, [cli, 'run', '--data-dir', dataDir, '--', '/bin/true']),
@@ -50,6 +56,7 @@ async function main(): Promise<void> {
       for (const [name, fn] of Object.entries(contenders)) samples[name]!.push(await timeIt(fn));
     }
   } finally {
+    await warm.close();
     await runner.close();
     await rm(dataDir, { recursive: true, force: true });
     await rm(ws, { recursive: true, force: true });
@@ -66,8 +73,10 @@ async function main(): Promise<void> {
   if (json) console.log(JSON.stringify({ benchmark: 'isolation', n, summaries }, null, 2));
   else {
     console.log(table(rows));
-    const lib = summaries.find((s) => s.name === 'capsule run() library')!;
-    console.log(`\nlibrary run() / raw bwrap p50: ${(lib.p50Ms / bwrap.p50Ms).toFixed(2)}x (target <= 2.5x)`);
+    for (const name of ['capsule run() library', 'capsule run() library, warm pool']) {
+      const lib = summaries.find((s) => s.name === name)!;
+      console.log(`${name} / raw bwrap p50: ${(lib.p50Ms / bwrap.p50Ms).toFixed(2)}x (target <= 2.5x)`);
+    }
   }
 }
 

@@ -59,6 +59,11 @@ export interface BackendSandbox {
   /** Kills every process and removes every host resource. Safe to call twice. */
   destroy(): Promise<void>;
   /**
+   * Re-limits a warm (pooled, never used) sandbox for a spec that `Backend.poolKey` gave the same
+   * key: cgroup limits and the disk quota change in place, and `spec` becomes the new one.
+   */
+  adopt?(spec: SandboxSpec): Promise<void>;
+  /**
    * Stops the sandbox's work until `resume()`. `keepMemory: true` keeps processes and their memory
    * (gVisor: a checkpoint on disk that frees CPU and RAM; namespace: a frozen cgroup, still in RAM);
    * `keepMemory: false` ends every process and keeps only the files. Absent on a backend that
@@ -97,6 +102,11 @@ export interface ReconcileReport {
 /** The one narrow interface every isolation backend implements. */
 export interface Backend {
   readonly name: BackendName;
+  /**
+   * Specs with the same key can share warm sandboxes: what differs between them can be changed on
+   * a live sandbox with `adopt`. Undefined: this spec cannot come from a pool.
+   */
+  poolKey?(spec: SandboxSpec): string | undefined;
   probe(): Promise<BackendProbe>;
   create(spec: SandboxSpec, options: CreateOptions): Promise<BackendSandbox>;
   /**

@@ -9,6 +9,7 @@ import { copyOut, type CopyOutReport } from '../host/copy-out.host.js';
 import { baseEnv } from '../backends/namespace/bwrap-args.js';
 import { assertEnforceable } from './capabilities.js';
 import { newSandboxId } from './ids.js';
+import { WarmPool } from './warm-pool.js';
 import { superviseExec, type SuperviseOptions } from './supervise.js';
 import type { ExecResult } from './result.js';
 import { checkCollectOptions, collectArtifacts, type ArtifactRef, type CollectOptions } from './artifacts.js';
@@ -49,6 +50,11 @@ export interface RunResult extends ExecResult {
 
 export interface RunnerOptions extends HostEnvironmentOptions {
   maxima?: OperatorMaxima;
+  /**
+   * Sandboxes to keep started ahead of time for specs that can share them (no network, no mounts,
+   * default start-time limits). Each is used once. @default 0
+   */
+  warmPool?: number;
   /** Where collected artifacts go. @default a LocalArtifactStore at <dataDir>/artifacts, opened per run */
   artifactStore?: ArtifactStore;
 }
@@ -64,16 +70,22 @@ export class Runner {
   private readonly backends: Map<string, Backend>;
   private readonly maxima: OperatorMaxima | undefined;
   private readonly artifactStore: ArtifactStore | undefined;
+  private readonly pool: WarmPool | undefined;
 
   constructor(options: RunnerOptions = {}) {
     this.host = new HostEnvironment(options);
     this.maxima = options.maxima;
     this.artifactStore = options.artifactStore;
     this.backends = new Map([['namespace', new NamespaceBackend({ host: this.host })]]);
+    const namespace = this.backends.get('namespace');
+    if (options.warmPool && namespace) {
+      this.pool = new WarmPool({ backend: namespace, spec: parseSpec({}, this.maxima), size: options.warmPool });
+    }
   }
 
   /** Releases the workspace volume when no sandbox of this data dir is left on it. */
   async close(): Promise<void> {
+    await this.pool?.close();
     await this.host.volume.releaseIfIdle();
   }
 
@@ -102,8 +114,8 @@ export class Runner {
     }
     assertEnforceable(spec, await backend.probe());
 
-    const sandboxId = newSandboxId();
-    const sandbox = await backend.create(spec, { id: sandboxId, signal: options.signal });
+    const sandbox = (await this.pool?.take(spec)) ?? (await backend.create(spec, { id: newSandboxId(), signal: options.signal }));
+    const sandboxId = sandbox.id;
     try {
       if (options.outputDir !== undefined || wantsReport) await prepareOutputDir(sandbox);
       const result = await superviseExec(

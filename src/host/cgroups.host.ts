@@ -40,14 +40,8 @@ export class SandboxCgroup {
     const cgroup = new SandboxCgroup(`${prefix}${id}`);
     try {
       for (const dir of cgroup.dirs()) await mkdir(dir);
-      const mem = cgroup.dir('memory');
-      await writeFile(join(mem, 'memory.swappiness'), '0');
-      await writeFile(join(mem, 'memory.limit_in_bytes'), String(limits.memoryBytes));
-      await writeFileIfExists(join(mem, 'memory.memsw.limit_in_bytes'), String(limits.memoryBytes));
-      await writeFile(join(cgroup.dir('pids'), 'pids.max'), String(limits.pids));
-      const period = 100_000;
-      await writeFile(join(cgroup.dir('cpu'), 'cpu.cfs_period_us'), String(period));
-      await writeFile(join(cgroup.dir('cpu'), 'cpu.cfs_quota_us'), String(Math.max(1000, Math.round(limits.cpus * period))));
+      await writeFile(join(cgroup.dir('memory'), 'memory.swappiness'), '0');
+      await cgroup.setLimits(limits);
     } catch (error) {
       await cgroup.remove().catch(() => undefined);
       throw new SandboxError('HOST_NOT_READY', `cannot set up cgroups for ${id}: ${(error as Error).message}`, {
@@ -93,6 +87,19 @@ export class SandboxCgroup {
       cpuUsageUsec: keyed(cpuStat, 'usage_usec'),
       cpuThrottledUsec: Math.round(keyed(throttled, 'throttled_time') / 1000),
     };
+  }
+
+  /** Sets memory (+memsw), pids and cpu; works on a live group (a pooled sandbox's new spec). */
+  async setLimits(limits: CgroupLimits): Promise<void> {
+    const mem = this.dir('memory');
+    const current = Number((await readFile(join(mem, 'memory.limit_in_bytes'), 'utf8')).trim());
+    // memsw may never be below the memory limit: raise memsw first, lower it last.
+    const order = limits.memoryBytes >= current ? ['memory.memsw.limit_in_bytes', 'memory.limit_in_bytes'] : ['memory.limit_in_bytes', 'memory.memsw.limit_in_bytes'];
+    for (const file of order) await writeFileIfExists(join(mem, file), String(limits.memoryBytes));
+    await writeFile(join(this.dir('pids'), 'pids.max'), String(limits.pids));
+    const period = 100_000;
+    await writeFile(join(this.dir('cpu'), 'cpu.cfs_period_us'), String(period));
+    await writeFile(join(this.dir('cpu'), 'cpu.cfs_quota_us'), String(Math.max(1000, Math.round(limits.cpus * period))));
   }
 
   async memoryUsageBytes(): Promise<number> {

@@ -116,6 +116,11 @@ export class WorkspaceVolume {
     return path;
   }
 
+  /** Changes the quota of a live workspace. */
+  async setLimit(id: string, diskBytes: number): Promise<void> {
+    await runCommand(['btrfs', 'qgroup', 'limit', String(diskBytes), this.path(id)]);
+  }
+
   async delete(id: string): Promise<void> {
     const path = this.path(id);
     this.subvolumeIds.delete(id);

@@ -132,14 +132,15 @@ describe('gVisor pause with memory (runsc checkpoint/restore)', () => {
 
       // The first backend and its sandbox object are dropped; only the data directory remains.
       const second = newBackend();
-      restored = await second.restore!('gv-pause-2', spec);
-      await restored.resume!();
+      const again = await second.restore('gv-pause-2', spec);
+      restored = again;
+      await again.resume!();
       const after = await waitFor('the counter to move on', async () => {
-        const tick = await readTick(restored!);
+        const tick = await readTick(again);
         return tick && tick.n > (before?.n ?? 0) + 2 ? tick : undefined;
       });
       expect(after.secret).toBe(secret);
-      const echo = await restored.exec({ argv: ['cat', '/workspace/tick'], env: baseEnv(), cwd: '/workspace' });
+      const echo = await again.exec({ argv: ['cat', '/workspace/tick'], env: baseEnv(), cwd: '/workspace' });
       expect((await echo.exited).exitCode).toBe(0);
     } finally {
       await (restored ?? first).destroy();

@@ -142,7 +142,7 @@ export class GvisorBackend implements Backend {
       await SandboxCgroup.attach(`${this.host.cgroupPrefix}${id}`).remove();
     }
     const uid = this.allocateUid(id);
-    const cleanup: (() => Promise<unknown>)[] = [async () => this.uidsInUse.delete(uid)];
+    const cleanup: (() => Promise<unknown>)[] = [() => Promise.resolve(this.uidsInUse.delete(uid))];
     try {
       await mkdir(this.layout.runscRoot, { recursive: true, mode: 0o700 });
       // runsc joins these pre-made groups and leaves them when the container goes: the counters

@@ -45,6 +45,13 @@ export class NamespaceBackend implements Backend {
     this.host = options.host;
   }
 
+  /** Warm sandboxes serve specs with no network and no mounts whose fixed-at-start limits match. */
+  poolKey(spec: SandboxSpec): string | undefined {
+    if (spec.network.mode !== 'none' || spec.mounts.length > 0) return undefined;
+    const { tmpBytes, fileSizeBytes, openFiles } = spec.limits;
+    return `namespace:tmp=${tmpBytes}:fsize=${fileSizeBytes}:nofile=${openFiles}`;
+  }
+
   async probe(): Promise<BackendProbe> {
     try {
       await this.host.ensure();
@@ -69,6 +76,7 @@ export class NamespaceBackend implements Backend {
       const sandbox = await NamespaceSandbox.start({
         id: options.id, spec, paths, uid, cgroup, workspaceDir,
         diskUsed: () => this.host.volume.usedBytes(options.id),
+        setDiskLimit: (bytes) => this.host.volume.setLimit(options.id, bytes),
         release: async () => {
           this.uidsInUse.delete(uid);
           await this.host.volume.delete(options.id);
@@ -128,13 +136,14 @@ interface StartOptions {
   cgroup: SandboxCgroup;
   workspaceDir: string;
   diskUsed: () => Promise<number | undefined>;
+  setDiskLimit: (bytes: number) => Promise<void>;
   release: () => Promise<void>;
 }
 
 class NamespaceSandbox implements BackendSandbox {
   readonly backend = 'namespace' as const;
   readonly id: string;
-  readonly spec: SandboxSpec;
+  spec: SandboxSpec;
   readonly workspaceDir: string;
   readonly lost: Promise<void>;
   private readonly cgroup: SandboxCgroup;
@@ -142,6 +151,7 @@ class NamespaceSandbox implements BackendSandbox {
   private readonly agent: AgentClient;
   private readonly release: () => Promise<void>;
   private readonly diskUsed: () => Promise<number | undefined>;
+  private readonly setDiskLimit: (bytes: number) => Promise<void>;
   private readonly childExited: Promise<void>;
   private stderrTail = '';
   private destroying: Promise<void> | undefined;
@@ -153,6 +163,7 @@ class NamespaceSandbox implements BackendSandbox {
     this.cgroup = options.cgroup;
     this.release = options.release;
     this.diskUsed = options.diskUsed;
+    this.setDiskLimit = options.setDiskLimit;
     this.child = child;
     this.agent = agent;
     this.childExited = new Promise((resolve) => child.once('close', () => resolve()));
@@ -230,6 +241,12 @@ class NamespaceSandbox implements BackendSandbox {
 
   resetPeak(): Promise<void> {
     return this.cgroup.resetPeak();
+  }
+
+  async adopt(spec: SandboxSpec): Promise<void> {
+    await this.cgroup.setLimits(spec.limits);
+    if (spec.limits.diskBytes !== this.spec.limits.diskBytes) await this.setDiskLimit(spec.limits.diskBytes);
+    this.spec = spec;
   }
 
   freeze(): Promise<void> {

@@ -1,0 +1,84 @@
+import type { Backend, BackendSandbox } from '../backends/backend.js';
+import type { SandboxSpec } from '../spec/index.js';
+import { newSandboxId } from './ids.js';
+
+export interface WarmPoolOptions {
+  backend: Backend;
+  /** The spec warm sandboxes are started with; others with the same pool key adopt them. */
+  spec: SandboxSpec;
+  /** Warm sandboxes kept ready. */
+  size: number;
+  /** A refill failed (logged by the owner; the pool retries on the next take). */
+  onError?: (error: unknown) => void;
+}
+
+/**
+ * Sandboxes started ahead of time, each used once. Taking one costs a few cgroup writes instead of
+ * a launch; the pool refills in the background. A spec the backend cannot pool (network, mounts,
+ * other start-time limits) is not served and falls back to a cold start.
+ */
+export class WarmPool {
+  private readonly ready: BackendSandbox[] = [];
+  private readonly key: string | undefined;
+  private filling = 0;
+  private closed = false;
+  private readonly pending = new Set<Promise<void>>();
+
+  constructor(private readonly options: WarmPoolOptions) {
+    this.key = options.backend.poolKey?.(options.spec);
+    this.refill();
+  }
+
+  /** A warm sandbox re-limited for `spec`, or undefined when none fits or none is ready. */
+  async take(spec: SandboxSpec): Promise<BackendSandbox | undefined> {
+    if (this.closed || this.key === undefined || this.options.backend.poolKey?.(spec) !== this.key) return undefined;
+    const sandbox = this.ready.shift();
+    this.refill();
+    if (!sandbox?.adopt) return undefined;
+    try {
+      await sandbox.adopt(spec);
+      return sandbox;
+    } catch (error) {
+      this.options.onError?.(error);
+      await sandbox.destroy().catch(() => undefined);
+      return undefined;
+    }
+  }
+
+  get size(): number {
+    return this.ready.length;
+  }
+
+  /** Destroys the warm sandboxes and waits for refills under way. */
+  async close(): Promise<void> {
+    this.closed = true;
+    await Promise.all([...this.pending]);
+    await Promise.all(this.ready.splice(0).map((s) => s.destroy().catch((error: unknown) => this.options.onError?.(error))));
+  }
+
+  private refill(): void {
+    if (this.key === undefined) return;
+    while (!this.closed && this.ready.length + this.filling < this.options.size) {
+      this.filling++;
+      const task = this.options.backend
+        .create(this.options.spec, { id: newSandboxId() })
+        .then(
+          async (sandbox) => {
+            if (this.closed) return sandbox.destroy();
+            this.ready.push(sandbox);
+            // A warm sandbox that dies while it waits is dropped, never handed out.
+            void sandbox.lost.then(() => {
+              const index = this.ready.indexOf(sandbox);
+              if (index >= 0) this.ready.splice(index, 1);
+            });
+          },
+          (error: unknown) => this.options.onError?.(error),
+        )
+        .finally(() => {
+          this.filling--;
+          this.pending.delete(task);
+        });
+      this.pending.add(task);
+    }
+  }
+}
