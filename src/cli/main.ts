@@ -3,6 +3,8 @@ import { isSandboxError } from '../errors/index.js';
 import { runCommand } from './commands/run.js';
 import { filesCommand } from './commands/files.js';
 import { sandboxCommand } from './commands/sandbox.js';
+import { serveCommand } from './commands/serve.js';
+import { auditCommand } from './commands/audit.js';
 import type { CliContext } from './context.js';
 import { EXIT_INTERNAL, EXIT_USAGE, exitCodeForError } from './exit-codes.js';
 
@@ -19,6 +21,8 @@ export function buildProgram(context: CliContext): Command {
   program.addCommand(runCommand(context));
   program.addCommand(sandboxCommand(context));
   program.addCommand(filesCommand(context));
+  program.addCommand(serveCommand(context));
+  program.addCommand(auditCommand(context));
   for (const command of program.commands) command.exitOverride();
   return program;
 }

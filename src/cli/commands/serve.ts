@@ -1,0 +1,56 @@
+import { Command } from 'commander';
+import { DEFAULT_DATA_DIR } from '../../host/host-env.host.js';
+import { startServer } from '../../server/bootstrap.js';
+import { numberOption } from '../options.js';
+import type { CliContext } from '../context.js';
+
+interface ServeFlags {
+  port: number;
+  host: string;
+  dataDir: string;
+  maxSandboxes: number;
+  logLevel: string;
+}
+
+/**
+ * `capsule serve`: the HTTP API. Prints `URL:` and `API key:` lines on stdout; JSON logs go to
+ * stderr. SIGTERM or SIGINT stops it gracefully (sandboxes are killed, records kept).
+ */
+export function serveCommand(context: CliContext): Command {
+  return new Command('serve')
+    .description('Run the Capsule HTTP API (docs/api.md)')
+    .option('--port <n>', 'TCP port (0 picks a free one)', numberOption('--port'), 7070)
+    .option('--host <address>', 'address to listen on', '127.0.0.1')
+    .option('--data-dir <dir>', 'Capsule data directory', DEFAULT_DATA_DIR)
+    .option('--max-sandboxes <n>', 'concurrent sandboxes per tenant', numberOption('--max-sandboxes'), 20)
+    .option('--log-level <level>', 'fatal, error, warn, info, debug', 'info')
+    .addHelpText('after', '\nThe operator key comes from CAPSULE_API_KEY (cap_ + 40 hex); without it one is generated at the first start and printed once.')
+    .action(async (flags: ServeFlags) => {
+      const server = await startServer({
+        dataDir: flags.dataDir,
+        port: flags.port,
+        host: flags.host,
+        env: context.env,
+        maxSandboxesPerTenant: flags.maxSandboxes,
+        logger: { level: flags.logLevel, stream: context.stderr },
+      });
+      context.stdout.write(`URL: ${server.url}\n`);
+      const keyLine =
+        server.apiKeySource === 'generated'
+          ? `${server.generatedApiKey} (shown once; keep it)`
+          : server.apiKeySource === 'env'
+            ? '(from CAPSULE_API_KEY)'
+            : '(the one printed at the first start; set CAPSULE_API_KEY to use another)';
+      context.stdout.write(`API key: ${keyLine}\n`);
+      await new Promise<void>((resolve) => {
+        const stop = () => {
+          process.off('SIGTERM', stop);
+          process.off('SIGINT', stop);
+          resolve();
+        };
+        process.on('SIGTERM', stop);
+        process.on('SIGINT', stop);
+      });
+      await server.close();
+    });
+}

@@ -1,0 +1,44 @@
+import type { FastifyRequest } from 'fastify';
+import { SandboxError } from '../errors/index.js';
+import type { ApiKeyStore } from '../store/index.js';
+
+/** Who is calling: the tenant every lookup is scoped to, and the key (for the audit log). */
+export interface Principal {
+  tenantId: string;
+  keyId: string;
+  isAdmin: boolean;
+}
+
+export type AuthLevel = 'none' | 'tenant' | 'admin';
+
+function presentedKey(request: FastifyRequest): string | undefined {
+  const header = request.headers.authorization;
+  if (typeof header === 'string') {
+    const match = /^Bearer\s+(\S+)\s*$/i.exec(header);
+    return match?.[1] ?? '';
+  }
+  const apiKey = request.headers['x-api-key'];
+  return typeof apiKey === 'string' ? apiKey.trim() : undefined;
+}
+
+/** Checks the request's API key; throws UNAUTHENTICATED or PERMISSION_DENIED. */
+export function authenticate(request: FastifyRequest, keys: ApiKeyStore, level: Exclude<AuthLevel, 'none'>): Principal {
+  const apiKey = presentedKey(request);
+  if (apiKey === undefined) {
+    throw new SandboxError('UNAUTHENTICATED', 'no API key was sent', {
+      hint: 'Send Authorization: Bearer <apiKey> (or X-API-Key: <apiKey>); capsule serve prints the first key at start-up.',
+    });
+  }
+  const record = keys.verify(apiKey);
+  if (!record) {
+    throw new SandboxError('UNAUTHENTICATED', 'the API key is not valid', {
+      hint: 'Check the key (format cap_ and 40 hex digits); keys are shown once when minted.',
+    });
+  }
+  if (level === 'admin' && !record.isAdmin) {
+    throw new SandboxError('PERMISSION_DENIED', 'this call needs an admin key', {
+      hint: 'Use the operator key printed by capsule serve, or one minted with admin: true.',
+    });
+  }
+  return { tenantId: record.tenantId, keyId: record.keyId, isAdmin: record.isAdmin };
+}

@@ -1,0 +1,123 @@
+import type { FastifyServerOptions } from 'fastify';
+import { SandboxError } from '../errors/index.js';
+import { createSandboxFiles } from '../engine/files/index.js';
+import { SandboxManager, type EngineEvent } from '../engine/sandbox-manager.js';
+import type { OperatorMaxima } from '../spec/index.js';
+import { API_KEY_PATTERN, ApiKeyStore, AuditLog, OperationStore, SqliteSandboxRecords, openDatabase, type SqliteDatabase } from '../store/index.js';
+import { CapsuleApp } from './app.js';
+
+export interface StartServerOptions {
+  /** Capsule's data directory (workspaces, cgroup names, the state database). */
+  dataDir: string;
+  /** Where capsule.db lives. @default dataDir */
+  databaseDir?: string;
+  /** @default 7070 */
+  port?: number;
+  /** @default '127.0.0.1' */
+  host?: string;
+  /** Reads CAPSULE_API_KEY. @default process.env */
+  env?: NodeJS.ProcessEnv;
+  /** @default 20 */
+  maxSandboxesPerTenant?: number;
+  maxima?: OperatorMaxima;
+  /** @default false */
+  logger?: FastifyServerOptions['logger'];
+}
+
+export interface RunningServer {
+  url: string;
+  /**
+   * The operator key, when this start made it (CAPSULE_API_KEY unset, no key yet). Otherwise
+   * undefined: it is stored hashed only.
+   */
+  generatedApiKey: string | undefined;
+  /** `from CAPSULE_API_KEY`, `generated`, or `existing`. */
+  apiKeySource: 'env' | 'generated' | 'existing';
+  app: CapsuleApp;
+  db: SqliteDatabase;
+  close(): Promise<void>;
+}
+
+/**
+ * Opens the state database, reconciles the host with it (the engine recovers or fails the
+ * sandboxes a crash left), makes sure an operator key exists, and listens.
+ */
+export async function startServer(options: StartServerOptions): Promise<RunningServer> {
+  const db = openDatabase(options.databaseDir ?? options.dataDir);
+  try {
+    const records = new SqliteSandboxRecords(db);
+    const audit = new AuditLog(db);
+    const { source, generated } = ensureOperatorKey(new ApiKeyStore(db), options.env ?? process.env);
+    new OperationStore(db).settleInterrupted('startup');
+    const engine = await SandboxManager.open({
+      dataDir: options.dataDir,
+      store: records,
+      maxima: options.maxima,
+      onEvent: (event) => auditEvent(audit, event),
+      filesFactory: (sandbox) => createSandboxFiles(sandbox),
+    });
+    const app = new CapsuleApp({ engine, db, maxSandboxesPerTenant: options.maxSandboxesPerTenant, logger: options.logger });
+    let url: string;
+    try {
+      url = await app.listen(options.port ?? 7070, options.host ?? '127.0.0.1');
+    } catch (error) {
+      await app.close();
+      throw error;
+    }
+    app.app.log.info({ auditHead: audit.head() }, 'capsule server listening');
+    let closing: Promise<void> | undefined;
+    return {
+      url,
+      generatedApiKey: generated,
+      apiKeySource: source,
+      app,
+      db,
+      close: () =>
+        (closing ??= (async () => {
+          try {
+            await app.close();
+            app.app.log.info({ auditHead: audit.head() }, 'capsule server stopped');
+          } finally {
+            db.close();
+          }
+        })()),
+    };
+  } catch (error) {
+    if (db.open) db.close();
+    throw error;
+  }
+}
+
+function ensureOperatorKey(keys: ApiKeyStore, env: NodeJS.ProcessEnv): { source: RunningServer['apiKeySource']; generated?: string } {
+  const fromEnv = env.CAPSULE_API_KEY;
+  if (fromEnv !== undefined && fromEnv !== '') {
+    if (!API_KEY_PATTERN.test(fromEnv)) {
+      throw new SandboxError('INVALID_ARGUMENT', 'CAPSULE_API_KEY is not a Capsule API key', {
+        details: { field: 'CAPSULE_API_KEY' },
+        hint: 'Use cap_ followed by 40 lowercase hex digits, e.g. cap_$(openssl rand -hex 20), or unset it to have one generated.',
+      });
+    }
+    keys.ensureAdminKey(fromEnv, 'CAPSULE_API_KEY');
+    return { source: 'env' };
+  }
+  if (keys.hasAdminKey()) return { source: 'existing' };
+  return { source: 'generated', generated: keys.mint('default', { name: 'generated at first start', isAdmin: true }).apiKey };
+}
+
+/** What the engine did on its own (TTL expiry, crash, recovery, shutdown kill) goes in the audit log. */
+function auditEvent(audit: AuditLog, event: EngineEvent): void {
+  if (event.type === 'sandbox.created') return; // recorded by the create call itself
+  try {
+    audit.append({
+      tenantId: event.sandbox.tenantId,
+      keyId: null,
+      operation: event.type,
+      phase: 'event',
+      sandboxId: event.sandbox.sandboxId,
+      outcome: event.sandbox.endReason ?? event.sandbox.state,
+    });
+  } catch (error) {
+    // The engine's own work cannot be undone; the failure is reported on stderr for the operator.
+    process.stderr.write(`capsule: audit log write failed for ${event.type} of ${event.sandbox.sandboxId}: ${(error as Error).message}\n`);
+  }
+}

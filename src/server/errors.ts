@@ -1,0 +1,58 @@
+import type { FastifyError, FastifyReply, FastifyRequest } from 'fastify';
+import type { z } from 'zod';
+import { SandboxError, isSandboxError, type ErrorCode } from '../errors/index.js';
+
+/** A zod failure on one part of a request, as a 400 naming the field. */
+export function invalidRequest(part: 'body' | 'query' | 'params', error: z.ZodError, code: ErrorCode = 'INVALID_ARGUMENT'): SandboxError {
+  const issues = error.issues.map((issue) => {
+    const path = issue.path.map(String).join('.');
+    const keys = 'keys' in issue && Array.isArray(issue.keys) ? ` (${issue.keys.join(', ')})` : '';
+    return { field: path === '' ? part : `${part}.${path}`, message: `${issue.message}${keys}` };
+  });
+  const first = issues[0] ?? { field: part, message: 'invalid' };
+  return new SandboxError(code, `${first.field}: ${first.message}`, {
+    details: { field: first.field, issues },
+    hint: part === 'body' ? 'Fix the named field; unknown fields are rejected. See GET /openapi.json.' : 'Fix the named parameter. See GET /openapi.json.',
+  });
+}
+
+/**
+ * Turns anything thrown while serving a request into the wire error. Capsule's own errors keep
+ * their code; Fastify's request errors (bad JSON, too large, bad content type) become the
+ * matching 4xx; anything else is a generic 500 whose details go to the log only.
+ */
+export function toSandboxError(error: unknown): SandboxError {
+  if (isSandboxError(error)) return error;
+  const fastifyError = error as Partial<FastifyError>;
+  const status = typeof fastifyError.statusCode === 'number' ? fastifyError.statusCode : 500;
+  const code = typeof fastifyError.code === 'string' ? fastifyError.code : '';
+  if (code === 'FST_ERR_CTP_BODY_TOO_LARGE' || status === 413) {
+    return new SandboxError('PAYLOAD_TOO_LARGE', 'the request body is larger than the 1 MiB a JSON body may be', {
+      details: { field: 'body', limitBytes: 1024 * 1024 },
+      hint: 'Send file contents with PUT /v1/sandboxes/{id}/files (streamed, no such limit).',
+    });
+  }
+  if (code === 'FST_ERR_CTP_INVALID_MEDIA_TYPE' || status === 415) {
+    return new SandboxError('INVALID_ARGUMENT', 'this content type is not accepted here', {
+      details: { field: 'content-type' },
+      hint: 'Send JSON bodies as application/json and raw bytes as application/octet-stream.',
+    });
+  }
+  if (code.startsWith('FST_ERR_CTP_') || error instanceof SyntaxError || (status >= 400 && status < 500)) {
+    return new SandboxError('INVALID_ARGUMENT', `the request is malformed: ${fastifyError.message ?? 'unreadable'}`, {
+      details: { field: code.startsWith('FST_ERR_CTP_') || error instanceof SyntaxError ? 'body' : 'request' },
+      hint: 'Send a JSON object with Content-Type: application/json. See GET /openapi.json.',
+    });
+  }
+  return new SandboxError('INTERNAL', 'internal error; the server logged the details under this request id', {
+    hint: 'Retry later; if it persists, give the operator the requestId.',
+  });
+}
+
+/** Sends `error` as `{ code, message, details?, hint?, requestId }` with its status. */
+export function sendError(request: FastifyRequest, reply: FastifyReply, error: unknown): FastifyReply {
+  const wire = toSandboxError(error);
+  if (wire.status >= 500) request.log.error({ err: error, code: wire.code }, 'request failed');
+  else request.log.info({ code: wire.code }, 'request rejected');
+  return reply.code(wire.status).type('application/json').send(wire.toJSON(request.id));
+}

@@ -1,0 +1,83 @@
+import type { FastifyReply, FastifyRequest } from 'fastify';
+import { SandboxError } from '../errors/index.js';
+import { canonicalJson, sha256Hex, type OperationStore, type StoredResponse } from '../store/index.js';
+import type { Principal } from './auth.js';
+import { toSandboxError } from './errors.js';
+
+const KEY_PATTERN = /^[\x21-\x7e]{1,200}$/;
+
+/** A claimed Idempotency-Key: the call's response is stored under it when the call ends. */
+export interface Idempotency {
+  complete(response: StoredResponse): void;
+  /** Stores a final error, or forgets the key when a retry may succeed (429, 5xx, aborted). */
+  fail(error: unknown, requestId: string): void;
+  release(): void;
+}
+
+export type BeginIdempotent =
+  | { kind: 'started'; idempotency: Idempotency }
+  | { kind: 'replay'; send(reply: FastifyReply): FastifyReply }
+  | undefined;
+
+/** Statuses a retry may turn into a success: the key is forgotten, not stored. */
+function isRetryable(status: number): boolean {
+  return status === 429 || status === 499 || status >= 500;
+}
+
+/**
+ * Claims the request's Idempotency-Key, or returns the stored response of the first request
+ * with it. No header: undefined (the call simply runs).
+ */
+export function beginIdempotent(
+  operations: OperationStore,
+  request: FastifyRequest,
+  principal: Principal,
+  body: unknown,
+  isRawBody: boolean,
+): BeginIdempotent {
+  const header = request.headers['idempotency-key'];
+  if (header === undefined) return undefined;
+  const key = Array.isArray(header) ? '' : header;
+  if (!KEY_PATTERN.test(key)) {
+    throw new SandboxError('INVALID_ARGUMENT', 'Idempotency-Key must be 1-200 printable ASCII characters without spaces', {
+      details: { field: 'Idempotency-Key' },
+      hint: 'Use a UUID per logical request.',
+    });
+  }
+  // A streamed body cannot be hashed before the call runs: its fingerprint is its declared length.
+  const bodyDigest = isRawBody ? `raw:${request.headers['content-length'] ?? 'chunked'}` : sha256Hex(canonicalJson(body ?? null));
+  const fingerprint = `${request.method} ${request.url} ${bodyDigest}`;
+  const begun = operations.begin(principal.tenantId, key, fingerprint);
+  if (begun.kind === 'replay') {
+    const stored = begun.response;
+    return {
+      kind: 'replay',
+      send: (reply) => {
+        reply.code(stored.status).header('idempotent-replayed', 'true').type(stored.contentType);
+        if (stored.contentType === 'application/x-ndjson') return reply.send(`${JSON.stringify(stored.body)}\n`);
+        return stored.body === null ? reply.send() : reply.send(stored.body);
+      },
+    };
+  }
+  let settled = false;
+  const settle = (action: () => void) => {
+    if (settled) return;
+    settled = true;
+    action();
+  };
+  return {
+    kind: 'started',
+    idempotency: {
+      complete: (response) => settle(() => operations.complete(principal.tenantId, key, response)),
+      fail: (error, requestId) =>
+        settle(() => {
+          const wire = toSandboxError(error);
+          // The outcome of a call whose audit outcome could not be written is unknown: keep the error.
+          const isUnknownOutcome = wire.details?.effect === 'unknown';
+          if (isRetryable(wire.status) && !isUnknownOutcome) operations.release(principal.tenantId, key);
+          else operations.complete(principal.tenantId, key, { status: wire.status, body: wire.toJSON(requestId), contentType: 'application/json' });
+        }),
+      release: () => settle(() => operations.release(principal.tenantId, key)),
+    },
+  };
+}

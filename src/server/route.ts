@@ -1,0 +1,253 @@
+import { Readable } from 'node:stream';
+import type { FastifyBaseLogger, FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
+import type { z } from 'zod';
+import { SandboxError } from '../errors/index.js';
+import type { ApiKeyStore, AuditLog, OperationStore } from '../store/index.js';
+import { authenticate, type AuthLevel, type Principal } from './auth.js';
+import { invalidRequest } from './errors.js';
+import { beginIdempotent, type Idempotency } from './idempotency.js';
+import { AuditTrail } from './audit-trail.js';
+
+/** What a handler returns; the seam turns it into the HTTP response. */
+export type RouteResult =
+  | { kind: 'json'; status: number; body: unknown }
+  | { kind: 'empty'; status: number }
+  | { kind: 'raw'; status: number; stream: Readable; contentType: string }
+  | {
+      kind: 'ndjson';
+      status: number;
+      /** The lines to send (JSON objects). */
+      events: AsyncIterable<object>;
+      /**
+       * The event that ends the stream, even when the client has gone away (a foreground exec's
+       * exit). It is the operation's stored result and the audit outcome; its line is sent only
+       * after both are written.
+       */
+      final?: Promise<{ type: string }>;
+    };
+
+/** What the audit log records about a call: its sandbox, its subject (hashed) and policy. */
+export interface AuditSubject {
+  sandboxId?: string;
+  /** The argv, file path or code the call acts on; only its sha256 is stored. */
+  subject?: string;
+  /** Capabilities the call opens (network mode other than none, mounts, handles). */
+  policy?: Record<string, unknown> | null;
+}
+
+export interface RouteContext<P, Q, B> {
+  params: P;
+  query: Q;
+  body: B;
+  principal: Principal;
+  requestId: string;
+  /** Aborted when the client goes away or the server closes. */
+  signal: AbortSignal;
+  request: FastifyRequest;
+  log: FastifyBaseLogger;
+}
+
+export interface ResponseDoc {
+  description: string;
+  schema?: z.ZodType;
+  /** @default 'application/json' */
+  contentType?: string;
+}
+
+export interface RouteDefinition<P = unknown, Q = unknown, B = unknown> {
+  /** Stable operation name, used in the audit log and as the OpenAPI operationId. */
+  name: string;
+  method: 'GET' | 'POST' | 'PUT' | 'DELETE';
+  /** Fastify path, e.g. `/v1/sandboxes/:sandboxId`. */
+  url: string;
+  summary: string;
+  auth: AuthLevel;
+  params?: z.ZodType<P>;
+  query?: z.ZodType<Q>;
+  body?: z.ZodType<B>;
+  /** The body is raw bytes, handed over as a stream (never buffered). */
+  rawBody?: boolean;
+  /** The body schema shown in OpenAPI when it differs from the one validated here. */
+  bodyDoc?: z.ZodType;
+  responses: Record<number, ResponseDoc>;
+  /** Present on audited routes: what to record. Runs before the attempt record is written. */
+  audit?(context: RouteContext<P, Q, B>): AuditSubject;
+  handler(context: RouteContext<P, Q, B>): RouteResult | Promise<RouteResult>;
+}
+
+export type AnyRoute = RouteDefinition<unknown, unknown, unknown>;
+
+/** Keeps a route's types while letting routes of different shapes share one list. */
+export function defineRoute<P, Q, B>(route: RouteDefinition<P, Q, B>): AnyRoute {
+  return route;
+}
+
+export interface SeamServices {
+  keys: ApiKeyStore;
+  operations: OperationStore;
+  audit: AuditLog;
+  /** Aborted when the server closes: ends streams that would otherwise never end (watch). */
+  closeSignal: AbortSignal;
+}
+
+const ANONYMOUS: Principal = { tenantId: '', keyId: '', isAdmin: false };
+
+/**
+ * The one seam every request passes: authentication, validation, idempotency and the audit
+ * trail, then the thin handler. Routes never repeat any of these.
+ */
+export function registerRoute(app: FastifyInstance, services: SeamServices, route: AnyRoute): void {
+  app.route({
+    method: route.method,
+    url: route.url,
+    handler: (request, reply) => serve(services, route, request, reply),
+  });
+}
+
+async function serve(services: SeamServices, route: AnyRoute, request: FastifyRequest, reply: FastifyReply): Promise<FastifyReply> {
+  const principal = route.auth === 'none' ? ANONYMOUS : authenticate(request, services.keys, route.auth);
+  const context: RouteContext<unknown, unknown, unknown> = {
+    params: parsePart('params', route.params, request.params),
+    query: parsePart('query', route.query, request.query ?? {}),
+    body: route.rawBody ? rawBody(request.body) : parsePart('body', route.body, jsonBody(request.body, route.body !== undefined)),
+    principal,
+    requestId: request.id,
+    signal: requestSignal(reply, services.closeSignal),
+    request,
+    log: request.log,
+  };
+
+  let idempotency: Idempotency | undefined;
+  if (route.method !== 'GET') {
+    const begun = beginIdempotent(services.operations, request, principal, context.body, route.rawBody === true);
+    if (begun?.kind === 'replay') return begun.send(reply);
+    idempotency = begun?.idempotency;
+  }
+
+  const trail = new AuditTrail(services.audit, route.name, principal, request.id);
+  try {
+    if (route.audit) trail.attempt(route.audit(context));
+  } catch (error) {
+    idempotency?.release();
+    throw error;
+  }
+
+  let result: RouteResult;
+  try {
+    result = await route.handler(context);
+  } catch (error) {
+    trail.failed(error);
+    idempotency?.fail(error, request.id);
+    throw error;
+  }
+  return sendResult(reply, result, trail, idempotency, request.id, request.log);
+}
+
+function sendResult(
+  reply: FastifyReply,
+  result: RouteResult,
+  trail: AuditTrail,
+  idempotency: Idempotency | undefined,
+  requestId: string,
+  log: FastifyBaseLogger,
+): FastifyReply {
+  switch (result.kind) {
+    case 'json':
+    case 'empty': {
+      const body = result.kind === 'json' ? result.body : null;
+      settleOrFail(() => trail.succeeded(sandboxIdOf(body)), idempotency, requestId);
+      idempotency?.complete({ status: result.status, body, contentType: 'application/json' });
+      reply.code(result.status);
+      return result.kind === 'json' ? reply.type('application/json').send(body) : reply.send();
+    }
+    case 'raw':
+      settleOrFail(() => trail.succeeded(), idempotency, requestId);
+      idempotency?.complete({ status: result.status, body: null, contentType: result.contentType });
+      return reply.code(result.status).type(result.contentType).send(result.stream);
+    case 'ndjson': {
+      const settled = result.final?.then((event) => {
+        settleOrFail(() => trail.succeeded(undefined, event), idempotency, requestId);
+        idempotency?.complete({ status: result.status, body: event, contentType: 'application/x-ndjson' });
+        return event;
+      }, (error: unknown) => {
+        trail.failed(error);
+        idempotency?.fail(error, requestId);
+        throw error;
+      });
+      settled?.catch((error: unknown) => log.warn({ err: error }, 'stream ended without its final event'));
+      return reply.code(result.status).type('application/x-ndjson').send(ndjson(result.events, settled, requestId, log));
+    }
+  }
+}
+
+/** The audit outcome must be written before success is reported; if it cannot be, the call fails. */
+function settleOrFail(write: () => void, idempotency: Idempotency | undefined, requestId: string): void {
+  try {
+    write();
+  } catch (error) {
+    idempotency?.fail(error, requestId);
+    throw error;
+  }
+}
+
+function sandboxIdOf(body: unknown): string | undefined {
+  const id = (body as { sandboxId?: unknown } | null)?.sandboxId;
+  return typeof id === 'string' ? id : undefined;
+}
+
+/** NDJSON lines; a failure after the headers went out becomes a last `error` line. */
+function ndjson(events: AsyncIterable<object>, settled: Promise<object> | undefined, requestId: string, log: FastifyBaseLogger): Readable {
+  async function* lines(): AsyncGenerator<string> {
+    try {
+      for await (const event of events) {
+        if (settled && (event as { type?: unknown }).type === 'exit') {
+          yield `${JSON.stringify(await settled)}\n`;
+          return;
+        }
+        yield `${JSON.stringify(event)}\n`;
+      }
+    } catch (error) {
+      const wire = error instanceof SandboxError ? error : new SandboxError('INTERNAL', 'internal error; the server logged the details under this request id');
+      if (!(error instanceof SandboxError)) log.error({ err: error }, 'stream failed');
+      yield `${JSON.stringify({ type: 'error', error: { code: wire.code, message: wire.message, requestId } })}\n`;
+    }
+  }
+  return Readable.from(lines(), { objectMode: false });
+}
+
+function parsePart<T>(part: 'params' | 'query' | 'body', schema: z.ZodType<T> | undefined, value: unknown): T {
+  if (!schema) return value as T;
+  const result = schema.safeParse(value);
+  if (result.success) return result.data;
+  throw invalidRequest(part, result.error, part === 'params' ? 'NOT_FOUND' : 'INVALID_ARGUMENT');
+}
+
+function jsonBody(body: unknown, expected: boolean): unknown {
+  if (body instanceof Readable || typeof body === 'string') {
+    throw new SandboxError('INVALID_ARGUMENT', 'the body must be JSON', {
+      details: { field: 'content-type' },
+      hint: 'Send the body with Content-Type: application/json.',
+    });
+  }
+  if (!expected && body !== undefined && body !== null) {
+    throw new SandboxError('INVALID_ARGUMENT', 'this call takes no body', { details: { field: 'body' } });
+  }
+  return body;
+}
+
+function rawBody(body: unknown): Readable {
+  if (body instanceof Readable) return body;
+  if (body === undefined || body === null) return Readable.from([]);
+  throw new SandboxError('INVALID_ARGUMENT', 'the body must be raw bytes', {
+    details: { field: 'content-type' },
+    hint: 'Send the bytes with Content-Type: application/octet-stream.',
+  });
+}
+
+function requestSignal(reply: FastifyReply, closeSignal: AbortSignal): AbortSignal {
+  const controller = new AbortController();
+  reply.raw.once('close', () => {
+    if (!reply.raw.writableFinished) controller.abort();
+  });
+  return AbortSignal.any([controller.signal, closeSignal]);
+}

@@ -1,0 +1,68 @@
+import { z } from 'zod';
+import { SandboxError } from '../../errors/index.js';
+import { defineRoute, type AnyRoute } from '../route.js';
+import { AuditQuery, AuditRecordSchema, ErrorBodySchema, MintedKeySchema, MintKeyBody, OperationParams, OperationSchema } from '../schemas.js';
+import type { ServerServices } from '../services.js';
+
+const error = (description: string) => ({ description, schema: ErrorBodySchema });
+
+export function operatorRoutes(services: ServerServices): AnyRoute[] {
+  return [
+    defineRoute({
+      name: 'keys.mint',
+      method: 'POST',
+      url: '/v1/keys',
+      summary: 'Mint an API key for a tenant (admin); the key is shown once',
+      auth: 'admin',
+      body: MintKeyBody,
+      responses: { 201: { description: 'The new key', schema: MintedKeySchema }, 403: error('Not an admin key') },
+      audit: ({ body }) => ({ subject: body.tenantId, policy: body.admin === true ? { admin: true, tenantId: body.tenantId } : null }),
+      handler({ body }) {
+        const minted = services.keys.mint(body.tenantId, { name: body.name, isAdmin: body.admin ?? false });
+        return {
+          kind: 'json',
+          status: 201,
+          body: { keyId: minted.keyId, tenantId: minted.tenantId, apiKey: minted.apiKey, name: minted.name, admin: minted.isAdmin },
+        };
+      },
+    }),
+    defineRoute({
+      name: 'audit.list',
+      method: 'GET',
+      url: '/v1/audit',
+      summary: 'Read the audit log (admin), oldest first',
+      auth: 'admin',
+      query: AuditQuery,
+      responses: { 200: { description: 'Records', schema: z.object({ records: z.array(AuditRecordSchema) }) } },
+      handler: ({ query }) => ({ kind: 'json', status: 200, body: { records: services.audit.list({ after: query.after, limit: query.limit ?? 100 }) } }),
+    }),
+    defineRoute({
+      name: 'operations.get',
+      method: 'GET',
+      url: '/v1/operations/:key',
+      summary: 'What happened to the call made with this Idempotency-Key',
+      auth: 'tenant',
+      params: OperationParams,
+      responses: { 200: { description: 'The operation', schema: OperationSchema }, 404: error('Unknown or expired key') },
+      handler({ params, principal }) {
+        const operation = services.operations.get(principal.tenantId, params.key);
+        if (!operation) {
+          throw new SandboxError('NOT_FOUND', `no operation with Idempotency-Key "${params.key}"`, {
+            details: { idempotencyKey: params.key },
+            hint: 'Keys are kept 24 hours; a call that never reached the server has no operation, so it is safe to retry.',
+          });
+        }
+        return { kind: 'json', status: 200, body: operation };
+      },
+    }),
+    defineRoute({
+      name: 'healthz',
+      method: 'GET',
+      url: '/healthz',
+      summary: 'Liveness',
+      auth: 'none',
+      responses: { 200: { description: 'Alive', schema: z.object({ ok: z.literal(true) }) } },
+      handler: () => ({ kind: 'json', status: 200, body: { ok: true } }),
+    }),
+  ];
+}

@@ -1,0 +1,140 @@
+import { isSandboxError } from '../../errors/index.js';
+import { parseSpec, SandboxSpecSchema, type SandboxSpec, type SandboxSpecInput } from '../../spec/index.js';
+import { z } from 'zod';
+import { defineRoute, type AnyRoute } from '../route.js';
+import {
+  CreateSandboxBody,
+  ErrorBodySchema,
+  ListSandboxesQuery,
+  MetadataSchema,
+  SandboxIdParams,
+  SandboxInfoSchema,
+  SandboxPageSchema,
+  SetTimeoutBody,
+} from '../schemas.js';
+import { requireSandbox, type ServerServices } from '../services.js';
+
+const error = (description: string) => ({ description, schema: ErrorBodySchema });
+
+/** Capabilities a spec opens beyond the least capable sandbox, for the audit log. */
+export function policyOf(input: unknown): Record<string, unknown> | null {
+  let spec: SandboxSpec;
+  try {
+    spec = parseSpec(input ?? {});
+  } catch {
+    return null; // the create fails with INVALID_SPEC; nothing is opened
+  }
+  const policy: Record<string, unknown> = {};
+  if (spec.network.mode !== 'none') policy.network = { mode: spec.network.mode, allow: spec.network.allow };
+  if (spec.network.handles.length > 0) policy.handles = spec.network.handles;
+  if (spec.mounts.length > 0) policy.mounts = spec.mounts.map((m) => ({ hostPath: m.hostPath, sandboxPath: m.sandboxPath, readOnly: m.readOnly }));
+  return Object.keys(policy).length > 0 ? policy : null;
+}
+
+export function sandboxRoutes(services: ServerServices): AnyRoute[] {
+  const { engine, records, quota } = services;
+  return [
+    defineRoute({
+      name: 'sandboxes.create',
+      method: 'POST',
+      url: '/v1/sandboxes',
+      summary: 'Create a sandbox',
+      auth: 'tenant',
+      body: CreateSandboxBody.optional(),
+      bodyDoc: z.strictObject({ spec: SandboxSpecSchema.optional(), metadata: MetadataSchema.optional() }),
+      responses: {
+        201: { description: 'The sandbox, running', schema: SandboxInfoSchema },
+        422: error('Invalid spec, or above the operator maximum'),
+        429: error('The tenant has its quota of concurrent sandboxes'),
+      },
+      audit: ({ body }) => ({ policy: policyOf(body?.spec) }),
+      async handler({ body, principal, signal }) {
+        const release = quota.reserve(principal.tenantId);
+        try {
+          const info = await engine.create({
+            tenantId: principal.tenantId,
+            spec: body?.spec as SandboxSpecInput | undefined,
+            metadata: body?.metadata,
+            signal,
+          });
+          return { kind: 'json', status: 201, body: info };
+        } finally {
+          release();
+        }
+      },
+    }),
+    defineRoute({
+      name: 'sandboxes.list',
+      method: 'GET',
+      url: '/v1/sandboxes',
+      summary: 'List sandboxes (also ended ones), filtered by state and metadata, oldest first',
+      auth: 'tenant',
+      query: ListSandboxesQuery,
+      responses: { 200: { description: 'One page', schema: SandboxPageSchema } },
+      handler: ({ query, principal }) => ({
+        kind: 'json',
+        status: 200,
+        body: records.page({ tenantId: principal.tenantId, states: query.state, metadata: query.metadata, limit: query.limit, cursor: query.cursor }),
+      }),
+    }),
+    defineRoute({
+      name: 'sandboxes.get',
+      method: 'GET',
+      url: '/v1/sandboxes/:sandboxId',
+      summary: 'Get a sandbox',
+      auth: 'tenant',
+      params: SandboxIdParams,
+      responses: { 200: { description: 'The sandbox', schema: SandboxInfoSchema }, 404: error('No such sandbox') },
+      handler: ({ params, principal }) => ({ kind: 'json', status: 200, body: requireSandbox(services, principal.tenantId, params.sandboxId) }),
+    }),
+    defineRoute({
+      name: 'sandboxes.kill',
+      method: 'DELETE',
+      url: '/v1/sandboxes/:sandboxId',
+      summary: 'Kill a sandbox (its record stays, state killed)',
+      auth: 'tenant',
+      params: SandboxIdParams,
+      responses: { 200: { description: 'The ended sandbox', schema: SandboxInfoSchema }, 404: error('No such sandbox') },
+      audit: ({ params }) => ({ sandboxId: params.sandboxId }),
+      async handler({ params, principal }) {
+        const record = requireSandbox(services, principal.tenantId, params.sandboxId);
+        try {
+          return { kind: 'json', status: 200, body: await engine.kill(principal.tenantId, params.sandboxId) };
+        } catch (error) {
+          // A sandbox that ended before a restart is only a record now: killing it is a no-op.
+          if (isSandboxError(error, 'SANDBOX_NOT_FOUND') && record.endedAt !== undefined) return { kind: 'json', status: 200, body: record };
+          throw error;
+        }
+      },
+    }),
+    defineRoute({
+      name: 'sandboxes.setTimeout',
+      method: 'POST',
+      url: '/v1/sandboxes/:sandboxId/timeout',
+      summary: 'Set the time to live to now + ttlMs (shortens or extends)',
+      auth: 'tenant',
+      params: SandboxIdParams,
+      body: SetTimeoutBody,
+      responses: { 200: { description: 'The sandbox with its new expiresAt', schema: SandboxInfoSchema }, 409: error('The sandbox has ended') },
+      audit: ({ params }) => ({ sandboxId: params.sandboxId }),
+      handler({ params, body, principal }) {
+        requireSandbox(services, principal.tenantId, params.sandboxId);
+        return { kind: 'json', status: 200, body: engine.setTimeout(principal.tenantId, params.sandboxId, body.ttlMs) };
+      },
+    }),
+    defineRoute({
+      name: 'sandboxes.keepalive',
+      method: 'POST',
+      url: '/v1/sandboxes/:sandboxId/keepalive',
+      summary: "Extend the time to live to now + the spec's ttlMs",
+      auth: 'tenant',
+      params: SandboxIdParams,
+      responses: { 200: { description: 'The sandbox with its new expiresAt', schema: SandboxInfoSchema }, 409: error('The sandbox has ended') },
+      audit: ({ params }) => ({ sandboxId: params.sandboxId }),
+      handler({ params, principal }) {
+        const record = requireSandbox(services, principal.tenantId, params.sandboxId);
+        return { kind: 'json', status: 200, body: engine.setTimeout(principal.tenantId, params.sandboxId, record.spec.ttlMs) };
+      },
+    }),
+  ];
+}

@@ -1,0 +1,27 @@
+import type { SandboxEngine, SandboxInfo } from '../engine/types.js';
+import { SandboxError } from '../errors/index.js';
+import type { ApiKeyStore, AuditLog, OperationStore, SqliteSandboxRecords } from '../store/index.js';
+import type { TenantQuota } from './quota.js';
+
+/** What the routes are built on: one object, passed in (no module state). */
+export interface ServerServices {
+  engine: SandboxEngine;
+  records: SqliteSandboxRecords;
+  keys: ApiKeyStore;
+  operations: OperationStore;
+  audit: AuditLog;
+  quota: TenantQuota;
+  closeSignal: AbortSignal;
+}
+
+/** The tenant's record of a sandbox; a foreign or unknown id is SANDBOX_NOT_FOUND (never 403). */
+export function requireSandbox(services: ServerServices, tenantId: string, sandboxId: string): SandboxInfo {
+  const record = services.records.get(tenantId, sandboxId);
+  if (!record) {
+    throw new SandboxError('SANDBOX_NOT_FOUND', `sandbox ${sandboxId} not found`, {
+      details: { sandboxId },
+      hint: 'Check the id (GET /v1/sandboxes lists yours); sandboxes of other tenants are not visible.',
+    });
+  }
+  return record;
+}

@@ -1,0 +1,124 @@
+import { SandboxError } from '../errors/index.js';
+import type { SandboxRecordStore } from '../engine/sandbox-manager.js';
+import type { SandboxInfo, SandboxState } from '../engine/types.js';
+import type { SqliteDatabase } from './database.js';
+
+export const LIVE_STATES: readonly SandboxState[] = ['starting', 'running', 'paused'];
+
+export interface SandboxPageQuery {
+  tenantId: string;
+  states?: readonly SandboxState[];
+  /** Exact match on every pair. */
+  metadata?: Record<string, string>;
+  /** @default 50 */
+  limit?: number;
+  /** Opaque cursor from the previous page. */
+  cursor?: string;
+}
+
+export interface SandboxPage {
+  sandboxes: SandboxInfo[];
+  nextCursor: string | null;
+}
+
+/**
+ * Sandbox records in SQLite: the engine upserts every state change; the server reads them for
+ * GET and list, so sandboxes that ended stay queryable with their endReason.
+ */
+export class SqliteSandboxRecords implements SandboxRecordStore {
+  private readonly upsertStatement;
+  private readonly getStatement;
+
+  constructor(private readonly db: SqliteDatabase) {
+    this.upsertStatement = db.prepare(
+      `INSERT INTO sandboxes (sandbox_id, tenant_id, state, created_at, metadata, info)
+       VALUES (@sandboxId, @tenantId, @state, @createdAt, @metadata, @info)
+       ON CONFLICT (sandbox_id) DO UPDATE SET state = excluded.state, metadata = excluded.metadata, info = excluded.info`,
+    );
+    this.getStatement = db.prepare<[string, string], { info: string }>(
+      'SELECT info FROM sandboxes WHERE tenant_id = ? AND sandbox_id = ?',
+    );
+  }
+
+  upsert(info: SandboxInfo): void {
+    this.upsertStatement.run({
+      sandboxId: info.sandboxId,
+      tenantId: info.tenantId,
+      state: info.state,
+      createdAt: info.createdAt,
+      metadata: JSON.stringify(info.metadata),
+      info: JSON.stringify(info),
+    });
+  }
+
+  listLive(): SandboxInfo[] {
+    const rows = this.db
+      .prepare<string[], { info: string }>(`SELECT info FROM sandboxes WHERE state IN (${LIVE_STATES.map(() => '?').join(', ')})`)
+      .all(...LIVE_STATES);
+    return rows.map((row) => JSON.parse(row.info) as SandboxInfo);
+  }
+
+  /** The record of a tenant's sandbox; another tenant's id is as missing as an unknown one. */
+  get(tenantId: string, sandboxId: string): SandboxInfo | undefined {
+    const row = this.getStatement.get(tenantId, sandboxId);
+    return row ? (JSON.parse(row.info) as SandboxInfo) : undefined;
+  }
+
+  /** Sandboxes in a live state per tenant (the quota counts them). */
+  countLive(tenantId: string): number {
+    const row = this.db
+      .prepare<string[], { n: number }>(
+        `SELECT count(*) AS n FROM sandboxes WHERE tenant_id = ? AND state IN (${LIVE_STATES.map(() => '?').join(', ')})`,
+      )
+      .get(tenantId, ...LIVE_STATES);
+    return row?.n ?? 0;
+  }
+
+  /** One page, oldest first (sandboxes created meanwhile land on later pages, none is skipped). */
+  page(query: SandboxPageQuery): SandboxPage {
+    const limit = query.limit ?? 50;
+    const where = ['tenant_id = ?'];
+    const args: (string | number)[] = [query.tenantId];
+    if (query.states && query.states.length > 0) {
+      where.push(`state IN (${query.states.map(() => '?').join(', ')})`);
+      args.push(...query.states);
+    }
+    for (const [key, value] of Object.entries(query.metadata ?? {})) {
+      where.push("EXISTS (SELECT 1 FROM json_each(sandboxes.metadata) WHERE json_each.key = ? AND json_each.type = 'text' AND json_each.value = ?)");
+      args.push(key, value);
+    }
+    if (query.cursor !== undefined) {
+      const [createdAt, sandboxId] = decodeCursor(query.cursor);
+      where.push('(created_at, sandbox_id) > (?, ?)');
+      args.push(createdAt, sandboxId);
+    }
+    const rows = this.db
+      .prepare<(string | number)[], { info: string }>(
+        `SELECT info FROM sandboxes WHERE ${where.join(' AND ')} ORDER BY created_at, sandbox_id LIMIT ?`,
+      )
+      .all(...args, limit + 1);
+    const sandboxes = rows.slice(0, limit).map((row) => JSON.parse(row.info) as SandboxInfo);
+    const last = sandboxes[sandboxes.length - 1];
+    const nextCursor = rows.length > limit && last ? encodeCursor(last.createdAt, last.sandboxId) : null;
+    return { sandboxes, nextCursor };
+  }
+}
+
+function encodeCursor(createdAt: string, sandboxId: string): string {
+  return Buffer.from(JSON.stringify([createdAt, sandboxId])).toString('base64url');
+}
+
+function decodeCursor(cursor: string): [string, string] {
+  try {
+    const value: unknown = JSON.parse(Buffer.from(cursor, 'base64url').toString('utf8'));
+    if (Array.isArray(value) && value.length === 2 && value.every((v) => typeof v === 'string')) {
+      return value as [string, string];
+    }
+  } catch {
+    // fall through to the error below
+  }
+  throw new SandboxError('INVALID_ARGUMENT', 'cursor is not one this server issued', {
+    details: { field: 'cursor' },
+    hint: 'Pass nextCursor from the previous page unchanged, or leave cursor out for the first page.',
+  });
+}
