@@ -1,4 +1,6 @@
 import { spawn, type ChildProcess } from 'node:child_process';
+import { readFile } from 'node:fs/promises';
+import { join } from 'node:path';
 import { createHash } from 'node:crypto';
 import { AgentClient, type AgentProcess } from '../agent/index.js';
 import { SandboxError } from '../../errors/index.js';
@@ -12,6 +14,8 @@ import type {
   Capability,
   CreateOptions,
   ExecRequest,
+  PauseOptions,
+  PauseResult,
   ReconcileReport,
   SandboxCounters,
 } from '../backend.js';
@@ -257,6 +261,23 @@ class NamespaceSandbox implements BackendSandbox {
     return this.cgroup.freeze(false);
   }
 
+  /**
+   * keepMemory: the cgroup is frozen, memory stays in RAM and is gone with this process.
+   * Without memory: every process but the agent ends, the files stay, the agent takes new work.
+   */
+  async pause(options: PauseOptions): Promise<PauseResult> {
+    if (options.keepMemory) {
+      await this.cgroup.freeze(true);
+      return { keepsMemory: true, survivesRestart: false };
+    }
+    await killAllButAgent(this.cgroup);
+    return { keepsMemory: false, survivesRestart: false };
+  }
+
+  resume(): Promise<void> {
+    return this.cgroup.freeze(false);
+  }
+
   destroy(): Promise<void> {
     this.destroying ??= this.teardown();
     return this.destroying;
@@ -272,5 +293,40 @@ class NamespaceSandbox implements BackendSandbox {
     if (failures.length > 0) {
       throw new SandboxError('INTERNAL', `cleanup of sandbox ${this.id} failed: ${failures.join('; ')}`);
     }
+  }
+}
+
+/**
+ * Kills every process of a sandbox except its agent and the bwrap processes above it. The group
+ * is frozen meanwhile, so nothing forks between the scan and the kill; the agent reaps the dead
+ * and reports their exits. The agent is the capsule-agent whose parent is bwrap's init: anything
+ * a sandbox starts descends from the agent (a subreaper), never from bwrap.
+ */
+async function killAllButAgent(cgroup: SandboxCgroup): Promise<void> {
+  await cgroup.freeze(true);
+  try {
+    const pids = (await readFile(join(cgroup.dir('unified'), 'cgroup.procs'), 'utf8')).split('\n').filter(Boolean).map(Number);
+    const info = new Map<number, { ppid: number; name: string }>();
+    for (const pid of pids) {
+      const stat = await readFile(`/proc/${pid}/stat`, 'utf8').catch(() => '');
+      const match = /^\d+ \((.*)\) \S+ (\d+)/s.exec(stat);
+      if (match) info.set(pid, { name: match[1] ?? '', ppid: Number(match[2]) });
+    }
+    const keep = new Set<number>();
+    for (const [pid, { name, ppid }] of info) {
+      if (name !== 'capsule-agent' || info.get(ppid)?.name !== 'bwrap') continue;
+      for (let cursor: number | undefined = pid; cursor !== undefined && info.has(cursor); cursor = info.get(cursor)?.ppid) keep.add(cursor);
+    }
+    for (const pid of info.keys()) {
+      if (!keep.has(pid)) {
+        try {
+          process.kill(pid, 'SIGKILL');
+        } catch {
+          // already gone
+        }
+      }
+    }
+  } finally {
+    await cgroup.freeze(false);
   }
 }
