@@ -1,0 +1,170 @@
+import { randomBytes } from 'node:crypto';
+import { mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { join } from 'node:path';
+import { PassThrough } from 'node:stream';
+import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { main } from '../../src/cli/main.js';
+import { startServer, type RunningServer } from '../../src/server/bootstrap.js';
+import { expectNoLeaks, testDataDir } from '../helpers/sandbox.js';
+
+/** `capsule sandbox ...` and `capsule files ...` against a real server, run in-process. */
+let server: RunningServer;
+let scratch: string;
+let env: NodeJS.ProcessEnv;
+
+beforeAll(async () => {
+  scratch = await mkdtemp(join(testDataDir(), 'cli-e2e-'));
+  const apiKey = `cap_${randomBytes(20).toString('hex')}`;
+  server = await startServer({ dataDir: testDataDir(), databaseDir: scratch, port: 0, env: { CAPSULE_API_KEY: apiKey } });
+  env = { CAPSULE_URL: server.url, CAPSULE_API_KEY: apiKey };
+});
+afterAll(async () => {
+  await server?.close();
+  await rm(scratch, { recursive: true, force: true });
+});
+afterEach(expectNoLeaks);
+
+interface CliRun {
+  code: number;
+  stdout: string;
+  stderr: string;
+}
+
+async function capsule(...argv: string[]): Promise<CliRun> {
+  const stdout = new PassThrough();
+  const stderr = new PassThrough();
+  let out = '';
+  let err = '';
+  stdout.on('data', (chunk: Buffer) => (out += chunk.toString()));
+  stderr.on('data', (chunk: Buffer) => (err += chunk.toString()));
+  const code = await main(['node', 'capsule', ...argv], { stdout, stderr, env });
+  return { code, stdout: out, stderr: err };
+}
+
+/** Runs with --json (before any `--`) and parses the one object it must print. */
+async function json<T = Record<string, unknown>>(...argv: string[]): Promise<T> {
+  const dashes = argv.indexOf('--');
+  const r = await capsule(...(dashes === -1 ? [...argv, '--json'] : [...argv.slice(0, dashes), '--json', ...argv.slice(dashes)]));
+  expect(r.code, `capsule ${argv.join(' ')}: ${r.stderr}`).toBe(0);
+  expect(r.stdout.trim().split('\n'), 'exactly one JSON line').toHaveLength(1);
+  return JSON.parse(r.stdout) as T;
+}
+
+function ndjson(text: string): Record<string, unknown>[] {
+  return text
+    .trim()
+    .split('\n')
+    .map((line) => JSON.parse(line) as Record<string, unknown>);
+}
+
+async function withSandbox(test: (id: string) => Promise<void>, ...flags: string[]): Promise<void> {
+  const created = await json<{ sandboxId: string; state: string }>('sandbox', 'create', '--timeout', '1m', '--metadata', 'suite=cli-e2e', ...flags);
+  expect(created.state).toBe('running');
+  try {
+    await test(created.sandboxId);
+  } catch (error) {
+    (error as Error).message = `[sandbox ${created.sandboxId}] ${(error as Error).message}`;
+    throw error;
+  } finally {
+    await capsule('sandbox', 'kill', created.sandboxId);
+  }
+}
+
+describe('capsule sandbox (CLI over a real server)', () => {
+  it('create, get, list, exec (json and plain), ps, timeout, keepalive and kill', async () => {
+    await withSandbox(
+      async (id) => {
+        expect(await json('sandbox', 'get', id)).toMatchObject({ sandboxId: id, state: 'running', metadata: { suite: 'cli-e2e' } });
+        const listed = await json<{ sandboxes: { sandboxId: string }[] }>('sandbox', 'list', '--metadata', 'suite=cli-e2e', '--state', 'running');
+        expect(listed.sandboxes.map((s) => s.sandboxId)).toEqual([id]);
+
+        const exec = await capsule('sandbox', 'exec', id, '--json', '--env', 'WHO=cli', '--', 'sh', '-c', 'echo hi $WHO $MEM; exit 3');
+        expect(exec.code).toBe(3);
+        const events = ndjson(exec.stdout);
+        expect(events[0]).toMatchObject({ type: 'start', sandboxId: id });
+        expect(events.filter((e) => e.type === 'stdout').map((e) => e.data).join('')).toBe('hi cli small\n');
+        expect(events.at(-1)).toMatchObject({ type: 'exit', result: { outcome: 'exit_nonzero', exitCode: 3 } });
+
+        const plain = await capsule('sandbox', 'exec', id, '--', 'sh', '-c', 'echo out; echo err >&2');
+        expect(plain).toEqual({ code: 0, stdout: 'out\n', stderr: 'err\n' });
+        const timedOut = await capsule('sandbox', 'exec', id, '--timeout', '300ms', '--', 'sleep', '30');
+        expect(timedOut.code).toBe(124);
+        expect(timedOut.stderr).toMatch(/limit exceeded \(wall_clock\)/);
+
+        const bg = await json<{ sandboxId: string; pid: number }>('sandbox', 'exec', id, '--background', '--', 'sleep', '30');
+        expect(bg).toMatchObject({ sandboxId: id, pid: expect.any(Number) as unknown });
+        const ps = await json<{ processes: { pid: number; running: boolean }[] }>('sandbox', 'ps', id);
+        expect(ps.processes.find((p) => p.pid === bg.pid)?.running).toBe(true);
+
+        const shortened = await json<{ expiresAt: string }>('sandbox', 'timeout', id, '30s');
+        expect(Date.parse(shortened.expiresAt) - Date.now()).toBeLessThanOrEqual(30_000);
+        const renewed = await json<{ expiresAt: string }>('sandbox', 'keepalive', id);
+        expect(Date.parse(renewed.expiresAt)).toBeGreaterThan(Date.parse(shortened.expiresAt));
+
+        expect(await json('sandbox', 'kill', id)).toMatchObject({ sandboxId: id, state: 'killed' });
+      },
+      '--memory',
+      '128MiB',
+      '--env',
+      'MEM=small',
+    );
+  });
+
+  it('prints create without --json as the bare id, and errors as one JSON object with a non-zero exit', async () => {
+    const created = await capsule('sandbox', 'create', '--timeout', '30s');
+    const id = created.stdout.trim();
+    expect(id).toMatch(/^[a-z2-7]{20}$/);
+    await capsule('sandbox', 'kill', id);
+
+    const missing = await capsule('sandbox', 'get', 'a'.repeat(20), '--json');
+    expect(missing.code).not.toBe(0);
+    expect(JSON.parse(missing.stdout)).toMatchObject({ error: { code: 'SANDBOX_NOT_FOUND', message: expect.any(String) as unknown, hint: expect.any(String) as unknown } });
+
+    const badKey = await main(['node', 'capsule', 'sandbox', 'list', '--json', '--api-key', `cap_${'0'.repeat(40)}`], {
+      stdout: new PassThrough(),
+      stderr: new PassThrough(),
+      env,
+    });
+    expect(badKey).not.toBe(0);
+
+    const unreachable = await capsule('sandbox', 'list', '--json', '--url', 'http://127.0.0.1:9');
+    expect(JSON.parse(unreachable.stdout)).toMatchObject({ error: { code: 'SERVER_UNREACHABLE' } });
+    expect(unreachable.code).not.toBe(0);
+  });
+});
+
+describe('capsule files (CLI over a real server)', () => {
+  it('write, read, list, stat, mkdir, move, remove and watch, each with --json', async () => {
+    await withSandbox(async (id) => {
+      const hostFile = join(scratch, 'upload.txt');
+      await writeFile(hostFile, 'from the host\n');
+      expect(await json('files', 'write', id, 'in/up.txt', '--from', hostFile)).toMatchObject({ path: '/workspace/in/up.txt', size: 14 });
+      expect(await json('files', 'write', id, 'note.txt', '--data', 'hé')).toMatchObject({ path: '/workspace/note.txt', size: 3 });
+      expect(await json('files', 'read', id, 'in/up.txt')).toEqual({ path: 'in/up.txt', size: 14, encoding: 'utf8', content: 'from the host\n' });
+      expect((await capsule('files', 'read', id, 'note.txt')).stdout).toBe('hé');
+
+      const listed = await json<{ entries: { path: string }[] }>('files', 'list', id, '/workspace', '--depth', '2');
+      expect(listed.entries.map((e) => e.path)).toEqual(expect.arrayContaining(['/workspace/in', '/workspace/in/up.txt', '/workspace/note.txt']));
+      expect(await json('files', 'stat', id, 'note.txt')).toMatchObject({ type: 'file', size: 3 });
+      expect(await json('files', 'mkdir', id, 'out/deep')).toMatchObject({ type: 'dir', path: '/workspace/out/deep' });
+      expect(await json('files', 'move', id, 'note.txt', 'out/deep/note.txt')).toMatchObject({ path: '/workspace/out/deep/note.txt' });
+      expect(await json('files', 'remove', id, 'out')).toEqual({ path: 'out', removed: true });
+
+      const gone = await capsule('files', 'stat', id, 'out', '--json');
+      expect(gone.code).not.toBe(0);
+      expect(JSON.parse(gone.stdout)).toMatchObject({ error: { code: 'FILE_NOT_FOUND' } });
+
+      // The watch prints its first event and stops (--count 1); keep writing until it has one.
+      const watching = capsule('files', 'watch', id, '/workspace', '--json', '--count', '1', '--duration', '20s');
+      let done = false;
+      void watching.then(() => (done = true));
+      for (let n = 0; !done && n < 200; n++) {
+        await capsule('files', 'write', id, `w${n}.txt`, '--data', 'x');
+        await new Promise((resolve) => setTimeout(resolve, 50));
+      }
+      const watched = await watching;
+      expect(watched.code).toBe(0);
+      expect(ndjson(watched.stdout)).toEqual([expect.objectContaining({ path: expect.stringMatching(/^\/workspace\/w\d+\.txt$/) as unknown })]);
+    });
+  });
+});
