@@ -8,6 +8,7 @@ import { fileURLToPath } from 'node:url';
 import { SandboxError } from '../errors/index.js';
 import { ETC_ALLOWLIST, SANDBOX_UID, SANDBOX_USER } from '../backends/namespace/bwrap-args.js';
 import { WorkspaceVolume } from './volume.host.js';
+import { prepareSandboxEtc } from './sandbox-etc.host.js';
 
 export interface HostEnvironmentOptions {
   /** Where Capsule keeps its state. @default '/var/lib/capsule' */
@@ -28,6 +29,8 @@ export interface HostPaths {
   seccompBpf: string;
   etcDir: string;
   etcEntries: string[];
+  /** The complete /etc of a namespace sandbox (allowlisted copies + synthetic files), one bind. */
+  sandboxEtcDir: string;
 }
 
 export const DEFAULT_DATA_DIR = '/var/lib/capsule';
@@ -93,6 +96,7 @@ export class HostEnvironment {
 
     const etcEntries: string[] = [];
     for (const entry of ETC_ALLOWLIST) if (await exists(`/etc/${entry}`)) etcEntries.push(entry);
+    const sandboxEtcDir = await prepareSandboxEtc(this.dataDir, etcDir, etcEntries);
     this.paths = {
       dataDir: this.dataDir,
       bwrap,
@@ -101,6 +105,7 @@ export class HostEnvironment {
       seccompBpf,
       etcDir,
       etcEntries,
+      sandboxEtcDir,
     };
     return this.paths;
   }

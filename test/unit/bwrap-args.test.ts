@@ -2,7 +2,7 @@ import { describe, expect, it } from 'vitest';
 import { buildBwrapArgs } from '../../src/backends/namespace/bwrap-args.js';
 import { parseSpec } from '../../src/spec/index.js';
 
-const base = { workspaceDir: '/v/ws-x', etcDir: '/d/etc', etcEntries: ['ssl'], seccompFd: 3, mountFds: [], toolsDir: '/d/bin', shareNetwork: false };
+const base = { workspaceDir: '/v/ws-x', sandboxEtcDir: '/d/sandbox-etc', seccompFd: 3, mountFds: [], toolsDir: '/d/bin', shareNetwork: false };
 
 describe('bwrap argv', () => {
   it('pins the isolation flags', () => {
@@ -15,7 +15,7 @@ describe('bwrap argv', () => {
     expect(args.join(' ')).toContain('--remount-ro /');
     expect(args.join(' ')).toContain('--bind /v/ws-x /workspace');
     expect(args.join(' ')).toContain(`--size ${64 * 2 ** 20} --tmpfs /tmp`);
-    expect(args.join(' ')).toContain('--ro-bind /d/etc/passwd /etc/passwd');
+    expect(args.join(' ')).toContain('--ro-bind /d/sandbox-etc /etc');
     expect(args.at(-1)).toBe('/.capsule/capsule-agent');
   });
 

@@ -22,10 +22,8 @@ export const FIRST_MOUNT_FD = 10;
 export interface BwrapOptions {
   /** Host path of the workspace, bound read-write at /workspace. */
   workspaceDir: string;
-  /** Host directory holding the synthetic passwd, group, hosts and resolv.conf. */
-  etcDir: string;
-  /** /etc entries that exist on this host (a subset of ETC_ALLOWLIST). */
-  etcEntries: readonly string[];
+  /** Host directory that is the sandbox's whole /etc (HostPaths.sandboxEtcDir). */
+  sandboxEtcDir: string;
   /** Fd on which bwrap reads the seccomp program. */
   seccompFd: number;
   /**
@@ -35,6 +33,8 @@ export interface BwrapOptions {
   mountFds: readonly number[];
   /** When false, bwrap makes a fresh empty network namespace; when true, the caller's is kept. */
   shareNetwork: boolean;
+  /** Host file bound at /etc/resolv.conf instead of the no-resolver one (the egress proxy's resolver). */
+  resolvConf?: string;
   /** Host directory of Capsule's in-sandbox tools, bound read-only at TOOLS_DIR. */
   toolsDir: string;
   /** The program bwrap runs as the sandbox's first process. @default [AGENT_PATH] */
@@ -57,12 +57,10 @@ export function buildBwrapArgs(spec: SandboxSpec, options: BwrapOptions): string
     '--symlink', 'usr/bin', '/bin', '--symlink', 'usr/sbin', '/sbin',
     '--symlink', 'usr/lib', '/lib', '--symlink', 'usr/lib64', '/lib64',
     '--proc', '/proc', '--dev', '/dev',
-    '--dir', '/etc',
   ];
-  for (const entry of options.etcEntries) args.push('--ro-bind', `/etc/${entry}`, `/etc/${entry}`);
-  for (const file of ['passwd', 'group', 'hosts', 'resolv.conf', 'hostname']) {
-    args.push('--ro-bind', `${options.etcDir}/${file}`, `/etc/${file}`);
-  }
+  // One bind for all of /etc: allowlisted copies and Capsule's own passwd, group, hosts.
+  args.push('--ro-bind', options.sandboxEtcDir, '/etc');
+  if (options.resolvConf) args.push('--ro-bind', options.resolvConf, '/etc/resolv.conf');
   args.push(
     '--size', String(spec.limits.tmpBytes), '--tmpfs', '/tmp',
     '--dir', '/var', '--symlink', '../tmp', '/var/tmp',

@@ -183,8 +183,7 @@ class NamespaceSandbox implements BackendSandbox {
     const bwrapArgs = buildBwrapArgs(spec, {
       mountFds,
       workspaceDir: options.workspaceDir,
-      etcDir: paths.etcDir,
-      etcEntries: paths.etcEntries,
+      sandboxEtcDir: paths.sandboxEtcDir,
       seccompFd: SECCOMP_FD,
       shareNetwork: false,
       toolsDir: paths.toolsDir,

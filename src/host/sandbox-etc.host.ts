@@ -1,0 +1,34 @@
+import { lstat, readFile, readdir, rename, rm, writeFile, copyFile } from 'node:fs/promises';
+import { join } from 'node:path';
+import { runCommand } from './run-command.host.js';
+
+/** Parts of allowlisted /etc entries that never enter a sandbox, even unreadable. */
+const EXCLUDED = ['ssl/private'];
+
+/**
+ * The whole /etc a namespace sandbox sees, as one directory bound read-only: copies of the
+ * allowlisted host entries plus Capsule's synthetic passwd, group, hosts, resolv.conf, hostname.
+ * One bind instead of ~25 halves bubblewrap's start-up. Rebuilt when a host entry changes.
+ */
+export async function prepareSandboxEtc(dataDir: string, syntheticDir: string, entries: readonly string[]): Promise<string> {
+  const target = join(dataDir, 'sandbox-etc');
+  const stamp = JSON.stringify(await Promise.all(entries.map(async (e) => [e, (await lstat(`/etc/${e}`)).mtimeMs])));
+  const current = await readFile(join(dataDir, 'sandbox-etc.stamp'), 'utf8').catch(() => '');
+  if (current === stamp) return target;
+
+  const fresh = `${target}.new-${process.pid}`;
+  await rm(fresh, { recursive: true, force: true });
+  await runCommand(['mkdir', '-m', '0755', fresh]);
+  if (entries.length > 0) await runCommand(['cp', '-a', '--', ...entries.map((e) => `/etc/${e}`), `${fresh}/`]);
+  for (const excluded of EXCLUDED) await rm(join(fresh, excluded), { recursive: true, force: true });
+  for (const name of await readdir(syntheticDir)) {
+    await rm(join(fresh, name), { recursive: true, force: true });
+    await copyFile(join(syntheticDir, name), join(fresh, name));
+  }
+  const old = `${target}.old-${process.pid}`;
+  await rename(target, old).catch(() => undefined);
+  await rename(fresh, target);
+  await rm(old, { recursive: true, force: true });
+  await writeFile(join(dataDir, 'sandbox-etc.stamp'), stamp);
+  return target;
+}
