@@ -1,5 +1,5 @@
 import type { AgentProcess, AgentStartOptions } from './agent/index.js';
-import type { BackendName, SandboxSpec } from '../spec/index.js';
+import type { BackendName, NetworkPolicy, SandboxSpec } from '../spec/index.js';
 
 /** What a backend can enforce. The engine refuses a spec that needs one the backend lacks. */
 export const CAPABILITIES = [
@@ -34,6 +34,10 @@ export interface SandboxCounters {
   memoryUsageBytes: number;
   cpuUsageUsec: number;
   cpuThrottledUsec: number;
+  /** Outbound attempts the egress proxy denied (sandboxes with a network only). */
+  egressBlocked?: number;
+  /** Outbound attempts refused because `network.maxConnections` was used up. */
+  egressLimitHits?: number;
 }
 
 export type ExecRequest = AgentStartOptions;
@@ -56,6 +60,12 @@ export interface BackendSandbox {
   resetPeak(): Promise<void>;
   freeze(): Promise<void>;
   thaw(): Promise<void>;
+  /**
+   * Replaces the network policy (file and process policy stay fixed). New connections follow it
+   * within 100 ms and open connections it no longer allows are closed. A sandbox created without
+   * a network cannot gain one: BACKEND_CANNOT_ENFORCE.
+   */
+  setNetworkPolicy?(policy: NetworkPolicy): Promise<void>;
   /** Kills every process and removes every host resource. Safe to call twice. */
   destroy(): Promise<void>;
   /**

@@ -12,6 +12,7 @@ export const LIMIT_EXIT_CODES: Record<LimitResource, number> = {
   file_size: 204,
   output: 205,
   cpu: 206,
+  egress: 207,
 };
 
 export const EXIT_USAGE = 2;

@@ -1,7 +1,7 @@
 /** How an exec or run ended. A limit hit is not a crash and not the program's own failure. */
 export type Outcome = 'ok' | 'exit_nonzero' | 'limit_exceeded' | 'error';
 
-export const LIMIT_RESOURCES = ['wall_clock', 'memory', 'pids', 'disk', 'file_size', 'output', 'cpu'] as const;
+export const LIMIT_RESOURCES = ['wall_clock', 'memory', 'pids', 'disk', 'file_size', 'output', 'cpu', 'egress'] as const;
 export type LimitResource = (typeof LIMIT_RESOURCES)[number];
 
 /** The limit that ended the work: which, its value, what was used, and what to change. */

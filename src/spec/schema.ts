@@ -38,13 +38,64 @@ export const LimitsSchema = z.strictObject({
 
 export const NETWORK_MODES = ['none', 'allowlist', 'internet'] as const;
 
+const DOMAIN_LABEL = /^(?!-)[a-z0-9-]{1,63}(?<!-)$/;
+
+/**
+ * Why an allowlist entry is refused, or undefined when it is valid. Entries are a domain
+ * (`api.github.com`), a wildcard over a domain's subdomains (`*.pypi.org`), either with an optional
+ * port (`:443`), or an IPv4/IPv6 address or CIDR (`203.0.113.0/24`). A bare TLD, `*`, a wildcard
+ * over a TLD and a /0 are refused: they would open everything while looking like a restriction.
+ */
+export function allowEntryProblem(entry: string): string | undefined {
+  const text = entry.trim().toLowerCase();
+  if (text === '*' || text === '*.*') return 'a wildcard over everything is not an allowlist; use mode "internet"';
+  const cidr = /^([0-9.]+|[0-9a-f:]+)(?:\/(\d{1,3}))?$/.exec(text);
+  if (cidr && (cidr[1]?.includes(':') || /^\d+\.\d+\.\d+\.\d+$/.test(cidr[1] ?? ''))) {
+    const ip = cidr[1] ?? '';
+    const v4 = !ip.includes(':');
+    if (v4 && ip.split('.').some((octet) => Number(octet) > 255)) return 'not a valid IPv4 address';
+    if (cidr[2] !== undefined) {
+      const bits = Number(cidr[2]);
+      if (bits > (v4 ? 32 : 128)) return 'the prefix length is too long';
+      if (bits < (v4 ? 8 : 16)) return 'a CIDR this wide is not an allowlist; use mode "internet"';
+    }
+    return undefined;
+  }
+  const hostPort = /^(\*\.)?([a-z0-9.-]+?)(?::(\d{1,5}))?$/.exec(text);
+  if (!hostPort) return 'must be a domain (api.github.com), a wildcard (*.pypi.org), optionally with :port, or a CIDR';
+  const port = hostPort[3] === undefined ? undefined : Number(hostPort[3]);
+  if (port !== undefined && (port < 1 || port > 65_535)) return 'the port must be between 1 and 65535';
+  const labels = (hostPort[2] ?? '').split('.');
+  if (labels.some((label) => !DOMAIN_LABEL.test(label))) return 'not a valid domain name';
+  if (labels.length < 2) return 'a bare top-level domain is too wide; name the domain (example.com)';
+  if (/^\d+$/.test(labels[labels.length - 1] ?? '')) return 'not a valid domain name (use a CIDR for addresses)';
+  return undefined;
+}
+
 export const NetworkPolicySchema = z.strictObject({
   /** `none`: only loopback inside. @default 'none' */
   mode: z.enum(NETWORK_MODES).default('none'),
   /** Domains (`api.github.com:443`, `*.pypi.org`) and CIDRs reachable in `allowlist` mode. */
-  allow: z.array(z.string().min(1).max(253)).max(256).default([]),
+  allow: z
+    .array(
+      z
+        .string()
+        .min(1)
+        .max(253)
+        .superRefine((entry, ctx) => {
+          const problem = allowEntryProblem(entry);
+          if (problem) ctx.addIssue({ code: 'custom', message: `allow entry "${entry}": ${problem}` });
+        }),
+    )
+    .max(256)
+    .default([]),
   /** Credential-broker handles the sandbox may use. */
   handles: z.array(z.string().regex(/^[a-z0-9][a-z0-9._-]{0,63}$/)).max(64).default([]),
+  /**
+   * Outbound connections (tunnels and proxied requests) the sandbox may open over its lifetime;
+   * past it the proxy answers 429 and the work is reported as an `egress` limit. @default 4096
+   */
+  maxConnections: z.number().int().positive().max(1_000_000).default(4096),
 });
 
 export const MountSchema = z.strictObject({

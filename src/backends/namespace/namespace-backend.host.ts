@@ -6,7 +6,8 @@ import { AgentClient, type AgentProcess } from '../agent/index.js';
 import { SandboxError } from '../../errors/index.js';
 import { SandboxCgroup, listSandboxCgroups } from '../../host/cgroups.host.js';
 import type { HostEnvironment, HostPaths } from '../../host/host-env.host.js';
-import type { SandboxSpec } from '../../spec/index.js';
+import type { NetworkPolicy, SandboxSpec } from '../../spec/index.js';
+import { EgressNetwork, networkPrerequisitesProblem, type NetworkAttachment } from '../../host/netns-network.host.js';
 import type {
   Backend,
   BackendProbe,
@@ -34,6 +35,8 @@ const CAPABILITIES: readonly Capability[] = [
 
 export interface NamespaceBackendOptions {
   host: HostEnvironment;
+  /** Networking for specs that grant some (netns pool, egress proxy, broker). @default made on first use */
+  network?: EgressNetwork;
 }
 
 /**
@@ -44,9 +47,21 @@ export class NamespaceBackend implements Backend {
   readonly name = 'namespace' as const;
   private readonly host: HostEnvironment;
   private readonly uidsInUse = new Set<number>();
+  private network: EgressNetwork | undefined;
 
   constructor(options: NamespaceBackendOptions) {
     this.host = options.host;
+    this.network = options.network;
+  }
+
+  /** Stops this backend's networking (proxy, pool, host rules); sandboxes must be destroyed first. */
+  async close(): Promise<void> {
+    await this.network?.close();
+  }
+
+  private egress(): EgressNetwork {
+    this.network ??= new EgressNetwork({ host: this.host });
+    return this.network;
   }
 
   /** Warm sandboxes serve specs with no network and no mounts whose fixed-at-start limits match. */
@@ -59,7 +74,9 @@ export class NamespaceBackend implements Backend {
   async probe(): Promise<BackendProbe> {
     try {
       await this.host.ensure();
-      return { available: true, capabilities: CAPABILITIES };
+      // Networks need ip, nft and nsenter; without them only network.none is offered.
+      const networked = (await networkPrerequisitesProblem()) === undefined;
+      return { available: true, capabilities: networked ? [...CAPABILITIES, 'network.allowlist', 'network.internet'] : CAPABILITIES };
     } catch (error) {
       return { available: false, reason: (error as Error).message, capabilities: [] };
     }
@@ -76,14 +93,21 @@ export class NamespaceBackend implements Backend {
         ? await this.host.volume.adopt(options.id, spec.limits.diskBytes, uid)
         : await this.host.volume.create(options.id, spec.limits.diskBytes, uid);
       cleanup.push(() => this.host.volume.delete(options.id));
+      const egress = spec.network.mode === 'none' ? undefined : this.egress();
+      const network = await egress?.attach(options.id, spec.network);
+      if (egress) cleanup.push(() => egress.detach(options.id));
       options.signal?.throwIfAborted();
       const sandbox = await NamespaceSandbox.start({
-        id: options.id, spec, paths, uid, cgroup, workspaceDir,
+        id: options.id, spec, paths, uid, cgroup, workspaceDir, network, egress,
         diskUsed: () => this.host.volume.usedBytes(options.id),
         setDiskLimit: (bytes) => this.host.volume.setLimit(options.id, bytes),
         release: async () => {
           this.uidsInUse.delete(uid);
-          await this.host.volume.delete(options.id);
+          try {
+            await egress?.detach(options.id);
+          } finally {
+            await this.host.volume.delete(options.id);
+          }
         },
       });
       return sandbox;
@@ -117,6 +141,11 @@ export class NamespaceBackend implements Backend {
       }
     }
     await this.host.volume.clearStaleQgroups();
+    if ((await networkPrerequisitesProblem()) === undefined) {
+      const net = await EgressNetwork.reconcile(this.host, liveIds, this.network);
+      removed.push(...net.removed);
+      failures.push(...net.failures);
+    }
     return { removed, failures };
   }
 
@@ -141,6 +170,8 @@ interface StartOptions {
   workspaceDir: string;
   diskUsed: () => Promise<number | undefined>;
   setDiskLimit: (bytes: number) => Promise<void>;
+  network: NetworkAttachment | undefined;
+  egress: EgressNetwork | undefined;
   release: () => Promise<void>;
 }
 
@@ -156,6 +187,8 @@ class NamespaceSandbox implements BackendSandbox {
   private readonly release: () => Promise<void>;
   private readonly diskUsed: () => Promise<number | undefined>;
   private readonly setDiskLimit: (bytes: number) => Promise<void>;
+  private readonly network: NetworkAttachment | undefined;
+  private readonly egress: EgressNetwork | undefined;
   private readonly childExited: Promise<void>;
   private stderrTail = '';
   private destroying: Promise<void> | undefined;
@@ -168,6 +201,8 @@ class NamespaceSandbox implements BackendSandbox {
     this.release = options.release;
     this.diskUsed = options.diskUsed;
     this.setDiskLimit = options.setDiskLimit;
+    this.network = options.network;
+    this.egress = options.egress;
     this.child = child;
     this.agent = agent;
     this.childExited = new Promise((resolve) => child.once('close', () => resolve()));
@@ -185,7 +220,8 @@ class NamespaceSandbox implements BackendSandbox {
       workspaceDir: options.workspaceDir,
       sandboxEtcDir: paths.sandboxEtcDir,
       seccompFd: SECCOMP_FD,
-      shareNetwork: false,
+      shareNetwork: options.network !== undefined,
+      resolvConf: options.network?.resolvConf,
       toolsDir: paths.toolsDir,
     });
     const launchArgs = [
@@ -193,6 +229,7 @@ class NamespaceSandbox implements BackendSandbox {
       '--rlimit', `fsize=${spec.limits.fileSizeBytes}`,
       '--rlimit', `nofile=${spec.limits.openFiles}`,
       '--rlimit', 'core=0',
+      ...(options.network ? ['--netns', options.network.netnsPath] : []),
       '--fd', `${SECCOMP_FD}:${paths.seccompBpf}`,
       ...spec.mounts.flatMap((mount, index) => ['--fd', `${mountFds[index]}:${mount.hostPath}`]),
       '--uid', String(uid), '--gid', String(uid),
@@ -227,11 +264,28 @@ class NamespaceSandbox implements BackendSandbox {
     if (this.destroying) {
       return Promise.reject(new SandboxError('SANDBOX_NOT_RUNNING', `sandbox ${this.id} is being destroyed`));
     }
-    return this.agent.start(request);
+    // Proxy settings are the base of a networked sandbox's environment; the request may override.
+    return this.agent.start(this.network ? { ...request, env: { ...this.network.env, ...request.env } } : request);
   }
 
-  counters(): Promise<SandboxCounters> {
-    return this.cgroup.counters();
+  async counters(): Promise<SandboxCounters> {
+    const counters = await this.cgroup.counters();
+    const egress = this.egress?.stats(this.id);
+    return egress ? { ...counters, egressBlocked: egress.blocked, egressLimitHits: egress.limitHits } : counters;
+  }
+
+  setNetworkPolicy(policy: NetworkPolicy): Promise<void> {
+    if (!this.egress || !this.network) {
+      if (policy.mode === 'none') return Promise.resolve();
+      return Promise.reject(
+        new SandboxError('BACKEND_CANNOT_ENFORCE', `sandbox ${this.id} was created without a network and cannot gain one`, {
+          details: { sandboxId: this.id, mode: policy.mode },
+          hint: 'Create the sandbox with network.mode "allowlist" (an empty allowlist denies everything) to change its policy later.',
+        }),
+      );
+    }
+    this.egress.setPolicy(this.id, policy);
+    return Promise.resolve();
   }
 
   memoryUsageBytes(): Promise<number> {

@@ -1,0 +1,403 @@
+import { createServer as createHttpServer, request as httpRequest, type IncomingMessage, type Server as HttpServer, type ServerResponse } from 'node:http';
+import { connect, createServer as createNetServer, Socket, type Server as NetServer } from 'node:net';
+import { lookup } from 'node:dns/promises';
+import type { Duplex } from 'node:stream';
+import type { NetworkPolicy } from '../../spec/index.js';
+import { BROKER_HOST, type CredentialBroker } from './broker.js';
+import { addressFamily, ForbiddenAddresses, normalizeAddress } from './addresses.js';
+import { DnsResponder, type DnsQuestion } from './dns.js';
+import { CompiledPolicy, DestinationList, type DenyCode, type Denial } from './policy.js';
+import { parseClientHello } from './sni.js';
+
+/** Ports of the proxy on its address: proxy-aware clients, redirected HTTP, redirected TLS, DNS. */
+export interface EgressPorts {
+  proxy: number;
+  http: number;
+  tls: number;
+  dns: number;
+}
+export const DEFAULT_EGRESS_PORTS: EgressPorts = { proxy: 3128, http: 3129, tls: 3130, dns: 53 };
+
+export type EgressProtocol = 'http' | 'connect' | 'tls' | 'dns';
+
+/** A denied or limited attempt, for metrics (`egress_blocked_total`) and the log. */
+export interface EgressEvent {
+  sandboxId: string;
+  kind: 'blocked' | 'limited';
+  protocol: EgressProtocol;
+  /** `host:port` as the sandbox named it (the name for DNS). */
+  destination: string;
+  code: DenyCode;
+  rule: string;
+  message: string;
+}
+
+export interface EgressStats {
+  /** Outbound connections and proxied requests opened. */
+  connections: number;
+  /** Attempts denied by policy (the per-sandbox `egressBlocked` counter). */
+  blocked: number;
+  /** Attempts refused because `network.maxConnections` was used up. */
+  limitHits: number;
+}
+
+export interface EgressProxyOptions {
+  /** The anchor address the proxy binds (never 0.0.0.0). */
+  address: string;
+  ports?: Partial<EgressPorts>;
+  /** Operator deny list (domains, wildcards, CIDRs): overrides every sandbox's allowlist. */
+  operatorDeny?: readonly string[];
+  /** Name → addresses consulted before the system resolver (an operator "hosts" override). */
+  hosts?: Readonly<Record<string, readonly string[]>>;
+  /** Resolve only names in `hosts`; nothing goes to the system resolver (tests). @default false */
+  hostsOnly?: boolean;
+  broker?: CredentialBroker;
+  /** @default ForbiddenAddresses.forThisHost() */
+  forbidden?: ForbiddenAddresses;
+  /** One call per denied or limited attempt. @default a JSON line on stderr */
+  log?: (event: EgressEvent) => void;
+  connectTimeoutMs?: number;
+}
+
+interface Tunnel {
+  host: string;
+  port: number;
+  close(): void;
+}
+
+interface Client {
+  sandboxId: string;
+  address: string;
+  policy: CompiledPolicy;
+  stats: EgressStats;
+  tunnels: Set<Tunnel>;
+}
+
+type Verdict = { ok: true; address: string } | { ok: false; status: number; body: { code: string; message: string; rule?: string; destination?: string } };
+
+const HELLO_TIMEOUT_MS = 5000;
+const MAX_HELLO_BYTES = 20_000;
+const HOP_BY_HOP = new Set(['connection', 'keep-alive', 'proxy-connection', 'proxy-authorization', 'proxy-authenticate', 'te', 'trailer', 'upgrade']);
+
+/**
+ * Capsule's egress proxy: the only thing a sandbox with a network can talk to. It serves
+ * proxy-aware clients (absolute-URI HTTP and CONNECT), connections redirected by nftables (HTTP by
+ * Host header, TLS by SNI), the sandboxes' resolver, and the credential broker. A sandbox is known
+ * by its veth address, which it cannot change. Every decision is by name first, then by the
+ * resolved address the proxy itself connects to.
+ */
+export class EgressProxy {
+  readonly address: string;
+  readonly ports: EgressPorts;
+  private readonly options: EgressProxyOptions;
+  private readonly operatorDeny: DestinationList;
+  private readonly forbidden: ForbiddenAddresses;
+  private readonly byAddress = new Map<string, Client>();
+  private readonly byId = new Map<string, Client>();
+  private readonly listeners = new Set<(event: EgressEvent) => void>();
+  private readonly proxyServer: HttpServer;
+  private readonly httpServer: HttpServer;
+  private readonly tlsServer: NetServer;
+  private readonly dns: DnsResponder;
+  private readonly sockets = new Set<Duplex>();
+
+  constructor(options: EgressProxyOptions) {
+    this.options = options;
+    this.address = options.address;
+    this.ports = { ...DEFAULT_EGRESS_PORTS, ...options.ports };
+    this.operatorDeny = new DestinationList(options.operatorDeny ?? []);
+    this.forbidden = options.forbidden ?? ForbiddenAddresses.forThisHost();
+    this.proxyServer = createHttpServer((req, res) => void this.onRequest(req, res, false));
+    this.proxyServer.on('connect', (req: IncomingMessage, socket: Duplex, head: Buffer) => void this.onConnect(req, socket, head));
+    this.httpServer = createHttpServer((req, res) => void this.onRequest(req, res, true));
+    this.tlsServer = createNetServer((socket) => this.onTls(socket));
+    for (const server of [this.proxyServer, this.httpServer, this.tlsServer]) {
+      server.on('connection', (socket: Socket) => {
+        this.sockets.add(socket);
+        socket.once('close', () => this.sockets.delete(socket));
+        socket.on('error', () => undefined);
+      });
+    }
+    this.dns = new DnsResponder({ address: this.address, port: this.ports.dns, answer: (source, q) => this.answerDns(source, q) });
+  }
+
+  async start(): Promise<void> {
+    const listen = (server: NetServer | HttpServer, port: number): Promise<void> =>
+      new Promise((resolve, reject) => {
+        server.once('error', reject);
+        server.listen({ host: this.address, port, exclusive: true }, () => {
+          server.off('error', reject);
+          server.unref();
+          resolve();
+        });
+      });
+    await listen(this.proxyServer, this.ports.proxy);
+    await listen(this.httpServer, this.ports.http);
+    await listen(this.tlsServer, this.ports.tls);
+    await this.dns.start();
+  }
+
+  async close(): Promise<void> {
+    for (const socket of this.sockets) socket.destroy();
+    const closing = [this.proxyServer, this.httpServer, this.tlsServer].map(
+      (server) => new Promise<void>((resolve) => server.close(() => resolve())),
+    );
+    await Promise.all([...closing, this.dns.close()]);
+    this.byAddress.clear();
+    this.byId.clear();
+  }
+
+  /** Starts serving a sandbox whose veth address is `address`. */
+  register(sandboxId: string, address: string, policy: NetworkPolicy): void {
+    const client: Client = {
+      sandboxId,
+      address,
+      policy: new CompiledPolicy(policy, this.operatorDeny),
+      stats: { connections: 0, blocked: 0, limitHits: 0 },
+      tunnels: new Set(),
+    };
+    this.byAddress.set(address, client);
+    this.byId.set(sandboxId, client);
+  }
+
+  /**
+   * Replaces a sandbox's policy. It applies to the next connection at once; open connections the
+   * new policy would not allow are closed.
+   */
+  update(sandboxId: string, policy: NetworkPolicy): void {
+    const client = this.byId.get(sandboxId);
+    if (!client) return;
+    client.policy = new CompiledPolicy(policy, this.operatorDeny);
+    for (const tunnel of client.tunnels) {
+      if (client.policy.checkName(tunnel.host, tunnel.port)) tunnel.close();
+    }
+  }
+
+  /** Stops serving a sandbox and closes its connections. */
+  unregister(sandboxId: string): void {
+    const client = this.byId.get(sandboxId);
+    if (!client) return;
+    for (const tunnel of client.tunnels) tunnel.close();
+    this.byId.delete(sandboxId);
+    if (this.byAddress.get(client.address) === client) this.byAddress.delete(client.address);
+  }
+
+  stats(sandboxId: string): EgressStats | undefined {
+    const stats = this.byId.get(sandboxId)?.stats;
+    return stats ? { ...stats } : undefined;
+  }
+
+  /** Subscribes to denied and limited attempts; returns the unsubscribe function. */
+  onEvent(listener: (event: EgressEvent) => void): () => void {
+    this.listeners.add(listener);
+    return () => this.listeners.delete(listener);
+  }
+
+  private clientOf(socket: { remoteAddress?: string | undefined }): Client | undefined {
+    return this.byAddress.get(normalizeAddress(socket.remoteAddress ?? ''));
+  }
+
+  private report(client: Client, kind: EgressEvent['kind'], protocol: EgressProtocol, destination: string, denial: Denial): void {
+    if (kind === 'blocked') client.stats.blocked += 1;
+    else client.stats.limitHits += 1;
+    const event: EgressEvent = { sandboxId: client.sandboxId, kind, protocol, destination, code: denial.code, rule: denial.rule, message: denial.message };
+    const log = this.options.log ?? ((e: EgressEvent) => void process.stderr.write(`capsule egress: ${JSON.stringify(e)}\n`));
+    log(event);
+    for (const listener of this.listeners) listener(event);
+  }
+
+  /** Name rules, then the connection limit, then resolution and the address rules. */
+  private async decide(client: Client, host: string, port: number, protocol: EgressProtocol): Promise<Verdict> {
+    const destination = `${host}:${port}`;
+    const deny = (denial: Denial, kind: EgressEvent['kind'] = 'blocked'): Verdict => {
+      this.report(client, kind, protocol, destination, denial);
+      return { ok: false, status: kind === 'limited' ? 429 : 403, body: { code: denial.code, message: denial.message, rule: denial.rule, destination } };
+    };
+    const byName = client.policy.checkName(host, port);
+    if (byName) return deny(byName);
+    if (client.stats.connections >= client.policy.maxConnections) {
+      const max = client.policy.maxConnections;
+      return deny({ code: 'EGRESS_LIMIT', rule: 'network.maxConnections', message: `outbound connection limit ${max} reached; raise network.maxConnections or open fewer connections` }, 'limited');
+    }
+    let addresses: string[];
+    try {
+      addresses = await this.resolve(host);
+    } catch (error) {
+      return { ok: false, status: 502, body: { code: 'EGRESS_RESOLVE_FAILED', message: `cannot resolve ${host}: ${(error as Error).message}`, destination } };
+    }
+    for (const address of addresses) {
+      const byAddress = client.policy.checkAddress(host, address, port, this.forbidden);
+      if (byAddress) return deny(byAddress);
+    }
+    const address = addresses[0];
+    if (address === undefined) return { ok: false, status: 502, body: { code: 'EGRESS_RESOLVE_FAILED', message: `${host} has no address`, destination } };
+    client.stats.connections += 1;
+    return { ok: true, address };
+  }
+
+  private async resolve(host: string): Promise<string[]> {
+    const literal = normalizeAddress(host);
+    if (addressFamily(literal)) return [literal];
+    const mapped = this.options.hosts?.[host];
+    if (mapped) return [...mapped];
+    if (this.options.hostsOnly) throw new Error('not in the proxy\'s hosts map (hostsOnly)');
+    const found = await lookup(host, { all: true, verbatim: true });
+    return found.map((entry) => entry.address);
+  }
+
+  private answerDns(source: string, question: DnsQuestion): readonly string[] | undefined {
+    const client = this.byAddress.get(source);
+    if (!client) return undefined;
+    if (question.name === BROKER_HOST && client.policy.handles.size > 0) return [this.address];
+    if (client.policy.isNameResolvable(question.name)) return [this.address];
+    const denial: Denial = client.policy.mode === 'none'
+      ? { code: 'EGRESS_NETWORK_DISABLED', rule: 'mode:none', message: `DNS ${question.name} denied: network policy is "none"` }
+      : { code: 'EGRESS_NOT_ALLOWED', rule: 'dns-allowlist', message: `DNS ${question.name} denied: the name is not in this sandbox's allowlist (the resolver answers only allowed names and forwards nothing)` };
+    this.report(client, 'blocked', 'dns', question.name, denial);
+    return undefined;
+  }
+
+  private async onRequest(req: IncomingMessage, res: ServerResponse, transparent: boolean): Promise<void> {
+    const client = this.clientOf(req.socket);
+    if (!client) return sendJson(res, 403, { code: 'EGRESS_UNKNOWN_SOURCE', message: 'this address is not a Capsule sandbox' });
+    let target: URL;
+    try {
+      if (transparent) {
+        if (!req.headers.host) throw new Error('no Host header');
+        target = new URL(req.url ?? '/', `http://${req.headers.host}`);
+      } else {
+        target = new URL(req.url ?? '');
+        if (target.protocol !== 'http:') throw new Error('not an http URL');
+      }
+    } catch {
+      return sendJson(res, 400, {
+        code: 'EGRESS_BAD_REQUEST',
+        message: 'the egress proxy takes absolute-URI HTTP requests (http://host/path) and CONNECT host:port for anything else',
+      });
+    }
+    const host = target.hostname.replace(/^\[|\]$/g, '').toLowerCase();
+    const path = `${target.pathname}${target.search}`;
+    if (host === BROKER_HOST) {
+      if (!this.options.broker) return sendJson(res, 403, { code: 'BROKER_UNKNOWN_HANDLE', message: 'no credential broker is configured on this host' });
+      return this.options.broker.serve({ sandboxId: client.sandboxId, handles: client.policy.handles }, req, res, path);
+    }
+    const port = Number(target.port || 80);
+    const verdict = await this.decide(client, host, port, 'http');
+    if (!verdict.ok) {
+      req.resume();
+      return sendJson(res, verdict.status, verdict.body);
+    }
+    const headers: Record<string, string | string[]> = {};
+    for (const [name, value] of Object.entries(req.headers)) if (value !== undefined && !HOP_BY_HOP.has(name)) headers[name] = value;
+    headers.host = target.host;
+    const upstream = httpRequest({ host: verdict.address, port, method: req.method, path, headers, setHost: false, agent: false, timeout: this.options.connectTimeoutMs ?? 10_000 });
+    const tunnel: Tunnel = { host, port, close: () => { upstream.destroy(); res.destroy(); } };
+    client.tunnels.add(tunnel);
+    res.once('close', () => client.tunnels.delete(tunnel));
+    upstream.once('timeout', () => upstream.destroy(new Error('upstream timed out')));
+    upstream.once('response', (response) => {
+      const out: Record<string, string | string[]> = {};
+      for (const [name, value] of Object.entries(response.headers)) if (value !== undefined && !HOP_BY_HOP.has(name)) out[name] = value;
+      res.writeHead(response.statusCode ?? 502, out);
+      response.pipe(res);
+    });
+    upstream.once('error', (error) => {
+      if (res.headersSent) res.destroy();
+      else sendJson(res, 502, { code: 'EGRESS_UPSTREAM_FAILED', message: `${host}:${port} failed: ${error.message}` });
+    });
+    req.pipe(upstream);
+  }
+
+  private async onConnect(req: IncomingMessage, socket: Duplex, head: Buffer): Promise<void> {
+    socket.on('error', () => undefined);
+    const client = this.clientOf(req.socket);
+    const match = /^\[?([^\]]+?)\]?:(\d{1,5})$/.exec(req.url ?? '');
+    if (!client || !match) {
+      return endRaw(socket, 400, { code: 'EGRESS_BAD_REQUEST', message: client ? 'CONNECT wants host:port' : 'this address is not a Capsule sandbox' });
+    }
+    const host = (match[1] ?? '').toLowerCase();
+    const port = Number(match[2]);
+    if (host === BROKER_HOST) {
+      return endRaw(socket, 400, { code: 'BROKER_BAD_REQUEST', message: 'use plain http://broker.capsule/<handle>/<path>; the broker adds TLS upstream' });
+    }
+    const verdict = await this.decide(client, host, port, 'connect');
+    if (!verdict.ok) return endRaw(socket, verdict.status, verdict.body);
+    this.tunnel(client, host, port, verdict.address, socket, head, 'HTTP/1.1 200 Connection Established\r\n\r\n');
+  }
+
+  private onTls(socket: Socket): void {
+    const client = this.clientOf(socket);
+    if (!client) return void socket.resetAndDestroy();
+    let buffered = Buffer.alloc(0);
+    const timer = setTimeout(() => socket.resetAndDestroy(), HELLO_TIMEOUT_MS);
+    const onData = (chunk: Buffer): void => {
+      buffered = Buffer.concat([buffered, chunk]);
+      const hello = parseClientHello(buffered);
+      if (hello.kind === 'incomplete' && buffered.length < MAX_HELLO_BYTES) return;
+      socket.off('data', onData);
+      socket.pause();
+      clearTimeout(timer);
+      const name = hello.kind === 'hello' ? hello.serverName : undefined;
+      if (!name) {
+        this.report(client, 'blocked', 'tls', `${normalizeAddress(socket.localAddress ?? '')}:443`, {
+          code: 'EGRESS_NOT_ALLOWED',
+          rule: 'tls-needs-sni',
+          message: 'a redirected TLS connection without a server name (SNI) is denied; connect by name or use the proxy (HTTPS_PROXY)',
+        });
+        return void socket.resetAndDestroy();
+      }
+      void this.decide(client, name, 443, 'tls').then((verdict) => {
+        if (!verdict.ok) return void socket.resetAndDestroy();
+        this.tunnel(client, name, 443, verdict.address, socket, buffered, undefined);
+      });
+    };
+    socket.on('data', onData);
+    socket.once('close', () => clearTimeout(timer));
+  }
+
+  /** Connects upstream and splices the two sockets; the tunnel closes if the policy changes. */
+  private tunnel(client: Client, host: string, port: number, address: string, socket: Duplex, head: Buffer, greeting: string | undefined): void {
+    const upstream = connect({ host: address, port, timeout: this.options.connectTimeoutMs ?? 10_000 });
+    const tunnel: Tunnel = { host, port, close: () => { upstream.destroy(); socket.destroy(); } };
+    let connected = false;
+    client.tunnels.add(tunnel);
+    this.sockets.add(upstream);
+    upstream.once('close', () => {
+      this.sockets.delete(upstream);
+      client.tunnels.delete(tunnel);
+      if (connected || greeting === undefined) socket.destroy();
+    });
+    socket.once('close', () => upstream.destroy());
+    upstream.once('timeout', () => upstream.destroy(new Error('connect timed out')));
+    upstream.once('error', (error) => {
+      if (!connected && greeting !== undefined) {
+        endRaw(socket, 502, { code: 'EGRESS_UPSTREAM_FAILED', message: `${host}:${port} failed: ${error.message}` });
+      } else if (socket instanceof Socket) {
+        socket.resetAndDestroy();
+      } else {
+        socket.destroy();
+      }
+    });
+    upstream.once('connect', () => {
+      connected = true;
+      upstream.setTimeout(0);
+      if (greeting !== undefined) socket.write(greeting);
+      if (head.length > 0) upstream.write(head);
+      socket.pipe(upstream);
+      upstream.pipe(socket);
+      socket.resume();
+    });
+  }
+}
+
+function sendJson(res: ServerResponse, status: number, body: object): void {
+  const text = JSON.stringify(body);
+  res.writeHead(status, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(text), connection: 'close' });
+  res.end(text);
+}
+
+function endRaw(socket: Duplex, status: number, body: object): void {
+  const text = JSON.stringify(body);
+  const reason = status === 403 ? 'Forbidden' : status === 429 ? 'Too Many Requests' : status === 400 ? 'Bad Request' : 'Bad Gateway';
+  socket.end(`HTTP/1.1 ${status} ${reason}\r\ncontent-type: application/json\r\ncontent-length: ${Buffer.byteLength(text)}\r\nconnection: close\r\n\r\n${text}`);
+}

@@ -1,0 +1,249 @@
+import { access, mkdir, readdir, rm, writeFile } from 'node:fs/promises';
+import { constants } from 'node:fs';
+import { createHash } from 'node:crypto';
+import { join, resolve } from 'node:path';
+import type { NetworkPolicy } from '../spec/index.js';
+import type { HostEnvironment } from './host-env.host.js';
+import { CredentialBroker } from './egress/broker.js';
+import { DEFAULT_EGRESS_PORTS, EgressProxy, type EgressEvent, type EgressPorts, type EgressStats } from './egress/egress-proxy.js';
+import { applyRuleset, deleteTable, hostRuleset, listTables, sandboxRuleset } from './nftables.host.js';
+import {
+  destroyNetns, ensureAnchor, listInstanceNetns, NetnsPool, NetworkNames, removeAnchor, slotOwner, type NetnsSlot,
+} from './netns-pool.host.js';
+
+export interface EgressNetworkOptions {
+  host: HostEnvironment;
+  /** The instance's /24 for the proxy (.1) and sandboxes (.2-.254). @default 10.<200-249>.<x>.0/24 from the data dir */
+  subnet?: string;
+  /** Namespaces kept ready. @default 2 */
+  poolSize?: number;
+  /** Operator deny list: overrides every sandbox's allowlist. */
+  operatorDeny?: readonly string[];
+  /** Operator name → addresses override, consulted before the system resolver. */
+  hosts?: Readonly<Record<string, readonly string[]>>;
+  /** Resolve only names in `hosts` (tests: no query leaves the machine). @default false */
+  hostsOnly?: boolean;
+  /** Where denied attempts are logged. @default a JSON line on stderr */
+  log?: (event: EgressEvent) => void;
+  /** @default a broker over `<dataDir>/broker` */
+  broker?: CredentialBroker;
+  ports?: Partial<EgressPorts>;
+}
+
+/** What a sandbox's launch needs to use its network. */
+export interface NetworkAttachment {
+  /** The namespace file for capsule-launch `--netns`. */
+  netnsPath: string;
+  /** The sandbox's address on its veth. */
+  address: string;
+  /** resolv.conf to bind at /etc/resolv.conf (the proxy's resolver). */
+  resolvConf: string;
+  /** HTTP(S)_PROXY and NO_PROXY for every process. */
+  env: Record<string, string>;
+}
+
+/** Host tools the network needs; undefined when present, else what is missing. */
+export async function networkPrerequisitesProblem(): Promise<string | undefined> {
+  for (const tool of ['/usr/sbin/ip', '/usr/sbin/nft', '/usr/bin/nsenter']) {
+    try {
+      await access(tool, constants.X_OK);
+    } catch {
+      return `${tool} is missing (install iproute2, nftables and util-linux)`;
+    }
+  }
+  return undefined;
+}
+
+/**
+ * Networking for sandboxes of one Capsule instance: the anchor address, the host nftables table,
+ * the egress proxy (with resolver and broker) and the namespace pool. Started on first use; a
+ * sandbox attaches a namespace and registers its policy with the proxy; close() removes it all.
+ */
+export class EgressNetwork {
+  readonly names: NetworkNames;
+  readonly proxyAddress: string;
+  readonly subnet: string;
+  readonly proxy: EgressProxy;
+  readonly broker: CredentialBroker;
+  private readonly options: EgressNetworkOptions;
+  private readonly stateDir: string;
+  private readonly pool: NetnsPool;
+  private readonly slots = new Map<string, NetnsSlot>();
+  private starting: Promise<void> | undefined;
+
+  constructor(options: EgressNetworkOptions) {
+    this.options = options;
+    this.names = new NetworkNames(options.host.cgroupPrefix);
+    this.subnet = options.subnet ?? defaultSubnet(options.host.dataDir);
+    const base = /^(\d+\.\d+\.\d+)\.0\/24$/.exec(this.subnet)?.[1];
+    if (!base) throw new Error(`subnet must be an IPv4 /24 (a.b.c.0/24), got ${this.subnet}`);
+    this.proxyAddress = `${base}.1`;
+    this.stateDir = join(options.host.dataDir, 'net', 'slots');
+    this.broker = options.broker ?? new CredentialBroker({ dir: join(options.host.dataDir, 'broker') });
+    const ports = { ...DEFAULT_EGRESS_PORTS, ...options.ports };
+    this.proxy = new EgressProxy({
+      address: this.proxyAddress,
+      ports,
+      operatorDeny: options.operatorDeny,
+      hosts: options.hosts,
+      hostsOnly: options.hostsOnly,
+      broker: this.broker,
+      log: options.log,
+    });
+    this.pool = new NetnsPool({
+      names: this.names,
+      subnetBase: base,
+      proxyAddress: this.proxyAddress,
+      ruleset: sandboxRuleset(this.proxyAddress, ports),
+      stateDir: this.stateDir,
+      size: options.poolSize,
+    });
+  }
+
+  get resolvConf(): string {
+    return join(this.options.host.dataDir, 'net', 'resolv.conf');
+  }
+
+  get isStarted(): boolean {
+    return this.starting !== undefined;
+  }
+
+  /** Anchor, host rules, proxy, pool. Idempotent; concurrent callers share one start. */
+  start(): Promise<void> {
+    this.starting ??= this.doStart().catch((error: unknown) => {
+      this.starting = undefined;
+      throw error;
+    });
+    return this.starting;
+  }
+
+  /** Takes a namespace for the sandbox and registers its policy with the proxy. */
+  async attach(sandboxId: string, policy: NetworkPolicy): Promise<NetworkAttachment> {
+    await this.start();
+    const slot = await this.pool.take(sandboxId);
+    this.slots.set(sandboxId, slot);
+    this.proxy.register(sandboxId, slot.address, policy);
+    const proxyUrl = `http://${this.proxyAddress}:${this.proxy.ports.proxy}`;
+    return {
+      netnsPath: slot.path,
+      address: slot.address,
+      resolvConf: this.resolvConf,
+      env: {
+        HTTP_PROXY: proxyUrl, HTTPS_PROXY: proxyUrl, http_proxy: proxyUrl, https_proxy: proxyUrl,
+        NO_PROXY: 'localhost,127.0.0.1,::1', no_proxy: 'localhost,127.0.0.1,::1',
+      },
+    };
+  }
+
+  /** Replaces the policy of a live sandbox; new connections follow at once. */
+  setPolicy(sandboxId: string, policy: NetworkPolicy): void {
+    this.proxy.update(sandboxId, policy);
+  }
+
+  stats(sandboxId: string): EgressStats | undefined {
+    return this.proxy.stats(sandboxId);
+  }
+
+  /** Forgets the sandbox and deletes its namespace and veth. */
+  async detach(sandboxId: string): Promise<void> {
+    this.proxy.unregister(sandboxId);
+    const slot = this.slots.get(sandboxId);
+    if (!slot) return;
+    this.slots.delete(sandboxId);
+    await this.pool.release(slot);
+  }
+
+  /** Waits until the pool holds its ready namespaces. */
+  async warm(): Promise<void> {
+    await this.start();
+    await this.pool.warm();
+  }
+
+  /** Removes everything: sandbox namespaces still attached, the pool, proxy, rules, anchor. */
+  async close(): Promise<void> {
+    if (!this.starting) return;
+    await this.starting.catch(() => undefined);
+    for (const id of [...this.slots.keys()]) await this.detach(id);
+    await this.pool.close();
+    await this.proxy.close();
+    await removeHostState(this.names);
+    this.starting = undefined;
+  }
+
+  /** Whether a namespace of this instance belongs to this running network (pool or attached). */
+  owns(netns: string): boolean {
+    return this.pool.isIdle(netns) || this.pool.isUsed(netns);
+  }
+
+  /**
+   * After a crash: removes namespaces of this instance whose sandbox is not live and, when no
+   * network of this instance runs in this process, the anchor and host table too.
+   */
+  static async reconcile(host: HostEnvironment, liveIds: ReadonlySet<string>, running?: EgressNetwork): Promise<{ removed: string[]; failures: string[] }> {
+    const names = new NetworkNames(host.cgroupPrefix);
+    const stateDir = join(host.dataDir, 'net', 'slots');
+    const removed: string[] = [];
+    const failures: string[] = [];
+    for (const netns of await listInstanceNetns(names)) {
+      if (running?.owns(netns)) continue;
+      const owner = await slotOwner(stateDir, netns);
+      if (owner !== undefined && owner !== 'idle' && liveIds.has(owner)) continue;
+      try {
+        const slot = names.slotOf(netns);
+        await destroyNetns(netns, slot === undefined ? undefined : names.veth(slot));
+        await rm(join(stateDir, netns), { force: true });
+        removed.push(`netns:${netns}`);
+      } catch (error) {
+        failures.push(`netns ${netns}: ${(error as Error).message}`);
+      }
+    }
+    for (const file of await readdir(stateDir).catch(() => [] as string[])) {
+      if (!running?.owns(file) && !(await listInstanceNetns(names)).includes(file)) await rm(join(stateDir, file), { force: true });
+    }
+    if (!running?.isStarted) {
+      try {
+        const hadHostState = await removeHostState(names);
+        if (hadHostState) removed.push(`network:${names.table}`);
+      } catch (error) {
+        failures.push(`network ${names.table}: ${(error as Error).message}`);
+      }
+    }
+    return { removed, failures };
+  }
+
+  private async doStart(): Promise<void> {
+    const problem = await networkPrerequisitesProblem();
+    if (problem) throw new Error(problem);
+    await mkdir(join(this.options.host.dataDir, 'net'), { recursive: true, mode: 0o711 });
+    await writeFile(this.resolvConf, `# Capsule: the egress proxy answers only names the policy allows.\nnameserver ${this.proxyAddress}\noptions timeout:1 attempts:1\n`, { mode: 0o644 });
+    await ensureAnchor(this.names, this.proxyAddress);
+    await applyRuleset(hostRuleset({
+      table: this.names.table,
+      vethPattern: this.names.vethPattern,
+      proxyAddress: this.proxyAddress,
+      subnet: this.subnet,
+      ports: this.proxy.ports,
+    }));
+    await this.proxy.start();
+    await this.pool.start();
+  }
+}
+
+/** Deletes the host table and the anchor of an instance; true when there was something. */
+async function removeHostState(names: NetworkNames): Promise<boolean> {
+  let found = false;
+  for (const [family, table] of await listTables(names.table)) {
+    if (table !== names.table) continue;
+    await deleteTable(family, table);
+    found = true;
+  }
+  const before = (await readdir('/sys/class/net').catch(() => [] as string[])).includes(names.anchor[0]);
+  await removeAnchor(names);
+  return found || before;
+}
+
+/** A /24 derived from the data directory, so that two instances on one host do not collide. */
+function defaultSubnet(dataDir: string): string {
+  const digest = createHash('sha256').update(`net:${resolve(dataDir)}`).digest();
+  return `10.${200 + ((digest[0] ?? 0) % 50)}.${digest[1] ?? 0}.0/24`;
+}

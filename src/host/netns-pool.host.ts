@@ -1,0 +1,257 @@
+import { access, mkdir, readdir, readFile, rm, writeFile } from 'node:fs/promises';
+import { join } from 'node:path';
+import { runCommand } from './run-command.host.js';
+import { applyRuleset } from './nftables.host.js';
+
+export const NETNS_DIR = '/run/netns';
+
+/** Names of one Capsule instance's network objects, all derived from its cgroup prefix. */
+export class NetworkNames {
+  /** e.g. `capsule-1a2b3c-`: netns are `<prefix>n<slot>`. */
+  readonly netnsPrefix: string;
+  /** e.g. `cp1a2b3c`: links are `<linkPrefix>h<slot>` (sandboxes) and `<linkPrefix>a|b` (anchor). */
+  readonly linkPrefix: string;
+  /** nft table on the host, e.g. `capsule_1a2b3c`. */
+  readonly table: string;
+
+  constructor(cgroupPrefix: string) {
+    const hex = /^capsule-([0-9a-f]{6})-$/.exec(cgroupPrefix)?.[1];
+    if (!hex) throw new Error(`unexpected cgroup prefix ${cgroupPrefix}`);
+    this.netnsPrefix = cgroupPrefix;
+    this.linkPrefix = `cp${hex}`;
+    this.table = `capsule_${hex}`;
+  }
+
+  netns(slot: number): string {
+    return `${this.netnsPrefix}n${slot}`;
+  }
+
+  veth(slot: number): string {
+    return `${this.linkPrefix}h${slot}`;
+  }
+
+  get vethPattern(): string {
+    return `${this.linkPrefix}h*`;
+  }
+
+  get anchor(): [string, string] {
+    return [`${this.linkPrefix}a`, `${this.linkPrefix}b`];
+  }
+
+  slotOf(netns: string): number | undefined {
+    const match = new RegExp(`^${this.netnsPrefix}n(\\d+)$`).exec(netns);
+    return match ? Number(match[1]) : undefined;
+  }
+}
+
+/** Network namespaces of this instance present on the host now. */
+export async function listInstanceNetns(names: NetworkNames): Promise<string[]> {
+  const entries = await readdir(NETNS_DIR).catch(() => [] as string[]);
+  return entries.filter((entry) => entry.startsWith(names.netnsPrefix));
+}
+
+/** Host interfaces of this instance present now (sandbox veths and the anchor). */
+export async function listInstanceLinks(names: NetworkNames): Promise<string[]> {
+  const entries = await readdir('/sys/class/net').catch(() => [] as string[]);
+  return entries.filter((entry) => entry.startsWith(names.linkPrefix));
+}
+
+/**
+ * The anchor: a veth pair that stays while the instance runs and holds the proxy's address
+ * (this kernel has no dummy driver). The proxy binds that address, never 0.0.0.0.
+ */
+export async function ensureAnchor(names: NetworkNames, proxyAddress: string): Promise<void> {
+  const [a, b] = names.anchor;
+  const links = await listInstanceLinks(names);
+  if (!links.includes(a)) {
+    await runCommand(['ip', '-b', '-'], {
+      input: `link add ${a} type veth peer name ${b}\naddr add ${proxyAddress}/32 dev ${a}\nlink set ${b} up\nlink set ${a} up\n`,
+      timeoutMs: 10_000,
+    });
+  }
+}
+
+export async function removeAnchor(names: NetworkNames): Promise<void> {
+  const [a] = names.anchor;
+  if ((await listInstanceLinks(names)).includes(a)) await runCommand(['ip', 'link', 'del', a], { timeoutMs: 10_000 });
+}
+
+/** One sandbox's network: a namespace with `eth0` (its `address`) whose peer is on the host. */
+export interface NetnsSlot {
+  slot: number;
+  name: string;
+  /** Path the launcher enters (`--netns`). */
+  path: string;
+  address: string;
+}
+
+export interface NetnsPoolOptions {
+  names: NetworkNames;
+  /** First three octets of the instance's /24, e.g. `10.213.7`. */
+  subnetBase: string;
+  proxyAddress: string;
+  /** Ruleset loaded inside every namespace. */
+  ruleset: string;
+  /** Directory recording which sandbox holds which slot (for reconcile after a crash). */
+  stateDir: string;
+  /** Namespaces kept ready. @default 2 */
+  size?: number;
+}
+
+const FIRST_SLOT = 2;
+const LAST_SLOT = 254;
+
+/**
+ * Ready-made network namespaces. Making one costs three process spawns (~15-25 ms); taking one
+ * from the pool costs a file write. Destroying one is `ip netns del`: the kernel removes the veth
+ * pair and its route with the namespace.
+ */
+export class NetnsPool {
+  private readonly options: NetnsPoolOptions;
+  private readonly size: number;
+  private readonly idle: NetnsSlot[] = [];
+  private readonly used = new Set<number>();
+  private filling: Promise<void> | undefined;
+  private closed = false;
+  private nextSlot = FIRST_SLOT;
+  /** Failures of background refills, counted; the next take() creates on demand instead. */
+  fillFailures = 0;
+  lastFillError: string | undefined;
+
+  constructor(options: NetnsPoolOptions) {
+    this.options = options;
+    this.size = options.size ?? 2;
+  }
+
+  /** Slots of namespaces already on the host (from an earlier process) are never reused. */
+  async start(): Promise<void> {
+    await mkdir(this.options.stateDir, { recursive: true, mode: 0o700 });
+    for (const name of await listInstanceNetns(this.options.names)) {
+      const slot = this.options.names.slotOf(name);
+      if (slot !== undefined) this.used.add(slot);
+    }
+    this.refill();
+  }
+
+  /** A namespace for `sandboxId`: from the pool when one is ready, else made now. */
+  async take(sandboxId: string): Promise<NetnsSlot> {
+    const slot = this.idle.shift() ?? (await this.create());
+    await writeFile(join(this.options.stateDir, slot.name), `sandbox ${sandboxId}\n`);
+    this.refill();
+    return slot;
+  }
+
+  /** Deletes a sandbox's namespace (with its veth pair). */
+  async release(slot: NetnsSlot): Promise<void> {
+    try {
+      await destroyNetns(slot.name, this.options.names.veth(slot.slot));
+      await rm(join(this.options.stateDir, slot.name), { force: true });
+    } finally {
+      this.used.delete(slot.slot);
+    }
+  }
+
+  /** Whether `name` is a namespace this pool holds ready (not a leak, not an orphan). */
+  isIdle(name: string): boolean {
+    return this.idle.some((slot) => slot.name === name);
+  }
+
+  isUsed(name: string): boolean {
+    const slot = this.options.names.slotOf(name);
+    return slot !== undefined && this.used.has(slot);
+  }
+
+  /** Waits for the background refill (benchmarks and tests want a warm pool). */
+  async warm(): Promise<void> {
+    while (this.filling) await this.filling;
+  }
+
+  async close(): Promise<void> {
+    this.closed = true;
+    await this.filling?.catch(() => undefined);
+    for (const slot of this.idle.splice(0)) await this.release(slot);
+  }
+
+  private refill(): void {
+    if (this.filling || this.closed || this.idle.length >= this.size) return;
+    this.filling = (async () => {
+      while (!this.closed && this.idle.length < this.size) this.idle.push(await this.create());
+    })()
+      .catch((error: Error) => {
+        this.fillFailures += 1;
+        this.lastFillError = error.message;
+      })
+      .finally(() => {
+        this.filling = undefined;
+      });
+  }
+
+  private async create(): Promise<NetnsSlot> {
+    const { names, subnetBase, proxyAddress } = this.options;
+    // Round-robin: the kernel removes a deleted namespace's veth asynchronously, so a slot just
+    // released may still have its interface for a few milliseconds.
+    let slot: number | undefined;
+    for (let step = 0; step <= LAST_SLOT - FIRST_SLOT && slot === undefined; step++) {
+      const candidate = FIRST_SLOT + ((this.nextSlot - FIRST_SLOT + step) % (LAST_SLOT - FIRST_SLOT + 1));
+      if (!this.used.has(candidate)) slot = candidate;
+    }
+    if (slot === undefined) throw new Error(`all ${LAST_SLOT - FIRST_SLOT + 1} sandbox network slots of ${subnetBase}.0/24 are in use`);
+    this.nextSlot = slot + 1 > LAST_SLOT ? FIRST_SLOT : slot + 1;
+    this.used.add(slot);
+    const name = names.netns(slot);
+    const veth = names.veth(slot);
+    const address = `${subnetBase}.${slot}`;
+    try {
+      await runCommand(['ip', '-b', '-'], {
+        input: `netns add ${name}\nlink add ${veth} type veth peer name eth0 netns ${name}\nlink set ${veth} up\nroute add ${address}/32 dev ${veth}\n`,
+        timeoutMs: 10_000,
+      });
+      await runCommand(['ip', '-n', name, '-b', '-'], {
+        input: `link set lo up\naddr add ${address}/32 dev eth0\nlink set eth0 up\nroute add ${proxyAddress}/32 dev eth0\nroute add default via ${proxyAddress} dev eth0 onlink\n`,
+        timeoutMs: 10_000,
+      });
+      await applyRuleset(this.options.ruleset, join(NETNS_DIR, name));
+      await writeFile(join(this.options.stateDir, name), 'idle\n');
+    } catch (error) {
+      await destroyNetns(name, veth).catch(() => undefined);
+      this.used.delete(slot);
+      throw error;
+    }
+    return { slot, name, path: join(NETNS_DIR, name), address };
+  }
+}
+
+/**
+ * `ip netns del`, tolerating a namespace that is already gone. The kernel removes the veth pair
+ * asynchronously; when `veth` is given this waits (bounded) until its host end is gone too, so
+ * that "destroyed" means nothing is left.
+ */
+export async function destroyNetns(name: string, veth?: string): Promise<void> {
+  const result = await runCommand(['ip', 'netns', 'del', name], { check: false, timeoutMs: 10_000 });
+  if (result.exitCode !== 0 && !/No such file/.test(result.stderr)) {
+    throw new Error(`ip netns del ${name} failed: ${result.stderr.trim()}`);
+  }
+  if (veth === undefined) return;
+  for (let waitedMs = 0; waitedMs < VETH_GONE_TIMEOUT_MS; waitedMs += 5) {
+    if (!(await pathExists(`/sys/class/net/${veth}`))) return;
+    await new Promise((resolve) => setTimeout(resolve, 5));
+  }
+  throw new Error(`veth ${veth} of ${name} is still present ${VETH_GONE_TIMEOUT_MS} ms after the namespace was deleted`);
+}
+
+const VETH_GONE_TIMEOUT_MS = 2000;
+
+async function pathExists(path: string): Promise<boolean> {
+  try {
+    await access(path);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+/** Who holds a slot according to its state file: `idle`, a sandbox id, or unknown. */
+export async function slotOwner(stateDir: string, name: string): Promise<string | undefined> {
+  const text = await readFile(join(stateDir, name), 'utf8').catch(() => '');
+  return /^sandbox (\S+)/.exec(text)?.[1] ?? (text.startsWith('idle') ? 'idle' : undefined);
+}
