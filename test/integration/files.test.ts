@@ -9,7 +9,8 @@ import { join } from 'node:path';
 import { Readable } from 'node:stream';
 import { afterEach, describe, expect, it, onTestFailed } from 'vitest';
 import { NamespaceBackend } from '../../src/backends/namespace/namespace-backend.host.js';
-import type { BackendSandbox } from '../../src/backends/backend.js';
+import { GvisorBackend } from '../../src/backends/gvisor/gvisor-backend.host.js';
+import type { Backend, BackendSandbox } from '../../src/backends/backend.js';
 import { newSandboxId } from '../../src/engine/ids.js';
 import { createSandboxFiles, type SandboxFileService } from '../../src/engine/files/index.js';
 import { isSandboxError, type ErrorCode } from '../../src/errors/index.js';
@@ -20,13 +21,19 @@ import { expectNoLeaks, testDataDir } from '../helpers/sandbox.js';
 const MiB = 1024 * 1024;
 afterEach(expectNoLeaks);
 
-const backend = new NamespaceBackend({ host: new HostEnvironment({ dataDir: testDataDir() }) });
+const host = new HostEnvironment({ dataDir: testDataDir() });
+const backends: Record<'namespace' | 'gvisor', Backend> = {
+  namespace: new NamespaceBackend({ host }),
+  gvisor: new GvisorBackend({ host }),
+};
+const gvisorProbe = await backends.gvisor.probe();
 
 async function withSandbox(
   spec: SandboxSpecInput,
   body: (files: SandboxFileService, sandbox: BackendSandbox) => Promise<void>,
 ): Promise<void> {
-  const sandbox = await backend.create(parseSpec(spec), { id: newSandboxId() });
+  const parsed = parseSpec(spec);
+  const sandbox = await backends[parsed.backend].create(parsed, { id: newSandboxId() });
   onTestFailed(() => console.error(`files test failed in sandbox ${sandbox.id}`));
   try {
     await body(createSandboxFiles(sandbox), sandbox);
@@ -407,15 +414,18 @@ describe('sandbox files: watch', () => {
   });
 });
 
-describe('sandbox files: paths are the sandbox view, never the host', () => {
-  it('never reads, lists or changes a host file through symlinks, /proc/1/root or ..', async () => {
+describe.each([
+  { backend: 'namespace' as const, skip: false },
+  { backend: 'gvisor' as const, skip: !gvisorProbe.available },
+])('sandbox files on $backend: paths are the sandbox view, never the host', ({ backend, skip }) => {
+  it.skipIf(skip)('never reads, lists or changes a host file through symlinks, /proc/1/root or .. (skipped when runsc is unavailable)', async () => {
     const secret = randomBytes(24).toString('hex');
     const marker = join(testDataDir(), `marker-${secret.slice(0, 8)}`);
     await writeFile(marker, secret);
     const hostPasswd = await readFile('/etc/passwd', 'utf8');
     const hostShadow = await readFile('/etc/shadow', 'utf8').catch(() => '');
     try {
-      await withSandbox({}, async (files, sandbox) => {
+      await withSandbox({ backend }, async (files, sandbox) => {
         const links: Record<string, string> = {
           evil: '/etc/shadow',
           passwd: '/proc/1/root/etc/passwd',
@@ -447,7 +457,7 @@ describe('sandbox files: paths are the sandbox view, never the host', () => {
           await attempt(() => files.read(path));
           await attempt(() => files.stat(path));
         }
-        for (const path of ['root', 'up', 'data', 'workspace', 'root/tmp', `root${testDataDir()}`]) await attempt(() => files.list(path, 2));
+        for (const path of ['root', 'up', 'data', 'workspace', 'root/tmp', `root${testDataDir()}`]) await attempt(() => files.list(path, path === 'root' ? 1 : 2));
         await attempt(() => files.move(`root${marker}`, 'stolen'));
         await attempt(() => files.move(marker, 'stolen'));
         for (const path of ['evil', 'passwd', 'marker', 'procmarker', `root${marker}`, `up${marker}`, marker, `data/x`]) {
@@ -462,10 +472,13 @@ describe('sandbox files: paths are the sandbox view, never the host', () => {
 
         expect(seen.join('\n')).not.toContain(secret);
         // The sandbox's /etc/passwd is its own, not the host's; /etc/shadow does not exist there.
-        const sandboxPasswd = await text(await files.read('passwd'));
-        expect(sandboxPasswd).toBe((await sh(sandbox, 'cat /etc/passwd')).stdout);
+        const sandboxPasswd = (await sh(sandbox, 'cat /etc/passwd')).stdout;
         expect(sandboxPasswd).not.toBe(hostPasswd);
         expect(await text(await files.read('../../etc/passwd'))).toBe(sandboxPasswd);
+        // Through /proc/1/root the API sees exactly what a process in the sandbox sees (gVisor denies it).
+        const viaProc = await sh(sandbox, 'cat /workspace/passwd');
+        if (viaProc.code === 0) expect(await text(await files.read('passwd'))).toBe(sandboxPasswd);
+        else await expectCode(files.read('passwd'), 'PERMISSION_DENIED');
         await expectCode(files.read('evil'), 'FILE_NOT_FOUND');
         await expectCode(files.write('evil', 'x'), 'PERMISSION_DENIED');
       });
@@ -475,5 +488,25 @@ describe('sandbox files: paths are the sandbox view, never the host', () => {
     } finally {
       await rm(marker, { force: true });
     }
+  });
+});
+
+describe('sandbox files on gvisor', () => {
+  it.skipIf(!gvisorProbe.available)('round-trips, maps limit errors and watches (skipped when runsc is unavailable)', async () => {
+    await withSandbox({ backend: 'gvisor', limits: { fileSizeBytes: MiB } }, async (files) => {
+      expect(await files.write('a/b', 'hello')).toMatchObject({ path: '/workspace/a/b', size: 5, type: 'file' });
+      expect(await text(await files.read('a/b'))).toBe('hello');
+      expect((await files.list('.', 2)).map((e) => e.path)).toEqual(['/workspace/a', '/workspace/a/b']);
+      await expectCode(files.write('big', Buffer.alloc(2 * MiB)), 'FILE_TOO_LARGE');
+      await expectCode(files.write('/usr/x', 'x'), 'PERMISSION_DENIED');
+      await expectCode(files.read('missing'), 'FILE_NOT_FOUND');
+      const watch = files.watch('/workspace');
+      const iterator = watch[Symbol.asyncIterator]();
+      const first = iterator.next();
+      await watch.ready;
+      await files.mkdir('made');
+      expect((await first).value).toEqual({ type: 'create', path: '/workspace/made' });
+      await iterator.return?.();
+    });
   });
 });
