@@ -11,6 +11,8 @@ export const DEFAULT_MAX_TOTAL_BYTES = 128 * MiB;
 export const DEFAULT_MAX_FILES = 10_000;
 /** Tenant of artifacts collected outside the server (the one-shot runner, the CLI). */
 export const LOCAL_TENANT = 'local';
+/** Files copied at once. */
+const DELIVERY_CONCURRENCY = 4;
 
 export interface CollectOptions {
   /** Sandbox directory to collect; must be under /workspace. @default '/workspace/output' */
@@ -116,22 +118,36 @@ async function collectFrozen(sandbox: BackendSandbox, store: ArtifactStore, dir:
   collection.truncated = walked.truncated;
   const maxFileBytes = options.maxFileBytes ?? DEFAULT_MAX_FILE_BYTES;
   const maxTotalBytes = options.maxTotalBytes ?? DEFAULT_MAX_TOTAL_BYTES;
+  // Decide in name order what fits the caps, then copy with a few files in flight: each stored
+  // file costs an fsync, and the disk serves concurrent ones together.
+  const refs: (ArtifactRef | undefined)[] = [];
+  const toDeliver: { index: number; entry: OutputEntry }[] = [];
+  let plannedBytes = 0;
   for (const entry of walked.entries) {
-    options.signal?.throwIfAborted();
-    const path = `${dir}/${entry.name}`;
-    const base = { name: entry.name, path };
-    if (entry.kind !== 'file') {
-      record({ ...base, skipped: entry.kind });
-    } else if (entry.size > maxFileBytes) {
-      record({ ...base, size: entry.size, skipped: 'too_large' });
-    } else if (collection.deliveredBytes + entry.size > maxTotalBytes) {
+    const base = { name: entry.name, path: `${dir}/${entry.name}` };
+    if (entry.kind !== 'file') refs.push({ ...base, skipped: entry.kind });
+    else if (entry.size > maxFileBytes) refs.push({ ...base, size: entry.size, skipped: 'too_large' });
+    else if (plannedBytes + entry.size > maxTotalBytes) {
       collection.truncated = true;
-      record({ ...base, size: entry.size, skipped: 'total_cap' });
+      refs.push({ ...base, size: entry.size, skipped: 'total_cap' });
     } else {
-      const ref = await deliver(entry, path, sandbox.id, store, options);
-      if (!('skipped' in ref)) collection.deliveredBytes += ref.size;
-      record(ref);
+      plannedBytes += entry.size;
+      toDeliver.push({ index: refs.length, entry });
+      refs.push(undefined);
     }
+  }
+  let next = 0;
+  const worker = async (): Promise<void> => {
+    for (let job = toDeliver[next++]; job; job = toDeliver[next++]) {
+      options.signal?.throwIfAborted();
+      refs[job.index] = await deliver(job.entry, `${dir}/${job.entry.name}`, sandbox.id, store, options);
+    }
+  };
+  await Promise.all(Array.from({ length: Math.min(DELIVERY_CONCURRENCY, toDeliver.length) }, worker));
+  for (const ref of refs) {
+    if (!ref) continue;
+    if (!('skipped' in ref)) collection.deliveredBytes += ref.size;
+    record(ref);
   }
   return collection;
 }

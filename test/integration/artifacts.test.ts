@@ -231,7 +231,7 @@ describe('LocalArtifactStore', () => {
 
   it('ends artifacts after their retention and sweeps their blobs (fake clock)', async () => {
     let now = new Date('2026-01-01T00:00:00Z');
-    const s = await LocalArtifactStore.open({ root: join(testDataDir(), `store-${randomBytes(4).toString('hex')}`), now: () => now });
+    const s = await LocalArtifactStore.open({ root: join(testDataDir(), `store-${randomBytes(4).toString('hex')}`), now: () => now, orphanGraceMs: 0 });
     try {
       const short = await put(s, 'short-lived', { retentionMs: 60_000 });
       const long = await put(s, 'default retention');

@@ -1,7 +1,7 @@
 import { createHash, randomBytes } from 'node:crypto';
-import { createReadStream, mkdirSync, renameSync, unlinkSync } from 'node:fs';
-import { mkdir, open, readdir, rm, stat, unlink } from 'node:fs/promises';
-import { join } from 'node:path';
+import { createReadStream, existsSync, statSync, unlinkSync } from 'node:fs';
+import { mkdir, open, readdir, rename, rm, stat, unlink } from 'node:fs/promises';
+import { dirname, join } from 'node:path';
 import type { Readable } from 'node:stream';
 import Database from 'better-sqlite3';
 import { SandboxError } from '../../errors/index.js';
@@ -18,6 +18,11 @@ export interface LocalArtifactStoreOptions {
   retentionMs?: number;
   /** The clock; tests pass a fake one to check retention. @default () => new Date() */
   now?: () => Date;
+  /**
+   * An unreferenced blob younger than this is left alone by the sweep: a `put` may be about to
+   * record it. @default 1 hour
+   */
+  orphanGraceMs?: number;
 }
 
 const READ_CHUNK_BYTES = 1024 * 1024;
@@ -35,12 +40,14 @@ export class LocalArtifactStore implements ArtifactStore {
   private readonly index: ArtifactIndex;
   private readonly retentionMs: number;
   private readonly now: () => Date;
+  private readonly orphanGraceMs: number;
 
   private constructor(options: LocalArtifactStoreOptions, index: ArtifactIndex) {
     this.root = options.root;
     this.index = index;
     this.retentionMs = options.retentionMs ?? DEFAULT_RETENTION_MS;
     this.now = options.now ?? (() => new Date());
+    this.orphanGraceMs = options.orphanGraceMs ?? 60 * 60 * 1000;
   }
 
   /** Creates the directories and the index if needed and removes temp files of dead writers. */
@@ -78,12 +85,20 @@ export class LocalArtifactStore implements ArtifactStore {
         expiresAt: created.getTime() + (meta.retentionMs ?? this.retentionMs),
       };
       const blob = this.blobPath(stored.sha256);
+      // The blob is in place and durable before the row that points at it. Until the row exists
+      // the blob is unreferenced; its fresh mtime keeps the sweep away (orphanGraceMs).
+      await mkdir(dirname(blob), { recursive: true, mode: 0o700 });
+      await rename(temp, blob);
+      await fsyncDir(dirname(blob));
       this.index.write(() => {
-        mkdirSync(join(blob, '..'), { recursive: true, mode: 0o700 });
-        renameSync(temp, blob);
+        if (!existsSync(blob)) {
+          throw new SandboxError('INTERNAL', `artifact ${meta.name} was removed by a concurrent delete of the same content before it was recorded`, {
+            details: { name: meta.name, sha256: stored.sha256 },
+            hint: 'Collect again.',
+          });
+        }
         this.index.insert(row);
       });
-      await fsyncDir(join(blob, '..'));
       return toArtifact(row);
     } finally {
       await rm(temp, { force: true });
@@ -117,18 +132,25 @@ export class LocalArtifactStore implements ArtifactStore {
   async delete(ref: string, scope: ArtifactScope = {}): Promise<void> {
     await this.stat(ref, scope); // NOT_FOUND for unknown refs and for other tenants' artifacts
     const digests = this.index.write(() => this.index.remove(ref, scope.tenantId));
-    for (const sha256 of digests) this.removeBlobIfUnreferenced(sha256);
+    for (const sha256 of digests) this.removeBlobIfUnreferenced(sha256, 0);
   }
 
   list(query: ArtifactListQuery = {}): Promise<Artifact[]> {
     return Promise.resolve(this.index.list(query, this.now().getTime()).map(toArtifact));
   }
 
-  sweepExpired(now: Date = this.now()): Promise<SweepReport> {
-    const digests = this.index.write(() => this.index.removeExpired(now.getTime()));
+  /** Removes expired rows, then every blob no row points at (left by crashes, too) past the grace. */
+  async sweepExpired(now: Date = this.now()): Promise<SweepReport> {
+    const expired = this.index.write(() => this.index.removeExpired(now.getTime()));
     let blobsRemoved = 0;
-    for (const sha256 of new Set(digests.values)) if (this.removeBlobIfUnreferenced(sha256)) blobsRemoved++;
-    return Promise.resolve({ expired: digests.rows, blobsRemoved });
+    const root = join(this.root, 'sha256');
+    for (const prefix of await readdir(root)) {
+      for (const rest of await readdir(join(root, prefix)).catch(() => [] as string[])) {
+        const sha256 = `${prefix}${rest}`;
+        if (SHA256_PATTERN.test(sha256) && this.removeBlobIfUnreferenced(sha256, this.orphanGraceMs)) blobsRemoved++;
+      }
+    }
+    return { expired, blobsRemoved };
   }
 
   close(): Promise<void> {
@@ -141,11 +163,17 @@ export class LocalArtifactStore implements ArtifactStore {
     return join(this.root, 'sha256', sha256.slice(0, 2), sha256.slice(2));
   }
 
-  private removeBlobIfUnreferenced(sha256: string): boolean {
+  /**
+   * Check and unlink run under the index's write lock. A blob younger than `graceMs` (by its
+   * mtime, on the filesystem's clock) may belong to a `put` that has not recorded its row yet.
+   */
+  private removeBlobIfUnreferenced(sha256: string, graceMs: number): boolean {
+    const path = this.blobPath(sha256);
     return this.index.write(() => {
       if (this.index.references(sha256) > 0) return false;
       try {
-        unlinkSync(this.blobPath(sha256));
+        if (graceMs > 0 && statSync(path).mtimeMs > Date.now() - graceMs) return false;
+        unlinkSync(path);
         return true;
       } catch (error) {
         if ((error as NodeJS.ErrnoException).code === 'ENOENT') return false;
@@ -183,7 +211,7 @@ async function writeHashing(source: Readable, target: string, signal: AbortSigna
       let offset = 0;
       while (offset < buffer.length) offset += (await handle.write(buffer, offset)).bytesWritten;
     }
-    await handle.sync();
+    await handle.datasync();
   } finally {
     await handle.close();
   }
