@@ -1,10 +1,11 @@
 import { randomBytes } from 'node:crypto';
-import type { Readable } from 'node:stream';
+import type { Duplex, Readable } from 'node:stream';
 import Fastify, { type FastifyInstance, type FastifyServerOptions } from 'fastify';
 import { z } from 'zod';
 import { SandboxError } from '../errors/index.js';
 import type { SandboxEngine } from '../engine/types.js';
 import { ApiKeyStore, AuditLog, OperationStore, SqliteSandboxRecords, type SqliteDatabase } from '../store/index.js';
+import { registerE2bFacade } from './e2b/index.js';
 import { sendError } from './errors.js';
 import { buildOpenApi } from './openapi.js';
 import { TenantQuota } from './quota.js';
@@ -27,6 +28,23 @@ export interface CapsuleAppOptions {
   /** Fastify's pino logger options. @default false */
   logger?: FastifyServerOptions['logger'];
   now?: () => number;
+}
+
+/** A request Node's HTTP parser refused (bad headers, too large): answered on the socket. */
+function rejectMalformedRequest(error: Error & { code?: string }, socket: Duplex): void {
+  if (!socket.writable) {
+    socket.destroy();
+    return;
+  }
+  const tooLarge = error.code === 'HPE_HEADER_OVERFLOW';
+  const body = JSON.stringify({
+    code: tooLarge ? 'PAYLOAD_TOO_LARGE' : 'INVALID_ARGUMENT',
+    message: tooLarge ? 'the request headers are too large' : 'the HTTP request is malformed',
+    details: { field: 'request' },
+    requestId: `req_${randomBytes(8).toString('hex')}`,
+  });
+  const status = tooLarge ? '431 Request Header Fields Too Large' : '400 Bad Request';
+  socket.end(`HTTP/1.1 ${status}\r\nContent-Type: application/json\r\nContent-Length: ${Buffer.byteLength(body)}\r\nConnection: close\r\n\r\n${body}`);
 }
 
 /**
@@ -60,6 +78,11 @@ export class CapsuleApp {
       requestIdHeader: false,
       genReqId: () => `req_${randomBytes(8).toString('hex')}`,
       return503OnClosing: true,
+      // A URL Fastify cannot decode never reaches a route: it still gets the one error shape.
+      frameworkErrors: (error, request, reply) => {
+        sendError(request, reply, error);
+      },
+      clientErrorHandler: (error, socket) => rejectMalformedRequest(error, socket),
     });
     this.routes = [
       ...sandboxRoutes(this.services),
@@ -104,6 +127,7 @@ export class CapsuleApp {
       ),
     );
     for (const route of this.routes) registerRoute(app, this.services, route);
+    registerE2bFacade(app, this.services);
   }
 
   /** Listens and returns the base URL. */

@@ -219,7 +219,10 @@ function parsePart<T>(part: 'params' | 'query' | 'body', schema: z.ZodType<T> | 
   if (!schema) return value as T;
   const result = schema.safeParse(value);
   if (result.success) return result.data;
-  throw invalidRequest(part, result.error, part === 'params' ? 'NOT_FOUND' : 'INVALID_ARGUMENT');
+  if (part !== 'params') throw invalidRequest(part, result.error);
+  // An id that cannot exist names nothing: not found, with the code of what was looked up.
+  const field = String(result.error.issues[0]?.path[0] ?? '');
+  throw invalidRequest(part, result.error, field === 'sandboxId' ? 'SANDBOX_NOT_FOUND' : field === 'pid' ? 'PROCESS_NOT_FOUND' : 'NOT_FOUND');
 }
 
 function jsonBody(body: unknown, expected: boolean): unknown {
