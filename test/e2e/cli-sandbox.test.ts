@@ -1,11 +1,12 @@
-import { randomBytes } from 'node:crypto';
+import { spawn } from 'node:child_process';
 import { mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { PassThrough } from 'node:stream';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { main } from '../../src/cli/main.js';
-import { startServer, type RunningServer } from '../../src/server/bootstrap.js';
+import type { RunningServer } from '../../src/server/bootstrap.js';
 import { expectNoLeaks, testDataDir } from '../helpers/sandbox.js';
+import { startTestServer } from './server-helpers.js';
 
 /** `capsule sandbox ...` and `capsule files ...` against a real server, run in-process. */
 let server: RunningServer;
@@ -14,9 +15,9 @@ let env: NodeJS.ProcessEnv;
 
 beforeAll(async () => {
   scratch = await mkdtemp(join(testDataDir(), 'cli-e2e-'));
-  const apiKey = `cap_${randomBytes(20).toString('hex')}`;
-  server = await startServer({ dataDir: testDataDir(), databaseDir: scratch, port: 0, env: { CAPSULE_API_KEY: apiKey } });
-  env = { CAPSULE_URL: server.url, CAPSULE_API_KEY: apiKey };
+  const started = await startTestServer();
+  server = started.server;
+  env = { CAPSULE_URL: started.url, CAPSULE_API_KEY: started.apiKey };
 });
 afterAll(async () => {
   await server?.close();
@@ -165,6 +166,37 @@ describe('capsule files (CLI over a real server)', () => {
       const watched = await watching;
       expect(watched.code).toBe(0);
       expect(ndjson(watched.stdout)).toEqual([expect.objectContaining({ path: expect.stringMatching(/^\/workspace\/w\d+\.txt$/) as unknown })]);
+    });
+  });
+});
+
+describe('capsule as a separate process (bin/capsule.js, built dist)', () => {
+  const CLI = join(import.meta.dirname, '..', '..', 'bin', 'capsule.js');
+
+  function spawnCli(args: string[], stdin: string): Promise<CliRun & { elapsedMs: number }> {
+    const started = Date.now();
+    return new Promise((resolve, reject) => {
+      const child = spawn(process.execPath, [CLI, ...args], { env: { PATH: process.env.PATH, ...env }, stdio: ['pipe', 'pipe', 'pipe'] });
+      let stdout = '';
+      let stderr = '';
+      child.stdout.on('data', (c: Buffer) => (stdout += c.toString()));
+      child.stderr.on('data', (c: Buffer) => (stderr += c.toString()));
+      child.once('error', reject);
+      child.once('close', (code) => resolve({ code: code ?? -1, stdout, stderr, elapsedMs: Date.now() - started }));
+      child.stdin.end(stdin);
+    });
+  }
+
+  it('uploads stdin with write --from -, and exits promptly after exec (no connection keeps it alive)', async () => {
+    await withSandbox(async (id) => {
+      const written = await spawnCli(['files', 'write', id, 'piped.txt', '--from', '-', '--json'], 'piped through stdin\n');
+      expect(written.code, written.stderr).toBe(0);
+      expect(JSON.parse(written.stdout)).toMatchObject({ path: '/workspace/piped.txt', size: 20 });
+      const baseline = await spawnCli(['--version'], '');
+      const exec = await spawnCli(['sandbox', 'exec', id, '--', 'cat', 'piped.txt'], '');
+      expect(exec).toMatchObject({ code: 0, stdout: 'piped through stdin\n' });
+      // An idle keep-alive socket holding the event loop would add undici's 4 s keep-alive timeout.
+      expect(exec.elapsedMs - baseline.elapsedMs).toBeLessThan(3000);
     });
   });
 });

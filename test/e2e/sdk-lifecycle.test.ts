@@ -1,8 +1,5 @@
-import { randomBytes } from 'node:crypto';
-import { mkdtemp, rm } from 'node:fs/promises';
-import { join } from 'node:path';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
-import { startServer, type RunningServer } from '../../src/server/bootstrap.js';
+import type { RunningServer } from '../../src/server/bootstrap.js';
 import {
   AbortedError,
   FileNotFoundError,
@@ -11,22 +8,20 @@ import {
   type ConnectionOptions,
   type WatchEvent,
 } from '../../src/sdk/index.js';
-import { expectNoLeaks, testDataDir } from '../helpers/sandbox.js';
+import { expectNoLeaks } from '../helpers/sandbox.js';
+import { startTestServer } from './server-helpers.js';
 
 /** The SDK against a real `capsule serve` (in-process, loopback) on real sandboxes. */
 let server: RunningServer;
-let databaseDir: string;
 let conn: ConnectionOptions;
 
 beforeAll(async () => {
-  databaseDir = await mkdtemp(join(testDataDir(), 'sdk-e2e-'));
-  const apiKey = `cap_${randomBytes(20).toString('hex')}`;
-  server = await startServer({ dataDir: testDataDir(), databaseDir, port: 0, env: { CAPSULE_API_KEY: apiKey } });
-  conn = { url: server.url, apiKey };
+  const started = await startTestServer();
+  server = started.server;
+  conn = { url: started.url, apiKey: started.apiKey };
 });
 afterAll(async () => {
   await server?.close();
-  await rm(databaseDir, { recursive: true, force: true });
 });
 afterEach(expectNoLeaks);
 
