@@ -1,0 +1,84 @@
+import { createHmac, randomBytes, timingSafeEqual } from 'node:crypto';
+import type { FastifyRequest } from 'fastify';
+import { SandboxError } from '../../errors/index.js';
+import type { ApiKeyStore } from '../../store/index.js';
+import type { Principal } from '../auth.js';
+import { ConnectError } from './connect-protocol.js';
+
+/** `e2b_` and 40 hex digits: the same secret as the Capsule key `cap_<same hex>`. */
+const E2B_KEY = /^e2b_([0-9a-f]{40})$/;
+
+/**
+ * The tenant of a control-plane call. E2B's SDK sends `X-API-KEY: e2b_<hex>`; Capsule keys are
+ * `cap_<hex>`, so an E2B key is a Capsule key under E2B's prefix (the store is unchanged, and a
+ * tenant's E2B key is minted with `POST /v1/keys` like any other).
+ */
+export function e2bPrincipal(request: FastifyRequest, keys: ApiKeyStore): Principal {
+  const header = request.headers['x-api-key'];
+  const presented = typeof header === 'string' ? header.trim() : undefined;
+  if (!presented) {
+    throw new SandboxError('UNAUTHENTICATED', 'no API key was sent', {
+      hint: 'Set E2B_API_KEY to e2b_ followed by the 40 hex digits of a Capsule key (cap_<hex> → e2b_<hex>).',
+    });
+  }
+  const match = E2B_KEY.exec(presented);
+  const record = keys.verify(match ? `cap_${match[1]}` : presented);
+  if (!record) {
+    throw new SandboxError('UNAUTHENTICATED', 'the API key is not valid', {
+      hint: 'Use e2b_ followed by the 40 hex digits of a Capsule key (cap_<hex> → e2b_<hex>).',
+    });
+  }
+  return { tenantId: record.tenantId, keyId: record.keyId, isAdmin: record.isAdmin };
+}
+
+export interface SandboxAccess {
+  tenantId: string;
+  sandboxId: string;
+}
+
+/**
+ * envd access tokens (`envdAccessToken`, sent back as `X-Access-Token`): `<tenant>.<hmac>` over
+ * the tenant and sandbox id. They carry the tenant so data-plane calls need no lookup, and they
+ * stay valid for the life of this server (a restarted server has a new secret unless one is
+ * configured; clients get a fresh token from `Sandbox.connect`).
+ */
+export class EnvdTokens {
+  private readonly secret: Buffer;
+
+  constructor(secret?: Buffer) {
+    this.secret = secret ?? randomBytes(32);
+  }
+
+  issue(tenantId: string, sandboxId: string): string {
+    return `${tenantId}.${this.mac(tenantId, sandboxId)}`;
+  }
+
+  /** The caller's sandbox, from the `E2b-Sandbox-Id` header and a token valid for it. */
+  verify(request: FastifyRequest): SandboxAccess {
+    const sandboxId = request.headers['e2b-sandbox-id'];
+    if (typeof sandboxId !== 'string' || sandboxId === '') {
+      throw new ConnectError('invalid_argument', 'the E2b-Sandbox-Id header is missing; set sandboxUrl and use the SDK, which sends it');
+    }
+    const token = this.tokenOf(request);
+    const dot = token?.lastIndexOf('.') ?? -1;
+    if (token && dot > 0) {
+      const tenantId = token.slice(0, dot);
+      const expected = Buffer.from(this.mac(tenantId, sandboxId));
+      const given = Buffer.from(token.slice(dot + 1));
+      if (given.length === expected.length && timingSafeEqual(given, expected)) return { tenantId, sandboxId };
+    }
+    throw new ConnectError('unauthenticated', `no valid access token for sandbox ${sandboxId}; call Sandbox.connect(sandboxId) to get a fresh one`);
+  }
+
+  private tokenOf(request: FastifyRequest): string | undefined {
+    for (const name of ['x-access-token', 'e2b-traffic-access-token']) {
+      const value = request.headers[name];
+      if (typeof value === 'string' && value !== '') return value;
+    }
+    return undefined;
+  }
+
+  private mac(tenantId: string, sandboxId: string): string {
+    return createHmac('sha256', this.secret).update(`${tenantId}\0${sandboxId}`).digest('base64url');
+  }
+}

@@ -1,0 +1,275 @@
+import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
+import { z } from 'zod';
+import { SandboxError, isSandboxError } from '../../errors/index.js';
+import type { SandboxInfo, SandboxState } from '../../engine/types.js';
+import type { SandboxSpecInput } from '../../spec/index.js';
+import { AuditTrail } from '../audit-trail.js';
+import type { Principal } from '../auth.js';
+import { e2bPrincipal } from './access.js';
+import { ENVD_VERSION, type E2bContext } from './deps.js';
+import { E2B_HOME, E2B_USER } from './paths.js';
+
+/** Templates the facade serves: one image, Capsule's, under E2B's default names. */
+const TEMPLATES = new Set(['base', 'code-interpreter-v1', 'code-interpreter']);
+/** Where the template name is kept in the engine's metadata; never shown to E2B clients. */
+const TEMPLATE_KEY = 'capsule.e2b.template';
+const MiB = 1024 * 1024;
+
+const CreateBody = z
+  .object({
+    templateID: z.string().min(1).default('base'),
+    timeout: z.number().int().positive().optional(),
+    metadata: z.record(z.string(), z.string()).optional(),
+    envVars: z.record(z.string(), z.string()).optional(),
+    autoPause: z.boolean().optional(),
+    mcp: z.unknown().optional(),
+    network: z.unknown().optional(),
+    volumeMounts: z.array(z.unknown()).optional(),
+  })
+  .loose();
+const ConnectBody = z.object({ timeout: z.number().int().positive().optional() }).loose();
+const TimeoutBody = z.object({ timeout: z.number().int().min(0) }).loose();
+const RefreshBody = z.object({ duration: z.number().int().min(0).optional() }).loose();
+
+/** Errors as E2B's API sends them: `{ code: <HTTP status>, message }`. */
+function sendE2bError(request: FastifyRequest, reply: FastifyReply, error: unknown): FastifyReply {
+  const status = isSandboxError(error) ? error.status : (error as { statusCode?: number }).statusCode ?? 500;
+  let message = isSandboxError(error) ? [error.message, error.hint].filter(Boolean).join('. ') : 'internal error';
+  if (!isSandboxError(error) && status < 500) message = (error as Error).message;
+  if (status >= 500) request.log.error({ err: error }, 'E2B control-plane call failed');
+  return reply.code(status).type('application/json').send({ code: status, message });
+}
+
+function parse<T>(schema: z.ZodType<T>, value: unknown): T {
+  const result = schema.safeParse(value ?? {});
+  if (result.success) return result.data;
+  const issue = result.error.issues[0];
+  throw new SandboxError('INVALID_ARGUMENT', `body.${issue?.path.join('.') ?? ''}: ${issue?.message ?? 'invalid'}`);
+}
+
+function unsupported(field: string, why: string): SandboxError {
+  return new SandboxError('INVALID_ARGUMENT', `${field} is not supported by Capsule's E2B facade: ${why}`, {
+    details: { field },
+    hint: 'Remove the option; docs/e2b-compatibility.md lists what is supported.',
+  });
+}
+
+function specFor(body: z.infer<typeof CreateBody>): SandboxSpecInput {
+  return {
+    limits: { cpus: 2, memoryBytes: 512 * MiB, diskBytes: 1024 * MiB, wallClockMs: 3_600_000, pids: 1024, stdoutBytes: 64 * MiB, stderrBytes: 64 * MiB },
+    env: { HOME: E2B_HOME, USER: E2B_USER, LOGNAME: E2B_USER, ...(body.envVars ?? {}) },
+    cwd: E2B_HOME,
+    ttlMs: (body.timeout ?? 300) * 1000,
+  };
+}
+
+function isLive(state: SandboxState): boolean {
+  return state === 'starting' || state === 'running' || state === 'paused';
+}
+
+export function registerControlPlane(app: FastifyInstance, ctx: E2bContext): void {
+  const { engine } = ctx;
+
+  /** The tenant's sandbox if it is live; ended ones are gone as far as E2B clients know. */
+  const live = (tenantId: string, sandboxId: string): SandboxInfo => {
+    const info = engine.get(tenantId, sandboxId);
+    if (!isLive(info.state)) {
+      throw new SandboxError('SANDBOX_NOT_FOUND', `sandbox ${sandboxId} not found (it is ${info.state})`, {
+        details: { sandboxId },
+        hint: 'Create a new sandbox.',
+      });
+    }
+    return info;
+  };
+
+  const sandboxBody = (info: SandboxInfo) => {
+    const templateID = info.metadata[TEMPLATE_KEY] ?? 'base';
+    return {
+      templateID,
+      sandboxID: info.sandboxId,
+      clientID: 'capsule',
+      envdVersion: ENVD_VERSION,
+      envdAccessToken: ctx.tokens.issue(info.tenantId, info.sandboxId),
+      // Sent back by the code-interpreter SDK on /contexts, which carries no other credential.
+      trafficAccessToken: ctx.tokens.issue(info.tenantId, info.sandboxId),
+      domain: null,
+      alias: templateID,
+    };
+  };
+
+  const listed = (info: SandboxInfo) => {
+    const { [TEMPLATE_KEY]: template, ...metadata } = info.metadata;
+    return {
+      templateID: template ?? 'base',
+      alias: template ?? 'base',
+      sandboxID: info.sandboxId,
+      clientID: 'capsule',
+      startedAt: info.createdAt,
+      endAt: info.expiresAt,
+      cpuCount: Math.ceil(info.spec.limits.cpus),
+      memoryMB: Math.round(info.spec.limits.memoryBytes / MiB),
+      diskSizeMB: Math.round(info.spec.limits.diskBytes / MiB),
+      metadata,
+      state: info.state === 'paused' ? 'paused' : 'running',
+      envdVersion: ENVD_VERSION,
+      volumeMounts: [],
+    };
+  };
+
+  /** Runs a mutating call with an audit record, as the v1 routes' seam does. */
+  const audited = async <T>(request: FastifyRequest, principal: Principal, name: string, sandboxId: string | undefined, run: () => Promise<T>): Promise<T> => {
+    const trail = ctx.audit ? new AuditTrail(ctx.audit, `e2b.${name}`, principal, request.id) : undefined;
+    trail?.attempt({ sandboxId });
+    try {
+      const result = await run();
+      trail?.succeeded((result as { sandboxId?: string } | undefined)?.sandboxId);
+      return result;
+    } catch (error) {
+      trail?.failed(error);
+      throw error;
+    }
+  };
+
+  app.setErrorHandler((error, request, reply) => sendE2bError(request, reply, error));
+
+  const create = async (request: FastifyRequest, reply: FastifyReply) => {
+    const principal = e2bPrincipal(request, ctx.keys);
+    const body = parse(CreateBody, request.body);
+    if (!TEMPLATES.has(body.templateID)) {
+      throw new SandboxError('NOT_FOUND', `template ${body.templateID} not found: Capsule serves one image under the names ${[...TEMPLATES].join(', ')}`, {
+        hint: 'Use the default template (omit it) or code-interpreter-v1.',
+      });
+    }
+    if (body.autoPause) throw unsupported('autoPause', 'a sandbox is killed when its timeout ends');
+    if (body.mcp !== undefined) throw unsupported('mcp', 'there is no MCP gateway in Capsule sandboxes');
+    if (body.network !== undefined) throw unsupported('network', 'E2B sandboxes served by Capsule have no network (only loopback)');
+    if (body.volumeMounts?.length) throw unsupported('volumeMounts', 'volumes are not implemented');
+    const info = await audited(request, principal, 'sandboxes.create', undefined, async () => {
+      const release = ctx.quota?.reserve(principal.tenantId);
+      try {
+        const metadata = { ...(body.metadata ?? {}), [TEMPLATE_KEY]: body.templateID };
+        return await engine.create({ tenantId: principal.tenantId, spec: specFor(body), metadata });
+      } finally {
+        release?.();
+      }
+    });
+    return reply.code(201).send(sandboxBody(info));
+  };
+  app.post('/sandboxes', create);
+  app.post('/v2/sandboxes', create);
+
+  const connect = async (request: FastifyRequest<{ Params: { id: string } }>, reply: FastifyReply) => {
+    const principal = e2bPrincipal(request, ctx.keys);
+    const body = parse(ConnectBody, request.body);
+    const { id } = request.params;
+    const result = await audited(request, principal, 'sandboxes.connect', id, async () => {
+      let info = live(principal.tenantId, id);
+      const resumed = info.state === 'paused';
+      if (resumed) {
+        if (!engine.resume) throw new SandboxError('UNIMPLEMENTED', 'this engine cannot resume paused sandboxes');
+        info = await engine.resume(principal.tenantId, id);
+      }
+      // Connecting only ever extends the TTL.
+      const wantedMs = (body.timeout ?? 300) * 1000;
+      if (Date.parse(info.expiresAt) < Date.now() + wantedMs) info = engine.setTimeout(principal.tenantId, id, wantedMs);
+      return { info, resumed };
+    });
+    return reply.code(result.resumed ? 201 : 200).send(sandboxBody(result.info));
+  };
+  app.post('/sandboxes/:id/connect', connect);
+  app.post('/v2/sandboxes/:id/connect', connect);
+  app.post('/sandboxes/:id/resume', connect);
+
+  app.get('/sandboxes/:id', (request: FastifyRequest<{ Params: { id: string } }>, reply) => {
+    const principal = e2bPrincipal(request, ctx.keys);
+    const info = live(principal.tenantId, request.params.id);
+    return reply.send({
+      ...listed(info),
+      envdAccessToken: ctx.tokens.issue(info.tenantId, info.sandboxId),
+      allowInternetAccess: false,
+      domain: null,
+      lifecycle: { onTimeout: 'kill', autoResume: false },
+    });
+  });
+
+  const list = (request: FastifyRequest<{ Querystring: Record<string, string | undefined> }>, reply: FastifyReply, defaults: SandboxState[]) => {
+    const principal = e2bPrincipal(request, ctx.keys);
+    const query = request.query;
+    const states = query.state ? query.state.split(',').map((s) => s.trim()) : defaults;
+    for (const state of states) {
+      if (state !== 'running' && state !== 'paused') throw new SandboxError('INVALID_ARGUMENT', `state "${state}" is not one of running, paused`);
+    }
+    const metadata = Object.fromEntries(new URLSearchParams(query.metadata ?? ''));
+    const wanted = new Set<SandboxState>(states.includes('running') ? [...(states as SandboxState[]), 'starting'] : (states as SandboxState[]));
+    let all = engine
+      .list({ tenantId: principal.tenantId, states: [...wanted], metadata })
+      .filter((info) => !query.template || (info.metadata[TEMPLATE_KEY] ?? 'base') === query.template)
+      .filter((info) => !query.startedAfter || info.createdAt > query.startedAfter)
+      .sort((a, b) => a.createdAt.localeCompare(b.createdAt) || a.sandboxId.localeCompare(b.sandboxId));
+    if (query.order === 'desc') all = all.reverse();
+    const start = query.nextToken ? all.findIndex((info) => info.sandboxId === Buffer.from(query.nextToken ?? '', 'base64url').toString()) + 1 : 0;
+    const limit = Math.min(Math.max(Number(query.limit) || 100, 1), 1000);
+    const page = all.slice(start, start + limit);
+    const last = page[page.length - 1];
+    if (last && start + limit < all.length) reply.header('x-next-token', Buffer.from(last.sandboxId).toString('base64url'));
+    return page.map(listed);
+  };
+  app.get('/v2/sandboxes', (request: FastifyRequest<{ Querystring: Record<string, string | undefined> }>, reply) =>
+    Promise.resolve(list(request, reply, ['running', 'paused'])),
+  );
+  app.get('/sandboxes', (request: FastifyRequest<{ Querystring: Record<string, string | undefined> }>, reply) =>
+    Promise.resolve(list(request, reply, ['running'])),
+  );
+
+  app.delete('/sandboxes/:id', async (request: FastifyRequest<{ Params: { id: string } }>, reply) => {
+    const principal = e2bPrincipal(request, ctx.keys);
+    const { id } = request.params;
+    await audited(request, principal, 'sandboxes.kill', id, async () => {
+      const before = engine.get(principal.tenantId, id);
+      // An ended sandbox is a 404, once its clean-up is over (kill waits for it).
+      const after = await engine.kill(principal.tenantId, id);
+      if (!isLive(before.state)) live(principal.tenantId, id);
+      return after;
+    });
+    return reply.code(204).send();
+  });
+
+  app.post('/sandboxes/:id/pause', async (request: FastifyRequest<{ Params: { id: string } }>, reply) => {
+    const principal = e2bPrincipal(request, ctx.keys);
+    const { id } = request.params;
+    await audited(request, principal, 'sandboxes.pause', id, async () => {
+      const info = live(principal.tenantId, id);
+      if (info.state === 'paused') throw new SandboxError('CONFLICT', `sandbox ${id} is already paused`);
+      if (!engine.pause) throw new SandboxError('UNIMPLEMENTED', 'this engine cannot pause sandboxes');
+      return engine.pause(principal.tenantId, id);
+    });
+    return reply.code(204).send();
+  });
+
+  app.post('/sandboxes/:id/timeout', async (request: FastifyRequest<{ Params: { id: string } }>, reply) => {
+    const principal = e2bPrincipal(request, ctx.keys);
+    const body = parse(TimeoutBody, request.body);
+    const { id } = request.params;
+    await audited(request, principal, 'sandboxes.timeout', id, () => {
+      live(principal.tenantId, id);
+      return Promise.resolve(engine.setTimeout(principal.tenantId, id, Math.max(1, body.timeout * 1000)));
+    });
+    return reply.code(204).send();
+  });
+
+  app.post('/sandboxes/:id/refreshes', async (request: FastifyRequest<{ Params: { id: string } }>, reply) => {
+    const principal = e2bPrincipal(request, ctx.keys);
+    const body = parse(RefreshBody, request.body);
+    const info = live(principal.tenantId, request.params.id);
+    const wantedMs = (body.duration ?? 60) * 1000;
+    if (Date.parse(info.expiresAt) < Date.now() + wantedMs) engine.setTimeout(principal.tenantId, info.sandboxId, wantedMs);
+    return reply.code(204).send();
+  });
+
+  // Capsule keeps no time series of sandbox usage yet: the list is empty, never invented.
+  app.get('/sandboxes/:id/metrics', (request: FastifyRequest<{ Params: { id: string } }>, reply) => {
+    const principal = e2bPrincipal(request, ctx.keys);
+    live(principal.tenantId, request.params.id);
+    return reply.send([]);
+  });
+}

@@ -1,0 +1,92 @@
+import { Readable } from 'node:stream';
+import { createGunzip } from 'node:zlib';
+import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
+import { isSandboxError } from '../../errors/index.js';
+import type { FileEntry } from '../../engine/types.js';
+import { ConnectError, connectStatus } from './connect-protocol.js';
+import type { E2bContext, PortConstraint } from './deps.js';
+import { checkUser, toE2bPath, toSandboxPath } from './paths.js';
+
+/** envd's plain HTTP endpoints: `GET/POST /files` and `GET /health`. */
+
+type FilesRequest = FastifyRequest<{ Querystring: { path?: string; username?: string } }>;
+
+/** envd's REST errors: `{code, message}` with the status the SDK maps (404 → FileNotFoundError). */
+function sendRestError(request: FastifyRequest, reply: FastifyReply, error: unknown): FastifyReply {
+  let status = 500;
+  let message = 'internal error in the Capsule E2B facade; the server log has the details';
+  if (error instanceof ConnectError) {
+    status = connectStatus(error.code);
+    message = error.message;
+  } else if (isSandboxError(error)) {
+    status = error.code === 'IS_A_DIRECTORY' || error.code === 'NOT_A_DIRECTORY' || error.code === 'INVALID_PATH' ? 400 : error.status;
+    message = [error.message, error.hint].filter(Boolean).join('. ');
+  } else if (typeof (error as { statusCode?: unknown }).statusCode === 'number') {
+    status = (error as { statusCode: number }).statusCode;
+    message = (error as Error).message;
+  }
+  if (status >= 500 && status !== 507) request.log.error({ err: error }, 'envd /files call failed');
+  return reply.code(status).type('application/json').send({ code: status, message });
+}
+
+function written(entry: FileEntry): object {
+  return { path: toE2bPath(entry.path), name: entry.name, type: 'file' };
+}
+
+export function registerEnvdFilesRest(app: FastifyInstance, ctx: E2bContext, constraints: PortConstraint): void {
+  const { engine, tokens } = ctx;
+  const filesOf = (request: FastifyRequest) => {
+    const access = tokens.verify(request);
+    checkUser(request);
+    return engine.files(access.tenantId, access.sandboxId);
+  };
+
+  app.get('/files', { constraints }, async (request: FilesRequest, reply) => {
+    try {
+      const stream = await filesOf(request).read(toSandboxPath(request.query.path));
+      return await reply.code(200).type('application/octet-stream').send(stream);
+    } catch (error) {
+      return sendRestError(request, reply, error);
+    }
+  });
+
+  app.post('/files', { constraints }, async (request: FilesRequest, reply) => {
+    try {
+      const files = filesOf(request);
+      const entries: object[] = [];
+      if (request.isMultipart()) {
+        for await (const part of request.files()) {
+          const target = request.query.path ?? part.filename;
+          if (!target) throw new ConnectError('invalid_argument', 'each file part needs a filename when no path is given');
+          entries.push(written(await files.write(toSandboxPath(target), part.file)));
+        }
+      } else {
+        const body = request.body instanceof Readable ? request.body : Readable.from([]);
+        const encoding = String(request.headers['content-encoding'] ?? '').toLowerCase();
+        if (encoding !== '' && encoding !== 'identity' && encoding !== 'gzip') {
+          throw new ConnectError('invalid_argument', `Content-Encoding ${encoding} is not supported; use gzip or none`);
+        }
+        const data = encoding === 'gzip' ? body.pipe(createGunzip()) : body;
+        entries.push(written(await files.write(toSandboxPath(request.query.path), data)));
+      }
+      if (entries.length === 0) throw new ConnectError('invalid_argument', 'no file was sent: use multipart parts named "file" or an application/octet-stream body');
+      return await reply.code(200).send(entries);
+    } catch (error) {
+      return sendRestError(request, reply, error);
+    }
+  });
+
+  /** 204 while the sandbox runs; 502 (what E2B's proxy answers) when it is paused or gone. */
+  app.get('/health', { constraints }, async (request, reply) => {
+    let running = false;
+    try {
+      const access = tokens.verify(request);
+      running = engine.get(access.tenantId, access.sandboxId).state === 'running';
+    } catch {
+      running = false;
+    }
+    if (running) return reply.code(204).send();
+    const sandboxId = request.headers['e2b-sandbox-id'];
+    return reply.code(502).send({ message: 'The sandbox was not found', sandboxId: typeof sandboxId === 'string' ? sandboxId : '', code: 502 });
+  });
+}

@@ -1,0 +1,116 @@
+import { posix } from 'node:path';
+import type { FastifyInstance } from 'fastify';
+import type { FileEntry, WatchEvent } from '../../engine/types.js';
+import { ConnectError, readEnvelope, serverStream, unary, unaryBody } from './connect-protocol.js';
+import type { E2bContext, PortConstraint } from './deps.js';
+import { E2B_USER, checkUser, toE2bPath, toSandboxPath } from './paths.js';
+
+/** envd's `filesystem.Filesystem` service over the engine's file service. */
+
+const FILE_TYPES: Record<FileEntry['type'], string> = {
+  file: 'FILE_TYPE_FILE',
+  dir: 'FILE_TYPE_DIRECTORY',
+  symlink: 'FILE_TYPE_SYMLINK',
+  other: 'FILE_TYPE_UNSPECIFIED',
+};
+
+const EVENT_TYPES: Record<WatchEvent['type'], string> = {
+  create: 'EVENT_TYPE_CREATE',
+  write: 'EVENT_TYPE_WRITE',
+  remove: 'EVENT_TYPE_REMOVE',
+  rename: 'EVENT_TYPE_RENAME',
+  chmod: 'EVENT_TYPE_CHMOD',
+};
+
+/** `-rw-r--r--` from the type and permission bits, as Go's fs.FileMode prints them. */
+function permissions(entry: FileEntry): string {
+  const kind = entry.type === 'dir' ? 'd' : entry.type === 'symlink' ? 'L' : '-';
+  let bits = '';
+  for (let shift = 6; shift >= 0; shift -= 3) {
+    const triple = (entry.mode >> shift) & 7;
+    bits += (triple & 4 ? 'r' : '-') + (triple & 2 ? 'w' : '-') + (triple & 1 ? 'x' : '-');
+  }
+  return kind + bits;
+}
+
+/** EntryInfo as envd sends it. Owner and group are the sandbox user's in its home and /tmp. */
+export function entryInfo(entry: FileEntry): object {
+  const path = toE2bPath(entry.path);
+  const owned = path.startsWith('/home/user') || path.startsWith('/tmp');
+  return {
+    name: entry.name,
+    type: FILE_TYPES[entry.type],
+    path,
+    size: String(entry.size),
+    mode: entry.mode & 0o7777,
+    permissions: permissions(entry),
+    owner: owned ? E2B_USER : 'root',
+    group: owned ? E2B_USER : 'root',
+    modifiedTime: entry.modifiedAt,
+    ...(entry.symlinkTarget !== undefined ? { symlinkTarget: toE2bPath(entry.symlinkTarget) } : {}),
+  };
+}
+
+export function registerEnvdFilesystem(app: FastifyInstance, ctx: E2bContext, constraints: PortConstraint): void {
+  const { engine, tokens } = ctx;
+  const filesOf = (request: Parameters<typeof tokens.verify>[0]) => {
+    const access = tokens.verify(request);
+    checkUser(request);
+    return engine.files(access.tenantId, access.sandboxId);
+  };
+
+  app.post('/filesystem.Filesystem/Stat', { constraints }, (request, reply) =>
+    unary(request, reply, async () => ({ entry: entryInfo(await filesOf(request).stat(toSandboxPath(unaryBody(request).path))) })),
+  );
+
+  app.post('/filesystem.Filesystem/ListDir', { constraints }, (request, reply) =>
+    unary(request, reply, async () => {
+      const body = unaryBody(request);
+      const depth = typeof body.depth === 'number' && body.depth > 0 ? body.depth : 1;
+      const entries = await filesOf(request).list(toSandboxPath(body.path), depth);
+      return { entries: entries.map(entryInfo) };
+    }),
+  );
+
+  app.post('/filesystem.Filesystem/MakeDir', { constraints }, (request, reply) =>
+    unary(request, reply, async () => ({ entry: entryInfo(await filesOf(request).mkdir(toSandboxPath(unaryBody(request).path))) })),
+  );
+
+  app.post('/filesystem.Filesystem/Move', { constraints }, (request, reply) =>
+    unary(request, reply, async () => {
+      const body = unaryBody(request);
+      return { entry: entryInfo(await filesOf(request).move(toSandboxPath(body.source), toSandboxPath(body.destination))) };
+    }),
+  );
+
+  app.post('/filesystem.Filesystem/Remove', { constraints }, (request, reply) =>
+    unary(request, reply, async () => {
+      await filesOf(request).remove(toSandboxPath(unaryBody(request).path));
+      return {};
+    }),
+  );
+
+  app.post('/filesystem.Filesystem/WatchDir', { constraints }, (request, reply) => {
+    const controller = new AbortController();
+    ctx.closeSignal?.addEventListener('abort', () => controller.abort(), { once: true });
+    return serverStream(request, reply, { keepalive: { keepalive: {} }, controller }, async function* (signal) {
+      const files = filesOf(request);
+      const message = await readEnvelope(request);
+      const root = toSandboxPath(message.path);
+      const watch = files.watch(root, { recursive: message.recursive === true, signal });
+      // The SDK's watchDir resolves on `start`: changes after it must be reported.
+      if ('ready' in watch) await (watch as { ready: Promise<void> }).ready;
+      yield { start: {} };
+      for await (const event of watch) {
+        const name = posix.relative(root, event.path) || posix.basename(event.path);
+        yield { filesystem: { name, type: EVENT_TYPES[event.type] } };
+      }
+    });
+  });
+
+  for (const method of ['CreateWatcher', 'GetWatcherEvents', 'RemoveWatcher']) {
+    app.post(`/filesystem.Filesystem/${method}`, { constraints }, (request, reply) =>
+      unary(request, reply, () => Promise.reject(new ConnectError('unimplemented', `${method} is not implemented; the JS SDK uses WatchDir`))),
+    );
+  }
+}

@@ -1,0 +1,162 @@
+import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
+import type { ExecResult } from '../../engine/result.js';
+import type { ProcessHandle } from '../../engine/types.js';
+import type { SandboxAccess } from './access.js';
+import { ConnectError, deadlineMs, readEnvelope, serverStream, unary, unaryBody } from './connect-protocol.js';
+import type { E2bContext, PortConstraint } from './deps.js';
+import { E2B_HOME, checkUser } from './paths.js';
+
+/** envd's `process.Process` service over the engine's processes. */
+
+interface Selector {
+  pid?: number;
+  tag?: string;
+}
+
+const SIGNALS: Record<string, NodeJS.Signals> = {
+  SIGNAL_SIGKILL: 'SIGKILL',
+  SIGNAL_SIGTERM: 'SIGTERM',
+  '9': 'SIGKILL',
+  '15': 'SIGTERM',
+};
+
+function record(value: unknown, field: string): Record<string, unknown> {
+  if (value && typeof value === 'object' && !Array.isArray(value)) return value as Record<string, unknown>;
+  throw new ConnectError('invalid_argument', `${field} is required`);
+}
+
+function strings(value: unknown): Record<string, string> {
+  if (!value || typeof value !== 'object') return {};
+  return Object.fromEntries(Object.entries(value as Record<string, unknown>).filter((e): e is [string, string] => typeof e[1] === 'string'));
+}
+
+/** Go's ProcessState: `exit status N`, or `signal: killed` with exit code -1. */
+export function endEvent(result: ExecResult): object {
+  if (result.outcome === 'ok') return { exitCode: 0, exited: true, status: 'exit status 0' };
+  if (result.outcome === 'exit_nonzero' && result.exitCode !== null) {
+    const status = `exit status ${result.exitCode}`;
+    return { exitCode: result.exitCode, exited: true, status, error: status };
+  }
+  const why = result.limit?.message ?? result.error?.message ?? (result.signal ? `signal: ${result.signal}` : 'the process ended abnormally');
+  return { exitCode: result.exitCode ?? -1, exited: false, status: result.signal ? `signal: ${result.signal.replace(/^SIG/, '').toLowerCase()}` : why, error: why };
+}
+
+export function registerEnvdProcess(app: FastifyInstance, ctx: E2bContext, constraints: PortConstraint): void {
+  const { engine, tokens } = ctx;
+  /** Processes started with a pty: their output is reported as `pty` data. */
+  const ptys = new WeakSet<ProcessHandle>();
+
+  const find = (access: SandboxAccess, selectorValue: unknown): ProcessHandle => {
+    const selector = record(selectorValue, 'process') as Selector;
+    if (typeof selector.pid === 'number') return engine.getProcess(access.tenantId, access.sandboxId, selector.pid);
+    if (typeof selector.tag === 'string') {
+      const info = engine.listProcesses(access.tenantId, access.sandboxId).find((p) => p.running && p.tag === selector.tag);
+      if (info) return engine.getProcess(access.tenantId, access.sandboxId, info.pid);
+      throw new ConnectError('not_found', `no running process is tagged "${selector.tag}"`);
+    }
+    throw new ConnectError('invalid_argument', 'process.pid or process.tag is required');
+  };
+
+  async function* messages(handle: ProcessHandle, signal: AbortSignal): AsyncGenerator<object> {
+    const pty = ptys.has(handle);
+    for await (const event of handle.events(signal)) {
+      if (event.type === 'start') yield { event: { start: { pid: event.pid } } };
+      else if (event.type === 'stdout') yield { event: { data: { [pty ? 'pty' : 'stdout']: event.data.toString('base64') } } };
+      else if (event.type === 'stderr') yield { event: { data: { stderr: event.data.toString('base64') } } };
+      else if (event.type === 'exit') yield { event: { end: endEvent(event.result) } };
+    }
+  }
+
+  const stream = (request: FastifyRequest, reply: FastifyReply, open: (access: SandboxAccess, message: Record<string, unknown>) => Promise<ProcessHandle>) =>
+    serverStream(request, reply, { keepalive: { event: { keepalive: {} } }, controller: new AbortController() }, async function* (signal) {
+      const access = tokens.verify(request);
+      const handle = await open(access, await readEnvelope(request));
+      yield* messages(handle, signal);
+    });
+
+  app.post('/process.Process/Start', { constraints }, (request, reply) =>
+    stream(request, reply, async (access, message) => {
+      checkUser(request);
+      const config = record(message.process, 'process');
+      if (typeof config.cmd !== 'string' || config.cmd === '') throw new ConnectError('invalid_argument', 'process.cmd is required');
+      const args = Array.isArray(config.args) ? config.args.map(String) : [];
+      const size = (message.pty as { size?: { cols?: number; rows?: number } } | undefined)?.size;
+      const cwd = typeof config.cwd === 'string' && config.cwd !== '' ? (config.cwd.startsWith('/') ? config.cwd : `${E2B_HOME}/${config.cwd}`) : undefined;
+      // envd ends the process when the call's deadline passes; without one it runs until the sandbox ends.
+      const maxMs = engine.get(access.tenantId, access.sandboxId).spec.limits.wallClockMs;
+      const deadline = deadlineMs(request);
+      // PWD keeps /home/user in `pwd` (the kernel resolves the symlink to /workspace).
+      const effectiveCwd = cwd ?? engine.get(access.tenantId, access.sandboxId).spec.cwd;
+      const handle = await engine.startProcess(access.tenantId, access.sandboxId, {
+        argv: [config.cmd, ...args],
+        env: { PWD: effectiveCwd, ...strings(config.envs) },
+        cwd: effectiveCwd,
+        timeoutMs: Math.min(deadline ?? maxMs, maxMs),
+        stdin: size ? true : message.stdin !== false,
+        ...(size ? { pty: { cols: size.cols ?? 80, rows: size.rows ?? 24 } } : {}),
+        ...(typeof message.tag === 'string' ? { tag: message.tag } : {}),
+      });
+      if (size) ptys.add(handle);
+      return handle;
+    }),
+  );
+
+  app.post('/process.Process/Connect', { constraints }, (request, reply) =>
+    stream(request, reply, (access, message) => Promise.resolve(find(access, message.process))),
+  );
+
+  app.post('/process.Process/List', { constraints }, (request, reply) =>
+    unary(request, reply, () => {
+      const access = tokens.verify(request);
+      const processes = engine
+        .listProcesses(access.tenantId, access.sandboxId)
+        .filter((p) => p.running)
+        .map((p) => ({ config: { cmd: p.argv[0] ?? '', args: p.argv.slice(1), envs: {}, cwd: p.cwd }, pid: p.pid, ...(p.tag ? { tag: p.tag } : {}) }));
+      return { processes };
+    }),
+  );
+
+  app.post('/process.Process/SendInput', { constraints }, (request, reply) =>
+    unary(request, reply, () => {
+      const access = tokens.verify(request);
+      const body = unaryBody(request);
+      const input = record(body.input, 'input') as { stdin?: string; pty?: string };
+      find(access, body.process).writeStdin(Buffer.from(input.stdin ?? input.pty ?? '', 'base64'));
+      return {};
+    }),
+  );
+
+  app.post('/process.Process/CloseStdin', { constraints }, (request, reply) =>
+    unary(request, reply, () => {
+      const body = unaryBody(request);
+      find(tokens.verify(request), body.process).closeStdin();
+      return {};
+    }),
+  );
+
+  app.post('/process.Process/SendSignal', { constraints }, (request, reply) =>
+    unary(request, reply, () => {
+      const body = unaryBody(request);
+      const signal = SIGNALS[String(body.signal)];
+      if (!signal) throw new ConnectError('invalid_argument', `signal ${String(body.signal)} is not one of SIGNAL_SIGKILL, SIGNAL_SIGTERM`);
+      find(tokens.verify(request), body.process).signal(signal);
+      return {};
+    }),
+  );
+
+  app.post('/process.Process/Update', { constraints }, (request, reply) =>
+    unary(request, reply, () => {
+      const body = unaryBody(request);
+      const handle = find(tokens.verify(request), body.process);
+      const size = (body.pty as { size?: { cols?: number; rows?: number } } | undefined)?.size;
+      if (size?.cols && size.rows) handle.resize(size.cols, size.rows);
+      return {};
+    }),
+  );
+
+  app.post('/process.Process/StreamInput', { constraints }, (request, reply) =>
+    unary(request, reply, () => {
+      throw new ConnectError('unimplemented', 'StreamInput is a client stream (HTTP/2 only); use SendInput');
+    }),
+  );
+}
