@@ -5,6 +5,7 @@ import {
   FileNotFoundError,
   Sandbox,
   SandboxNotFoundError,
+  SandboxNotRunningError,
   type ConnectionOptions,
   type WatchEvent,
 } from '../../src/sdk/index.js';
@@ -140,10 +141,12 @@ describe('SDK over a real server', () => {
 
       await expect(Sandbox.connect(sandbox.sandboxId, { ...conn, apiKey: `cap_${'0'.repeat(40)}` })).rejects.toMatchObject({ code: 'UNAUTHENTICATED' });
 
+      // A killed sandbox is still known (state killed) but runs nothing.
       await sandbox.kill();
-      await expect(sandbox.commands.run('true')).rejects.toMatchObject({ status: expect.any(Number) as unknown });
-      const error = await sandbox.commands.run('true').catch((e: unknown) => e);
-      expect(['SANDBOX_NOT_FOUND', 'SANDBOX_NOT_RUNNING']).toContain((error as { code: string }).code);
+      expect((await Sandbox.connect(sandbox.sandboxId, conn)).info.state).toBe('killed');
+      const ended = sandbox.commands.run('true');
+      await expect(ended).rejects.toBeInstanceOf(SandboxNotRunningError);
+      await expect(ended).rejects.toMatchObject({ code: 'SANDBOX_NOT_RUNNING', status: 409 });
     });
   });
 
