@@ -1,7 +1,7 @@
 import { spawnSync } from 'node:child_process';
 import { access, chmod, copyFile, mkdir, readdir, rename, stat, writeFile } from 'node:fs/promises';
 import { closeSync, constants, existsSync, openSync } from 'node:fs';
-import { createHash } from 'node:crypto';
+import { createHash, randomBytes } from 'node:crypto';
 import { dirname, join, resolve } from 'node:path';
 import { CGROUP_PREFIX } from './cgroups.host.js';
 import { fileURLToPath } from 'node:url';
@@ -54,7 +54,7 @@ export class HostEnvironment {
    * instances on one host (or two test runs) never reconcile away each other's sandboxes.
    */
   readonly cgroupPrefix: string;
-  private paths: HostPaths | undefined;
+  private preparing: Promise<HostPaths> | undefined;
 
   constructor(options: HostEnvironmentOptions = {}) {
     this.dataDir = options.dataDir ?? DEFAULT_DATA_DIR;
@@ -63,8 +63,16 @@ export class HostEnvironment {
     this.cgroupPrefix = `${CGROUP_PREFIX}${createHash('sha256').update(resolve(this.dataDir)).digest('hex').slice(0, 6)}-`;
   }
 
-  async ensure(): Promise<HostPaths> {
-    if (this.paths) return this.paths;
+  /** Prepares the host once per instance; concurrent callers share the same preparation. */
+  ensure(): Promise<HostPaths> {
+    this.preparing ??= this.prepare().catch((error: unknown) => {
+      this.preparing = undefined;
+      throw error;
+    });
+    return this.preparing;
+  }
+
+  private async prepare(): Promise<HostPaths> {
     checkPlatform();
     const bwrap = '/usr/bin/bwrap';
     await requireFile(bwrap, 'bubblewrap is not installed');
@@ -97,7 +105,7 @@ export class HostEnvironment {
     const etcEntries: string[] = [];
     for (const entry of ETC_ALLOWLIST) if (await exists(`/etc/${entry}`)) etcEntries.push(entry);
     const sandboxEtcDir = await prepareSandboxEtc(this.dataDir, etcDir, etcEntries);
-    this.paths = {
+    return {
       dataDir: this.dataDir,
       bwrap,
       launcher: join(this.nativeDir, 'capsule-launch'),
@@ -107,13 +115,13 @@ export class HostEnvironment {
       etcEntries,
       sandboxEtcDir,
     };
-    return this.paths;
   }
 
   private async writeSeccomp(target: string): Promise<void> {
     const generator = join(this.nativeDir, 'seccomp-gen');
     if (await isNewer(target, generator)) return;
-    const fd = openSync(`${target}.tmp`, 'w', 0o644);
+    const temp = `${target}.${process.pid}-${randomBytes(4).toString('hex')}.tmp`;
+    const fd = openSync(temp, 'w', 0o644);
     try {
       const result = spawnSync(generator, [], { stdio: ['ignore', fd, 'pipe'] });
       if (result.status !== 0) {
@@ -122,7 +130,7 @@ export class HostEnvironment {
     } finally {
       closeSync(fd);
     }
-    await rename(`${target}.tmp`, target);
+    await rename(temp, target);
   }
 }
 
@@ -170,9 +178,11 @@ async function isNewer(target: string, source: string): Promise<boolean> {
 
 async function copyIfNewer(source: string, target: string, mode: number): Promise<void> {
   if (await isNewer(target, source)) return;
-  await copyFile(source, `${target}.tmp`);
-  await chmod(`${target}.tmp`, mode);
-  await rename(`${target}.tmp`, target);
+  // Another Capsule process may copy the same file at the same moment: each uses its own temp.
+  const temp = `${target}.${process.pid}-${randomBytes(4).toString('hex')}.tmp`;
+  await copyFile(source, temp);
+  await chmod(temp, mode);
+  await rename(temp, target);
 }
 
 /** Synthetic /etc files: the sandbox sees its own user, no host accounts and no resolver. */

@@ -1,6 +1,8 @@
 import { lstat, readFile, readdir, rename, rm, writeFile, copyFile } from 'node:fs/promises';
+import { randomBytes } from 'node:crypto';
 import { join } from 'node:path';
 import { runCommand } from './run-command.host.js';
+import { withLock } from './lock.host.js';
 
 /** Parts of allowlisted /etc entries that never enter a sandbox, even unreadable. */
 const EXCLUDED = ['ssl/private'];
@@ -15,8 +17,15 @@ export async function prepareSandboxEtc(dataDir: string, syntheticDir: string, e
   const stamp = JSON.stringify(await Promise.all(entries.map(async (e) => [e, (await lstat(`/etc/${e}`)).mtimeMs])));
   const current = await readFile(join(dataDir, 'sandbox-etc.stamp'), 'utf8').catch(() => '');
   if (current === stamp) return target;
+  return withLock(`${target}.lock`, () => rebuild(dataDir, target, stamp, syntheticDir, entries));
+}
 
-  const fresh = `${target}.new-${process.pid}`;
+async function rebuild(dataDir: string, target: string, stamp: string, syntheticDir: string, entries: readonly string[]): Promise<string> {
+  const current = await readFile(join(dataDir, 'sandbox-etc.stamp'), 'utf8').catch(() => '');
+  if (current === stamp) return target;
+
+  const suffix = `${process.pid}-${randomBytes(4).toString('hex')}`;
+  const fresh = `${target}.new-${suffix}`;
   await rm(fresh, { recursive: true, force: true });
   await runCommand(['mkdir', '-m', '0755', fresh]);
   if (entries.length > 0) await runCommand(['cp', '-a', '--', ...entries.map((e) => `/etc/${e}`), `${fresh}/`]);
@@ -25,7 +34,7 @@ export async function prepareSandboxEtc(dataDir: string, syntheticDir: string, e
     await rm(join(fresh, name), { recursive: true, force: true });
     await copyFile(join(syntheticDir, name), join(fresh, name));
   }
-  const old = `${target}.old-${process.pid}`;
+  const old = `${target}.old-${suffix}`;
   await rename(target, old).catch(() => undefined);
   await rename(fresh, target);
   await rm(old, { recursive: true, force: true });

@@ -2,6 +2,7 @@ import { chown, mkdir, open, readFile, readdir, stat, type FileHandle } from 'no
 import { join } from 'node:path';
 import { SandboxError } from '../errors/index.js';
 import { runCommand } from './run-command.host.js';
+import { withLock } from './lock.host.js';
 
 /**
  * Workspaces live on one loop-mounted btrfs volume: a subvolume per sandbox, bounded by a quota
@@ -36,6 +37,14 @@ export class WorkspaceVolume {
 
   /** Creates and mounts the volume if needed; idempotent and cheap when already mounted. */
   async ensure(): Promise<void> {
+    if (await this.isMounted()) {
+      await this.holdMount();
+      return;
+    }
+    await withLock(`${this.mountPoint}.lock`, () => this.mount());
+  }
+
+  private async mount(): Promise<void> {
     if (await this.isMounted()) {
       await this.holdMount();
       return;
