@@ -3,6 +3,7 @@ import { join } from 'node:path';
 import { spawnSync } from 'node:child_process';
 import { listSandboxCgroups } from '../../src/host/cgroups.host.js';
 import { HostEnvironment } from '../../src/host/host-env.host.js';
+import { listInstanceLinks, listInstanceNetns, NetworkNames, slotOwner } from '../../src/host/netns-pool.host.js';
 
 export interface Leaks {
   cgroups: string[];
@@ -11,6 +12,8 @@ export interface Leaks {
   mounts: string[];
   /** gVisor containers in this instance's runsc state directory, and their bundles. */
   runsc: string[];
+  /** Network namespaces and host veths of this instance, except namespaces a pool holds ready and the anchor. */
+  network: string[];
 }
 
 /**
@@ -29,7 +32,26 @@ export async function findLeaks(dataDir: string): Promise<Leaks> {
     .map((line) => line.split(' ')[4] ?? '')
     .filter((target) => target.startsWith(join(dataDir, '/')) && target !== host.volume.mountPoint);
   const runsc = [...(await runscContainers(dataDir)), ...(await gvisorBundles(dataDir))];
-  return { cgroups, processes, workspaces, mounts, runsc };
+  return { cgroups, processes, workspaces, mounts, runsc, network: await networkLeaks(host) };
+}
+
+/** Sandbox namespaces and veths of this instance; a pool's ready namespaces (state "idle") are not leaks. */
+async function networkLeaks(host: HostEnvironment): Promise<string[]> {
+  const names = new NetworkNames(host.cgroupPrefix);
+  const stateDir = join(host.dataDir, 'net', 'slots');
+  const idleSlots = new Set<number>();
+  const leaked: string[] = [];
+  for (const netns of await listInstanceNetns(names)) {
+    const slot = names.slotOf(netns);
+    if (slot !== undefined && (await slotOwner(stateDir, netns)) === 'idle') idleSlots.add(slot);
+    else leaked.push(`netns ${netns}`);
+  }
+  for (const link of await listInstanceLinks(names)) {
+    if (names.anchor.includes(link)) continue;
+    const slot = /h(\d+)$/.exec(link)?.[1];
+    if (slot === undefined || !idleSlots.has(Number(slot))) leaked.push(`veth ${link}`);
+  }
+  return leaked;
 }
 
 /** Live descendants of `root` as "pid name"; zombies count: nobody reaped them. */

@@ -44,9 +44,11 @@ export class FakeInternet {
   private pid: number | undefined;
   private dir = '';
 
+  /** Named apart from the instance's own objects (the leak check must not count it). */
   constructor(names: NetworkNames) {
-    this.netns = `${names.netnsPrefix}x`;
-    this.link = `${names.linkPrefix}x`;
+    const hex = names.linkPrefix.slice(2);
+    this.netns = `capsule-fake-${hex}`;
+    this.link = `cf${hex}x`;
   }
 
   async start(): Promise<void> {

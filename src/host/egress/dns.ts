@@ -79,6 +79,7 @@ export interface DnsResponderOptions {
 export class DnsResponder {
   private readonly socket: Socket;
   private readonly options: DnsResponderOptions;
+  private bound = false;
 
   constructor(options: DnsResponderOptions) {
     this.options = options;
@@ -86,7 +87,8 @@ export class DnsResponder {
     this.socket.on('message', (packet, remote) => this.onMessage(packet, remote.address, remote.port));
   }
 
-  async start(): Promise<void> {
+  /** Binds and returns the port in use. */
+  async start(): Promise<number> {
     await new Promise<void>((resolve, reject) => {
       this.socket.once('error', reject);
       this.socket.bind({ address: this.options.address, port: this.options.port, exclusive: true }, () => {
@@ -96,9 +98,13 @@ export class DnsResponder {
     });
     this.socket.on('error', () => undefined); // a send to a vanished sandbox is not our failure
     this.socket.unref();
+    this.bound = true;
+    return this.socket.address().port;
   }
 
   close(): Promise<void> {
+    if (!this.bound) return Promise.resolve();
+    this.bound = false;
     return new Promise((resolve) => this.socket.close(() => resolve()));
   }
 

@@ -1,5 +1,5 @@
 import { createServer as createHttpServer, request as httpRequest, type IncomingMessage, type Server as HttpServer, type ServerResponse } from 'node:http';
-import { connect, createServer as createNetServer, Socket, type Server as NetServer } from 'node:net';
+import { connect, createServer as createNetServer, Socket, type AddressInfo, type Server as NetServer } from 'node:net';
 import { lookup } from 'node:dns/promises';
 import type { Duplex } from 'node:stream';
 import type { NetworkPolicy } from '../../spec/index.js';
@@ -105,7 +105,7 @@ export class EgressProxy {
     this.options = options;
     this.address = options.address;
     this.ports = { ...DEFAULT_EGRESS_PORTS, ...options.ports };
-    this.operatorDeny = new DestinationList(options.operatorDeny ?? []);
+    this.operatorDeny = new DestinationList(options.operatorDeny ?? [], { coversSubdomains: true });
     this.forbidden = options.forbidden ?? ForbiddenAddresses.forThisHost();
     this.proxyServer = createHttpServer((req, res) => void this.onRequest(req, res, false));
     this.proxyServer.on('connect', (req: IncomingMessage, socket: Duplex, head: Buffer) => void this.onConnect(req, socket, head));
@@ -122,19 +122,21 @@ export class EgressProxy {
   }
 
   async start(): Promise<void> {
-    const listen = (server: NetServer | HttpServer, port: number): Promise<void> =>
+    // Port 0 picks a free port (tests); `ports` then holds the one in use.
+    const listen = (server: NetServer | HttpServer, key: keyof EgressPorts): Promise<void> =>
       new Promise((resolve, reject) => {
         server.once('error', reject);
-        server.listen({ host: this.address, port, exclusive: true }, () => {
+        server.listen({ host: this.address, port: this.ports[key], exclusive: true }, () => {
           server.off('error', reject);
           server.unref();
+          this.ports[key] = (server.address() as AddressInfo).port;
           resolve();
         });
       });
-    await listen(this.proxyServer, this.ports.proxy);
-    await listen(this.httpServer, this.ports.http);
-    await listen(this.tlsServer, this.ports.tls);
-    await this.dns.start();
+    await listen(this.proxyServer, 'proxy');
+    await listen(this.httpServer, 'http');
+    await listen(this.tlsServer, 'tls');
+    this.ports.dns = await this.dns.start();
   }
 
   async close(): Promise<void> {

@@ -30,12 +30,17 @@ interface CidrRule {
   list: BlockList;
 }
 
-/** A parsed list of domain and CIDR entries (an allowlist or the operator's deny list). */
+/**
+ * A parsed list of domain and CIDR entries (an allowlist or the operator's deny list). With
+ * `coversSubdomains` (deny lists) `evil.example` also matches `a.evil.example`.
+ */
 export class DestinationList {
   private readonly domains: DomainRule[] = [];
   private readonly cidrs: CidrRule[] = [];
+  private readonly coversSubdomains: boolean;
 
-  constructor(entries: readonly string[]) {
+  constructor(entries: readonly string[], options: { coversSubdomains?: boolean } = {}) {
+    this.coversSubdomains = options.coversSubdomains ?? false;
     for (const raw of entries) {
       const entry = raw.trim().toLowerCase();
       const cidr = parseCidr(entry);
@@ -60,7 +65,7 @@ export class DestinationList {
   matchName(host: string, port?: number): string | undefined {
     for (const rule of this.domains) {
       if (port !== undefined && rule.port !== undefined && rule.port !== port) continue;
-      const hit = rule.wildcard ? host.endsWith(`.${rule.name}`) : host === rule.name;
+      const hit = rule.wildcard || this.coversSubdomains ? host.endsWith(`.${rule.name}`) || (!rule.wildcard && host === rule.name) : host === rule.name;
       if (hit) return rule.entry;
     }
     return undefined;
