@@ -13,10 +13,17 @@ export interface ReadOptions<F extends ReadFormat = ReadFormat> extends CallOpti
 export type WriteData = string | Uint8Array | ArrayBuffer | Blob | ReadableStream<Uint8Array> | AsyncIterable<Uint8Array>;
 
 export interface WatchOptions extends CallOptions {
+  /**
+   * Deadline for the server to answer. The server may answer only with the first event, so by
+   * default there is none; `signal` or the handle's `stop()` ends the watch. @default 0 (none)
+   */
+  timeoutMs?: number;
   /** Also watch subdirectories. @default false */
   recursive?: boolean;
   onEvent: (event: WatchEvent) => void;
 }
+
+const WATCH_EVENT_TYPES: ReadonlySet<string> = new Set(['create', 'write', 'remove', 'rename', 'chmod'] satisfies WatchEvent['type'][]);
 
 /** A running watch. `stop()` ends it; `done` settles when it ended (rejects if it broke). */
 export interface WatchHandle {
@@ -100,14 +107,15 @@ export class Files {
       method: 'GET',
       path: `${this.base}/files/watch`,
       query: { path, recursive: options.recursive === true },
-      timeoutMs: options.timeoutMs,
+      timeoutMs: options.timeoutMs ?? 0,
       signal,
     });
     const done = (async () => {
       try {
         for await (const event of readNdjson<WatchEvent | { type: 'error'; error: unknown }>(open.body)) {
           if (event.type === 'error') throw errorFromStreamEvent(event.error);
-          options.onEvent(event);
+          // Lines of other types (a newer server's heartbeats, say) are not changes.
+          if (WATCH_EVENT_TYPES.has(event.type)) options.onEvent(event);
         }
       } catch (error) {
         if (error instanceof AbortedError && signal.aborted) return;

@@ -12,7 +12,7 @@ export interface RequestOptions {
   json?: unknown;
   /** Sent as `application/octet-stream`. A stream body is sent once: it cannot be replayed. */
   body?: Uint8Array | string | ReadableStream<Uint8Array>;
-  /** Deadline: of the whole call, or of the reply's headers for `open()`. @default config.timeoutMs */
+  /** Deadline: of the whole call, or of the reply's headers for `open()`; 0 for none. @default config.timeoutMs */
   timeoutMs?: number;
   signal?: AbortSignal;
 }
@@ -128,10 +128,13 @@ class CallSignal {
     this.onAbort = () => this.controller.abort(outer?.reason);
     if (outer?.aborted) this.controller.abort(outer.reason);
     else outer?.addEventListener('abort', this.onAbort, { once: true });
-    this.timer = setTimeout(() => {
-      this.timedOut = true;
-      this.controller.abort(new Error('deadline'));
-    }, timeoutMs);
+    // 0 (or Infinity) means no deadline: the caller's signal alone ends the call.
+    if (timeoutMs > 0 && Number.isFinite(timeoutMs)) {
+      this.timer = setTimeout(() => {
+        this.timedOut = true;
+        this.controller.abort(new Error('deadline'));
+      }, timeoutMs);
+    }
   }
 
   get signal(): AbortSignal {

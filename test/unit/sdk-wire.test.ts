@@ -329,12 +329,12 @@ describe('SDK files', () => {
     ]);
   });
 
-  it('watches until stopped', async () => {
+  it('watches until stopped, ignoring lines that are not changes', async () => {
     const sb = await sandbox();
     let reply: ServerResponse | undefined;
     script((_req, res) => {
       res.writeHead(200, { 'content-type': 'application/x-ndjson' });
-      res.write(`${JSON.stringify({ type: 'create', path: '/workspace/x' })}\n`);
+      res.write(`${JSON.stringify({ type: 'heartbeat' })}\n${JSON.stringify({ type: 'create', path: '/workspace/x' })}\n`);
       reply = res;
     });
     const events: WatchEvent[] = [];
