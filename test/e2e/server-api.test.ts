@@ -6,8 +6,9 @@ import { expectError, readNdjson, startTestServer, waitFor, type TestServer } fr
 type Info = { sandboxId: string; state: string; expiresAt: string; endReason?: string; metadata: Record<string, string> };
 
 let t: TestServer;
+let logs = '';
 beforeAll(async () => {
-  t = await startTestServer({ maxSandboxesPerTenant: 4 });
+  t = await startTestServer({ maxSandboxesPerTenant: 4, logger: { level: 'debug', stream: { write: (line: string) => (logs += line) } } });
 });
 afterAll(async () => {
   await t.server.close();
@@ -326,6 +327,23 @@ describe('audit over HTTP', () => {
       t.server.db.exec('DROP TRIGGER audit_down');
     }
     expect((await t.json<{ sandboxes: Info[] }>('GET', '/v1/sandboxes?metadata=audit=down')).body.sandboxes).toEqual([]);
+  });
+});
+
+describe('logs', () => {
+  it('are JSON lines with request ids, and never hold an API key or an uploaded body', async () => {
+    const s = await create();
+    const secret = `upload-${randomBytes(8).toString('hex')}`;
+    expect((await t.call('PUT', `/v1/sandboxes/${s.sandboxId}/files?path=secret.txt`, { raw: secret })).status).toBe(200);
+    await t.json('GET', '/v1/sandboxes', { headers: { 'x-api-key': t.apiKey }, key: null });
+    await t.json('POST', '/v1/sandboxes', { raw: '{"broken', headers: { 'content-type': 'application/json' } });
+    const lines = logs.split('\n').filter((l) => l !== '');
+    expect(lines.length).toBeGreaterThan(10);
+    for (const line of lines) expect(() => JSON.parse(line) as unknown, line).not.toThrow();
+    expect(lines.some((l) => /"reqId":"req_/.test(l))).toBe(true);
+    expect(logs).not.toContain(t.apiKey);
+    expect(logs).not.toContain(t.apiKey.slice(4));
+    expect(logs).not.toContain(secret);
   });
 });
 
