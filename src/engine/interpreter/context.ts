@@ -1,0 +1,253 @@
+import { SandboxError } from '../../errors/index.js';
+import type { BackendSandbox } from '../../backends/backend.js';
+import type { AgentExit } from '../../backends/agent/index.js';
+import { DriverProcess } from './driver.js';
+import { ExecutionBuilder, type DriverEvent } from './protocol.js';
+import { memoryLimit, timeoutLimit } from './limits.js';
+import type { TypeStripper } from './typescript.js';
+import type { ContextInfo, Execution, RunCodeOptions } from './types.js';
+
+/** How long interrupted code has to stop before the driver is killed and the context restarted. */
+export const INTERRUPT_GRACE_MS = 2000;
+const STOP_GRACE_MS = 2000;
+export const DEFAULT_START_TIMEOUT_MS = 60_000;
+
+type Settled = { how: 'end' } | { how: 'died' } | { how: 'exited'; exit: AgentExit };
+
+interface Running {
+  id: string;
+  builder: ExecutionBuilder;
+  settle: (settled: Settled) => void;
+}
+
+export interface ContextOptions {
+  sandbox: BackendSandbox;
+  info: ContextInfo;
+  /** The driver's complete environment. */
+  env: Record<string, string>;
+  stripper: TypeStripper;
+}
+
+/**
+ * One interpreter context: a driver process in the sandbox holding a live interpreter, so state
+ * persists between runs. Runs are serialized; restart and close act at once.
+ */
+export class InterpreterContext {
+  readonly info: ContextInfo;
+  private readonly sandbox: BackendSandbox;
+  private readonly env: Record<string, string>;
+  private readonly stripper: TypeStripper;
+  private driver: DriverProcess | undefined;
+  private starting: Promise<void> | undefined;
+  /** Why the interpreter is gone (set until a restart). */
+  private deadReason: string | undefined;
+  private isClosed = false;
+  private generation = 0;
+  private sequence = 0;
+  private current: Running | undefined;
+  private queue: Promise<unknown> = Promise.resolve();
+
+  constructor(options: ContextOptions) {
+    this.info = options.info;
+    this.sandbox = options.sandbox;
+    this.env = options.env;
+    this.stripper = options.stripper;
+  }
+
+  get isAlive(): boolean {
+    return !this.isClosed && this.deadReason === undefined;
+  }
+
+  /** Starts the interpreter; resolves when it is ready for code. */
+  start(options: { timeoutMs?: number; signal?: AbortSignal } = {}): Promise<void> {
+    const generation = this.generation;
+    this.starting = (async () => {
+      const driver = await DriverProcess.start(this.sandbox, {
+        language: this.info.language,
+        contextId: this.info.id,
+        cwd: this.info.cwd,
+        env: this.env,
+        timeoutMs: options.timeoutMs ?? DEFAULT_START_TIMEOUT_MS,
+        signal: options.signal,
+      });
+      if (this.isClosed || generation !== this.generation) {
+        await driver.stop(STOP_GRACE_MS);
+        return;
+      }
+      this.attach(driver);
+      this.driver = driver;
+      this.deadReason = undefined;
+    })();
+    return this.starting;
+  }
+
+  /** Runs code after any earlier run of this context finished. */
+  run(code: string, options: RunCodeOptions = {}): Promise<Execution> {
+    const task = (): Promise<Execution> => this.execute(code, options);
+    const next = this.queue.then(task, task);
+    this.queue = next.catch(() => undefined);
+    return next;
+  }
+
+  /** Kills the interpreter (whatever runs is ended) and starts a fresh one: all state is lost. */
+  async restart(options: { timeoutMs?: number; signal?: AbortSignal } = {}): Promise<void> {
+    this.checkOpen();
+    this.generation += 1;
+    const old = this.driver;
+    this.driver = undefined;
+    await this.starting?.catch(() => undefined);
+    if (old) await old.stop(STOP_GRACE_MS);
+    await this.start(options);
+  }
+
+  /** Shuts the interpreter down. Safe to call twice. */
+  async close(): Promise<void> {
+    if (this.isClosed) return;
+    this.isClosed = true;
+    this.generation += 1;
+    const old = this.driver;
+    this.driver = undefined;
+    await this.starting?.catch(() => undefined);
+    if (old) await old.stop(STOP_GRACE_MS);
+  }
+
+  private attach(driver: DriverProcess): void {
+    driver.onEvent((event) => this.dispatch(event));
+    // Output of processes the JavaScript code started with inherited stdio; the Python driver's
+    // own stderr is diagnostics, kept in its tail.
+    if (this.info.language !== 'python') driver.onStderr((text) => this.current?.builder.output('stderr', text));
+    void driver.exited.then((exit) => {
+      if (this.driver !== driver) return;
+      this.driver = undefined;
+      if (!this.isClosed) this.deadReason ??= `its interpreter exited (${exit.signal ?? `exit code ${exit.exitCode}`})`;
+      this.current?.settle({ how: 'exited', exit });
+    });
+  }
+
+  private dispatch(event: DriverEvent): void {
+    const running = this.current;
+    if (running === undefined || !('id' in event) || event.id !== running.id) return;
+    if (event.type === 'end') running.settle(event.outcome === 'died' ? { how: 'died' } : { how: 'end' });
+    else running.builder.apply(event);
+  }
+
+  private checkOpen(): void {
+    if (this.isClosed) {
+      throw new SandboxError('NOT_FOUND', `interpreter context ${this.info.id} was deleted`, {
+        details: { contextId: this.info.id },
+        hint: 'Create a new context (createContext) or run without contextId to use the default one.',
+      });
+    }
+  }
+
+  private async requireDriver(): Promise<DriverProcess> {
+    this.checkOpen();
+    await this.starting;
+    if (this.deadReason !== undefined || this.driver === undefined) {
+      throw new SandboxError('CONFLICT', `interpreter context ${this.info.id} is not running: ${this.deadReason ?? 'it was stopped'}`, {
+        details: { contextId: this.info.id },
+        hint: `Restart it (restartContext("${this.info.id}")); its earlier state is gone.`,
+      });
+    }
+    return this.driver;
+  }
+
+  private async execute(code: string, options: RunCodeOptions): Promise<Execution> {
+    options.signal?.throwIfAborted();
+    const driver = await this.requireDriver();
+    const limits = this.sandbox.spec.limits;
+    const timeoutMs = options.timeoutMs ?? limits.wallClockMs;
+    const id = String(++this.sequence);
+    const builder = new ExecutionBuilder(this.info.id, { stdoutBytes: limits.stdoutBytes, stderrBytes: limits.stderrBytes }, options);
+    let source = code;
+    if (this.info.language === 'ts') {
+      const stripped = await this.stripper.strip(code, `cell-${id}`);
+      if ('error' in stripped) {
+        builder.apply({ type: 'error', id, ...stripped.error });
+        return builder.execution;
+      }
+      source = stripped.code;
+    }
+
+    const generation = this.generation;
+    const before = await this.sandbox.counters();
+    const started = performance.now();
+    const running: Running = { id, builder, settle: () => undefined };
+    const settled = new Promise<Settled>((settle) => (running.settle = settle));
+    this.current = running;
+    let timedOut = false;
+    let aborted = false;
+    let escalated = false;
+    let graceTimer: NodeJS.Timeout | undefined;
+    const interrupt = (): void => {
+      if (graceTimer !== undefined) return;
+      driver.interrupt();
+      graceTimer = setTimeout(() => {
+        escalated = true;
+        void driver.kill();
+      }, INTERRUPT_GRACE_MS);
+    };
+    const timer = setTimeout(() => {
+      timedOut = true;
+      interrupt();
+    }, timeoutMs);
+    const onAbort = (): void => {
+      aborted = true;
+      interrupt();
+    };
+    options.signal?.addEventListener('abort', onAbort, { once: true });
+    try {
+      driver.send({ op: 'execute', id, code: source, ...(options.envVars && { envVars: options.envVars }) });
+    } catch {
+      running.settle({ how: 'exited', exit: await driver.exited });
+    }
+    const outcome = await settled;
+    clearTimeout(timer);
+    clearTimeout(graceTimer);
+    options.signal?.removeEventListener('abort', onAbort);
+    this.current = undefined;
+    const durationMs = Math.round(performance.now() - started);
+    const execution = builder.execution;
+
+    if (outcome.how !== 'end') {
+      if (outcome.how === 'exited' && outcome.exit.lost) {
+        throw new SandboxError('SANDBOX_CRASHED', `sandbox ${this.sandbox.id} stopped while context ${this.info.id} ran code`, {
+          details: { contextId: this.info.id },
+        });
+      }
+      this.checkOpen();
+      if (generation !== this.generation) {
+        execution.error = { name: 'ContextRestarted', value: `context ${this.info.id} was restarted while the code ran`, traceback: '' };
+        return execution;
+      }
+      const after = await this.sandbox.counters().catch(() => before);
+      if (escalated) {
+        await this.restart();
+        if (!aborted) execution.limit = timeoutLimit(this.info.id, timeoutMs, durationMs, true);
+      } else if (after.oomKills > before.oomKills) {
+        execution.limit = memoryLimit(this.info.id, this.info.language, limits.memoryBytes, after.memoryPeakBytes);
+        this.deadReason = `the memory limit ended its interpreter (${execution.limit.message.split(';')[0]})`;
+      } else {
+        this.deadReason ??= 'its interpreter ended unexpectedly';
+        const tail = this.driverTail(driver);
+        execution.error = {
+          name: 'ContextDied',
+          value: `the ${this.info.language} interpreter of context ${this.info.id} ended unexpectedly; restart the context to go on`,
+          traceback: tail,
+        };
+      }
+    } else if (timedOut) {
+      execution.limit = timeoutLimit(this.info.id, timeoutMs, durationMs, false);
+    }
+    if (aborted) {
+      throw new SandboxError('ABORTED', `the caller aborted the code running in context ${this.info.id}; it was interrupted`, {
+        details: { contextId: this.info.id, stateLost: escalated },
+      });
+    }
+    return execution;
+  }
+
+  private driverTail(driver: DriverProcess): string {
+    return driver.stderrTail.trim().split('\n').slice(-20).join('\n');
+  }
+}

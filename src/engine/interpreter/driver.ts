@@ -1,0 +1,160 @@
+import { SandboxError } from '../../errors/index.js';
+import type { BackendSandbox } from '../../backends/backend.js';
+import type { AgentExit, AgentProcess } from '../../backends/agent/index.js';
+import { TOOLS_DIR } from '../../backends/namespace/bwrap-args.js';
+import { LineDecoder, parseEvent, type DriverEvent, type DriverRequest } from './protocol.js';
+import type { InterpreterLanguage } from './types.js';
+
+const STDERR_TAIL_CHARS = 4096;
+
+/**
+ * The argv that starts a context's driver inside the sandbox. The JavaScript driver gets the
+ * protocol on fd 3 and its fds 1 and 2 on the agent's stderr (a constant shell line, no input in it).
+ */
+export function driverArgv(language: InterpreterLanguage, contextId: string, cwd: string): string[] {
+  if (language === 'python') {
+    return ['python3', `${TOOLS_DIR}/python_driver.py`, '--context', contextId, '--cwd', cwd];
+  }
+  return ['/bin/sh', '-c', `exec node ${TOOLS_DIR}/js_driver.mjs "$@" 3>&1 1>&2`, 'js_driver', '--context', contextId];
+}
+
+export interface DriverStartOptions {
+  language: InterpreterLanguage;
+  contextId: string;
+  cwd: string;
+  env: Record<string, string>;
+  timeoutMs: number;
+  signal?: AbortSignal;
+}
+
+/** One running driver process: requests in, parsed events out. */
+export class DriverProcess {
+  private readonly listeners: ((event: DriverEvent) => void)[] = [];
+  private readonly stderrListeners: ((text: string) => void)[] = [];
+  private tail = '';
+
+  private constructor(
+    private readonly process: AgentProcess,
+    readonly language: InterpreterLanguage,
+  ) {
+    const lines = new LineDecoder();
+    process.onStdout((chunk) => {
+      for (const line of lines.push(chunk)) {
+        let event: DriverEvent;
+        try {
+          event = parseEvent(line);
+        } catch (error) {
+          event = { type: 'fatal', message: `the driver wrote an unreadable line: ${(error as Error).message}` };
+        }
+        for (const listener of this.listeners) listener(event);
+      }
+    });
+    process.onStderr((chunk) => {
+      const text = chunk.toString('utf8');
+      this.tail = (this.tail + text).slice(-STDERR_TAIL_CHARS);
+      for (const listener of this.stderrListeners) listener(text);
+    });
+  }
+
+  /** Starts the driver and waits for its `ready`; a `fatal` or an early exit is EXEC_FAILED. */
+  static async start(sandbox: BackendSandbox, options: DriverStartOptions): Promise<DriverProcess> {
+    options.signal?.throwIfAborted();
+    const process = await sandbox.exec({
+      argv: driverArgv(options.language, options.contextId, options.cwd),
+      env: options.env,
+      cwd: options.cwd,
+      stdin: true,
+    });
+    const driver = new DriverProcess(process, options.language);
+    let timer: NodeJS.Timeout | undefined;
+    let onAbort: (() => void) | undefined;
+    const failure = (message: string, code: 'EXEC_FAILED' | 'TIMEOUT' | 'ABORTED' = 'EXEC_FAILED'): SandboxError =>
+      new SandboxError(code, `cannot start the ${options.language} interpreter for context ${options.contextId} in sandbox ${sandbox.id}: ${message}`, {
+        details: { contextId: options.contextId, language: options.language, stderr: driver.stderrTail },
+        hint: code === 'TIMEOUT'
+          ? 'The sandbox may be short of CPU or memory; raise limits.cpus or limits.memoryBytes, or try again.'
+          : 'Check that the sandbox image has the interpreter (python3 with ipykernel, or node) and enough memory (limits.memoryBytes).',
+      });
+    try {
+      await new Promise<void>((resolve, reject) => {
+        driver.onEvent((event) => {
+          if (event.type === 'ready') resolve();
+          if (event.type === 'fatal') reject(failure(event.message));
+        });
+        void process.exited.then((exit) => reject(failure(`the driver exited (${describeExit(exit)}) ${lastLine(driver.stderrTail)}`.trim())));
+        timer = setTimeout(() => reject(failure(`no answer within ${options.timeoutMs} ms`, 'TIMEOUT')), options.timeoutMs);
+        onAbort = () => reject(failure('the caller aborted', 'ABORTED'));
+        options.signal?.addEventListener('abort', onAbort, { once: true });
+      });
+    } catch (error) {
+      await driver.kill();
+      throw error;
+    } finally {
+      clearTimeout(timer);
+      if (onAbort) options.signal?.removeEventListener('abort', onAbort);
+    }
+    return driver;
+  }
+
+  get exited(): Promise<AgentExit> {
+    return this.process.exited;
+  }
+
+  get stderrTail(): string {
+    return this.tail;
+  }
+
+  onEvent(listener: (event: DriverEvent) => void): void {
+    this.listeners.push(listener);
+  }
+
+  /** Text the driver's process tree wrote to fds 1/2 outside the protocol. */
+  onStderr(listener: (text: string) => void): void {
+    this.stderrListeners.push(listener);
+  }
+
+  send(request: DriverRequest): void {
+    this.process.write(`${JSON.stringify(request)}\n`);
+  }
+
+  /** Interrupts running code: the Python driver interrupts its kernel, Node breaks on SIGINT. */
+  interrupt(): void {
+    try {
+      this.send({ op: 'interrupt' });
+    } catch {
+      return; // already gone: its exit settles whatever ran
+    }
+    if (this.language !== 'python') this.process.signal('SIGINT');
+  }
+
+  /** Asks the driver to shut its interpreter down; kills it after `graceMs`. */
+  async stop(graceMs: number): Promise<void> {
+    try {
+      this.send({ op: 'shutdown' });
+      this.process.closeStdin();
+    } catch {
+      // gone already
+    }
+    let timer: NodeJS.Timeout | undefined;
+    const timedOut = new Promise<'timeout'>((resolve) => (timer = setTimeout(() => resolve('timeout'), graceMs)));
+    const how = await Promise.race([this.process.exited, timedOut]);
+    clearTimeout(timer);
+    if (how === 'timeout') await this.kill();
+  }
+
+  /** SIGKILL to the driver's tree; the Python kernel dies with it (PR_SET_PDEATHSIG). */
+  async kill(): Promise<void> {
+    this.process.signal('SIGKILL');
+    await this.process.exited;
+  }
+}
+
+function describeExit(exit: AgentExit): string {
+  if (exit.lost) return 'the sandbox agent went away';
+  return exit.signal !== null ? `signal ${exit.signal}` : `exit code ${exit.exitCode}`;
+}
+
+function lastLine(text: string): string {
+  const lines = text.trim().split('\n');
+  return lines.length > 0 && lines[lines.length - 1] !== '' ? `: ${lines[lines.length - 1]}` : '';
+}
