@@ -147,12 +147,17 @@ export class GvisorBackend implements Backend {
       await mkdir(this.layout.runscRoot, { recursive: true, mode: 0o700 });
       // runsc joins these pre-made groups and leaves them when the container goes: the counters
       // (OOM kills above all) stay readable after the sandbox died of its memory limit.
-      const cgroup = await SandboxCgroup.create(this.host.cgroupPrefix, id, { ...spec.limits, pids: hostPidsBackstop(spec.limits.pids) });
-      cleanup.push(() => cgroup.remove());
-      const workspaceDir = how.reuseWorkspace
-        ? await this.host.volume.adopt(id, spec.limits.diskBytes, uid)
-        : await this.host.volume.create(id, spec.limits.diskBytes, uid);
-      if (!how.reuseWorkspace) cleanup.push(() => this.host.volume.delete(id));
+      // Independent: made at once; whichever was made is undone if the other failed.
+      const [madeCgroup, madeWorkspace] = await Promise.allSettled([
+        SandboxCgroup.create(this.host.cgroupPrefix, id, { ...spec.limits, pids: hostPidsBackstop(spec.limits.pids) }),
+        how.reuseWorkspace ? this.host.volume.adopt(id, spec.limits.diskBytes, uid) : this.host.volume.create(id, spec.limits.diskBytes, uid),
+      ]);
+      if (madeCgroup.status === 'fulfilled') cleanup.push(() => madeCgroup.value.remove());
+      if (madeWorkspace.status === 'fulfilled' && !how.reuseWorkspace) cleanup.push(() => this.host.volume.delete(id));
+      if (madeCgroup.status === 'rejected') throw madeCgroup.reason;
+      if (madeWorkspace.status === 'rejected') throw madeWorkspace.reason;
+      const cgroup = madeCgroup.value;
+      const workspaceDir = madeWorkspace.value;
       const bundleDir = this.layout.bundleDir(id);
       const oci: OciSpec = buildOciSpec(spec, {
         rootfsDir: join(bundleDir, 'rootfs'),
@@ -199,3 +204,4 @@ export class GvisorBackend implements Backend {
     return uid;
   }
 }
+

@@ -131,6 +131,8 @@ export class GvisorSandbox implements BackendSandbox {
         throw new SandboxError('INTERNAL', `checkpoint of sandbox ${this.id} failed: ${(error as Error).message}`, { cause: error });
       }
       await this.childExited; // runsc run ends once the container is saved
+      // runsc run may leave the saved container behind as "stopped"; restore needs the id free.
+      await this.options.runsc.deleteForce(this.id);
       this.handOver = agent.handOver();
       this.nextProcessId = this.handOver.nextProcessId;
       // No process is left in the group: hand back the page cache it was charged (the image).

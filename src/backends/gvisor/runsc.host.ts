@@ -53,9 +53,12 @@ export class Runsc {
     return result.stdout.split('\n').map((line) => line.trim()).filter((line) => line.length > 0);
   }
 
-  /** Saves the container's memory and processes to `imageDir`; the container stops. */
+  /**
+   * Saves the container's memory and processes to `imageDir`; the container stops. Uncompressed:
+   * flate costs ~10 ms of CPU per MiB here, which is most of a checkpoint, and disk is cheaper.
+   */
   async checkpoint(id: string, imageDir: string): Promise<void> {
-    await this.command(['checkpoint', `--image-path=${imageDir}`, id]);
+    await this.command(['checkpoint', '--compression=none', `--image-path=${imageDir}`, id]);
   }
 
   /** Kills whatever is left of a container and removes its state. Absent containers are fine. */
