@@ -100,25 +100,18 @@ export class Commands {
   }
 
   private async runForeground(open: OpenResponse, stdinData: string | Uint8Array | undefined, options: RunOptions): Promise<ExecResult> {
-    const output = new OutputDecoder(options);
     let pid: number | undefined;
+    const onStart = (started: number) => {
+      pid = started;
+      options.onStart?.(started);
+      // Once the process has ended, a failed stdin write no longer matters: its result says all.
+      if (stdinData !== undefined) writeAndClose(this.http, this.base, started, stdinData, options.signal).catch(() => undefined);
+    };
     try {
-      for await (const event of readNdjson<WireProcessEvent>(open.body)) {
-        if (event.type === 'start') {
-          pid = event.pid;
-          options.onStart?.(pid);
-          // Once the process has ended, a failed stdin write no longer matters: its result says all.
-          if (stdinData !== undefined) writeAndClose(this.http, this.base, pid, stdinData, options.signal).catch(() => undefined);
-        }
-        const result = output.handle(event);
-        if (result) return result;
-      }
-      throw streamEnded(pid);
+      return await follow({ http: this.http, base: this.base, open, output: new OutputDecoder(options), signal: options.signal, onStart });
     } catch (error) {
       if (error instanceof AbortedError && pid !== undefined) await signalQuietly(this.http, this.base, pid, 'SIGKILL');
       throw error;
-    } finally {
-      open.close();
     }
   }
 }
@@ -168,13 +161,9 @@ export class CommandHandle {
   /** @internal Opens the event stream once; later calls share it. */
   startStreaming(signal?: AbortSignal, timeoutMs?: number): { opened: Promise<void>; result: Promise<ExecResult> } {
     if (this.streaming) return this.streaming;
-    const opened = this.http.open({
-      method: 'GET',
-      path: `${this.path}/events`,
-      signal: signal ? AbortSignal.any([signal, this.stop.signal]) : this.stop.signal,
-      timeoutMs,
-    });
-    const result = opened.then((open) => this.consume(open));
+    const streamSignal = signal ? AbortSignal.any([signal, this.stop.signal]) : this.stop.signal;
+    const opened = this.http.open({ method: 'GET', path: `${this.path}/events`, signal: streamSignal, timeoutMs });
+    const result = opened.then((open) => this.consume(open, streamSignal));
     // Both are observed by whoever awaits them; these keep an unobserved failure from crashing Node.
     opened.catch(() => undefined);
     result.catch(() => undefined);
@@ -186,37 +175,85 @@ export class CommandHandle {
     return `${this.base}/processes/${this.pid}`;
   }
 
-  private async consume(open: OpenResponse): Promise<ExecResult> {
-    const output = new OutputDecoder(this.callbacks);
-    try {
-      for await (const event of readNdjson<WireProcessEvent>(open.body)) {
-        const result = output.handle(event);
-        if (result) return result;
-      }
-      throw streamEnded(this.pid);
-    } finally {
-      open.close();
-    }
+  private consume(open: OpenResponse, signal: AbortSignal): Promise<ExecResult> {
+    return follow({ http: this.http, base: this.base, open, output: new OutputDecoder(this.callbacks), signal, pid: this.pid });
   }
 }
 
-/** Turns wire events into callbacks; returns the result on `exit`. */
+/** Times a broken event stream is reattached before the error is thrown. */
+const MAX_REATTACH = 3;
+
+interface FollowOptions {
+  http: HttpClient;
+  base: string;
+  open: OpenResponse;
+  output: OutputDecoder;
+  signal?: AbortSignal;
+  /** Known when following an existing process; else taken from the `start` event. */
+  pid?: number;
+  onStart?: (pid: number) => void;
+}
+
+/**
+ * Reads a process's events up to its exit. When the stream breaks (a proxy's idle timeout, a
+ * dropped connection), it reattaches — the server replays from the start — and skips what was
+ * already delivered, so callbacks see each byte once.
+ */
+async function follow(options: FollowOptions): Promise<ExecResult> {
+  let { open, pid } = options;
+  for (let reattached = 0; ; reattached++) {
+    try {
+      for await (const event of readNdjson<WireProcessEvent>(open.body)) {
+        if (event.type === 'start' && pid === undefined) {
+          pid = event.pid;
+          options.onStart?.(pid);
+        }
+        const result = options.output.handle(event);
+        if (result) return result;
+      }
+      throw streamEnded(pid);
+    } catch (error) {
+      if (!(error instanceof ConnectionError) || pid === undefined || reattached >= MAX_REATTACH) throw error;
+    } finally {
+      open.close();
+    }
+    options.output.replayFromStart();
+    open = await options.http.open({ method: 'GET', path: `${options.base}/processes/${pid}/events`, signal: options.signal });
+  }
+}
+
+type Counts = { stdout: number; stderr: number; warnings: number };
+
+/**
+ * Turns wire events into callbacks; returns the result on `exit`. After `replayFromStart()` it
+ * skips the bytes and warnings it had already delivered.
+ */
 class OutputDecoder {
   private readonly stdout = new TextDecoder();
   private readonly stderr = new TextDecoder();
+  private readonly delivered: Counts = { stdout: 0, stderr: 0, warnings: 0 };
+  private replayed: Counts | undefined;
 
   constructor(private readonly callbacks: OutputCallbacks) {}
 
+  replayFromStart(): void {
+    this.replayed = { stdout: 0, stderr: 0, warnings: 0 };
+  }
+
   handle(event: WireProcessEvent): ExecResult | undefined {
     switch (event.type) {
-      case 'stdout':
-        this.callbacks.onStdout?.(this.stdout.decode(Buffer.from(event.data, 'base64'), { stream: true }));
+      case 'stdout': {
+        const fresh = this.fresh('stdout', Buffer.from(event.data, 'base64'));
+        if (fresh.length > 0) this.callbacks.onStdout?.(this.stdout.decode(fresh, { stream: true }));
         return undefined;
-      case 'stderr':
-        this.callbacks.onStderr?.(this.stderr.decode(Buffer.from(event.data, 'base64'), { stream: true }));
+      }
+      case 'stderr': {
+        const fresh = this.fresh('stderr', Buffer.from(event.data, 'base64'));
+        if (fresh.length > 0) this.callbacks.onStderr?.(this.stderr.decode(fresh, { stream: true }));
         return undefined;
+      }
       case 'warning':
-        this.callbacks.onWarning?.(event.warning);
+        if (this.fresh('warnings', 1) > 0) this.callbacks.onWarning?.(event.warning);
         return undefined;
       case 'exit':
         return event.result;
@@ -225,6 +262,20 @@ class OutputDecoder {
       default:
         return undefined;
     }
+  }
+
+  /** The part of `data` (bytes, or a count of warnings) not delivered before. */
+  private fresh<T extends Buffer | number>(kind: keyof Counts, data: T): T {
+    const size = typeof data === 'number' ? data : data.length;
+    if (this.replayed === undefined) {
+      this.delivered[kind] += size;
+      return data;
+    }
+    const toSkip = Math.max(0, this.delivered[kind] - this.replayed[kind]);
+    this.replayed[kind] += size;
+    const kept = Math.max(0, size - toSkip);
+    this.delivered[kind] += kept;
+    return (typeof data === 'number' ? kept : data.subarray(size - kept)) as T;
   }
 }
 

@@ -262,6 +262,38 @@ describe('SDK streams', () => {
     expect(JSON.parse(seen[1]?.body.toString() ?? '')).toEqual({ signal: 'SIGKILL' });
   });
 
+  it('reattaches when the stream breaks mid-run, delivering each byte and warning once', async () => {
+    const sb = await sandbox();
+    const warning = { resource: 'memory', limit: 100, used: 90, message: 'near' };
+    const line = (e: object) => `${JSON.stringify(e)}\n`;
+    script(
+      (_req, res) => {
+        res.writeHead(200, { 'content-type': 'application/x-ndjson' });
+        res.write(line({ type: 'start', pid: 4 }) + line({ type: 'stdout', data: b64('ab') }) + line({ type: 'warning', warning }));
+        res.write(line({ type: 'stdout', data: b64('c') }), () => res.socket?.destroy());
+      },
+      (_req, res) => {
+        res.writeHead(200, { 'content-type': 'application/x-ndjson' });
+        const replay = [
+          { type: 'start', pid: 4 },
+          { type: 'stdout', data: b64('a') },
+          { type: 'stdout', data: b64('bcd') },
+          { type: 'warning', warning },
+          { type: 'stdout', data: b64('e') },
+          { type: 'exit', result: RESULT },
+        ];
+        res.end(replay.map(line).join(''));
+      },
+    );
+    let out = '';
+    const warnings: unknown[] = [];
+    const result = await sb.commands.run(['x'], { onStdout: (d) => (out += d), onWarning: (w) => warnings.push(w) });
+    expect(result.outcome).toBe('ok');
+    expect(out).toBe('abcde');
+    expect(warnings).toHaveLength(1);
+    expect(seen[1]?.url.pathname).toBe(`/v1/sandboxes/${INFO.sandboxId}/processes/4/events`);
+  });
+
   it('starts a background process, reattaches to its events and kills it', async () => {
     const sb = await sandbox();
     const events = [{ type: 'start', pid: 5 }, { type: 'stdout', data: b64('tick\n') }, { type: 'exit', result: { ...RESULT, outcome: 'exit_nonzero', exitCode: null, signal: 'SIGKILL' } }];
