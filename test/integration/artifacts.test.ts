@@ -1,11 +1,16 @@
 import { createHash, randomBytes } from 'node:crypto';
-import { mkdir, readdir, readFile, writeFile } from 'node:fs/promises';
+import { mkdir, readdir, readFile, stat, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { Readable } from 'node:stream';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { describeResult, expectNoLeaks, testDataDir, testRunner } from '../helpers/sandbox.js';
 import { LocalArtifactStore, isVerifyFailure, type Artifact } from '../../src/store/artifacts/index.js';
-import type { ArtifactRef, DeliveredArtifact } from '../../src/engine/artifacts.js';
+import { collectArtifacts, type ArtifactRef, type DeliveredArtifact } from '../../src/engine/artifacts.js';
+import { NamespaceBackend } from '../../src/backends/namespace/namespace-backend.host.js';
+import { baseEnv } from '../../src/backends/namespace/bwrap-args.js';
+import { HostEnvironment } from '../../src/host/host-env.host.js';
+import { newSandboxId } from '../../src/engine/ids.js';
+import { parseSpec } from '../../src/spec/index.js';
 import { OutputLogWriter, outputLogInfo, readOutputLog } from '../../src/engine/output-log.js';
 import type { RunResult } from '../../src/engine/runner.js';
 
@@ -113,6 +118,19 @@ describe('artifacts leave the sandbox by reference, verified', () => {
     for (const blob of await blobFiles()) expect((await readFile(blob)).includes(secret), blob).toBe(false);
   });
 
+  it('collects the same way from a gVisor sandbox', async () => {
+    const r = await sh('head -c 3000000 /dev/urandom > /workspace/output/x.bin && sha256sum /workspace/output/x.bin && ln -s /etc/passwd /workspace/output/link', {
+      spec: { backend: 'gvisor' },
+      artifacts: {},
+    });
+    expect(r.outcome, describeResult(r)).toBe('ok');
+    expect(r.artifacts).toEqual([
+      { name: 'link', path: '/workspace/output/link', skipped: 'symlink' },
+      expect.objectContaining({ name: 'x.bin', size: 3_000_000 }),
+    ]);
+    expect(delivered(byName(r).get('x.bin')).sha256).toBe(r.stdout.split(' ')[0]);
+  });
+
   it('refuses to collect from outside /workspace before starting a sandbox', async () => {
     await expect(sh('true', { artifacts: { dir: '/etc' } })).rejects.toMatchObject({ code: 'INVALID_PATH' });
     await expect(sh('true', { artifacts: { dir: '/workspace/../etc' } })).rejects.toMatchObject({ code: 'INVALID_PATH' });
@@ -124,6 +142,64 @@ describe('artifacts leave the sandbox by reference, verified', () => {
     expect(r.output?.files).toEqual([{ path: 'hello.txt', size: 6 }]);
     expect(delivered(byName(r).get('hello.txt')).sha256).toBe(createHash('sha256').update('hello\n').digest('hex'));
     expect(await readFile(join(outputDir, 'hello.txt'), 'utf8')).toBe('hello\n');
+  });
+});
+
+/** Polls `check` every 20 ms until it holds, for at most `timeoutMs`. */
+async function waitFor(check: () => Promise<boolean>, timeoutMs = 10_000): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  while (!(await check())) {
+    if (Date.now() > deadline) throw new Error(`condition not met within ${timeoutMs} ms`);
+    await new Promise((resolve) => setTimeout(resolve, 20));
+  }
+}
+
+describe('collecting from a live sandbox while a process rewrites a file', () => {
+  const WRITER = [
+    'import os',
+    "os.makedirs('/workspace/output', exist_ok=True)",
+    'i = 0',
+    'while True:',
+    "    with open('/workspace/output/live.bin', 'wb') as f: f.write(bytes([i % 256]) * (2 << 20))",
+    '    i += 1',
+  ].join('\n');
+
+  it('copies a frozen, consistent file (never torn), thaws, and flags a file that changed during an unfrozen copy', async () => {
+    const host = new HostEnvironment({ dataDir: testDataDir() });
+    const backend = new NamespaceBackend({ host });
+    const store = await LocalArtifactStore.open({ root: join(testDataDir(), 'artifacts') });
+    const sandbox = await backend.create(parseSpec({}), { id: newSandboxId() });
+    try {
+      await sandbox.exec({ argv: ['python3', '-c', WRITER], env: baseEnv(), cwd: '/workspace' });
+      const live = join(sandbox.workspaceDir, 'output', 'live.bin');
+      const size = async (): Promise<number> => (await stat(live).catch(() => undefined))?.size ?? 0;
+      await waitFor(async () => (await size()) > 0);
+
+      // freeze() starts freezing; the kernel says when every task stopped (cgroup.events).
+      const events = `/sys/fs/cgroup/unified/${host.cgroupPrefix}${sandbox.id}/cgroup.events`;
+      for (let attempt = 0; attempt < 3; attempt++) {
+        await sandbox.freeze();
+        await waitFor(async () => /^frozen 1$/m.test(await readFile(events, 'utf8')));
+        const frozen = await collectArtifacts(sandbox, store, { freeze: false });
+        await sandbox.thaw();
+        const ref = delivered(frozen.artifacts.find((a) => a.name === 'live.bin'));
+        const bytes = await readFile(store.blobPath(ref.sha256));
+        expect(bytes.length).toBe(ref.size);
+        expect(bytes.every((b) => b === bytes[0]), 'the stored copy mixes two writes').toBe(true);
+      }
+      const { mtimeMs } = await stat(live);
+      await waitFor(async () => (await stat(live)).mtimeMs !== mtimeMs); // thawed: the writer goes on
+
+      let changing = false;
+      for (let attempt = 0; attempt < 40 && !changing; attempt++) {
+        const unfrozen = await collectArtifacts(sandbox, store, { freeze: false });
+        changing = unfrozen.artifacts.some((a) => a.name === 'live.bin' && 'skipped' in a && a.skipped === 'changing');
+      }
+      expect(changing, 'a file rewritten during the copy was never reported as changing').toBe(true);
+    } finally {
+      await sandbox.destroy();
+      await store.close();
+    }
   });
 });
 
