@@ -1,6 +1,7 @@
 import { Command, CommanderError } from 'commander';
 import { isSandboxError } from '../errors/index.js';
 import { runCommand } from './commands/run.js';
+import { runCodeCommand } from './commands/run-code.js';
 import { filesCommand } from './commands/files.js';
 import { sandboxCommand } from './commands/sandbox.js';
 import { serveCommand } from './commands/serve.js';
@@ -19,6 +20,7 @@ export function buildProgram(context: CliContext): Command {
       writeErr: (text) => context.stderr.write(text),
     });
   program.addCommand(runCommand(context));
+  program.addCommand(runCodeCommand(context));
   program.addCommand(sandboxCommand(context));
   program.addCommand(filesCommand(context));
   program.addCommand(serveCommand(context));

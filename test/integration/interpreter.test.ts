@@ -11,7 +11,9 @@ import { parseSpec, type SandboxSpecInput } from '../../src/spec/index.js';
 import { newSandboxId } from '../../src/engine/ids.js';
 import { isSandboxError } from '../../src/errors/index.js';
 import { InterpreterService, type Execution } from '../../src/engine/interpreter/index.js';
+import { main } from '../../src/cli/main.js';
 import { expectNoLeaks, testDataDir } from '../helpers/sandbox.js';
+import { PassThrough } from 'node:stream';
 
 const MiB = 1024 * 1024;
 
@@ -247,5 +249,35 @@ describe('memory limit', () => {
       await interpreters.close();
       await sandbox.destroy();
     }
+  });
+});
+
+describe('capsule run-code (one-shot)', () => {
+  async function cli(argv: string[]): Promise<{ code: number; stdout: string; stderr: string }> {
+    const stdout = new PassThrough();
+    const stderr = new PassThrough();
+    let out = '';
+    let err = '';
+    stdout.on('data', (chunk: Buffer) => (out += chunk.toString()));
+    stderr.on('data', (chunk: Buffer) => (err += chunk.toString()));
+    const code = await main(['node', 'capsule', 'run-code', '--data-dir', testDataDir(), ...argv], { stdout, stderr });
+    return { code, stdout: out, stderr: err };
+  }
+
+  it('prints output and the result, and NDJSON events with --json', async () => {
+    const plain = await cli(['print("hi")\n6 * 7']);
+    expect(plain, JSON.stringify(plain)).toMatchObject({ code: 0, stdout: 'hi\n42\n' });
+    const json = await cli(['--json', '--language', 'js', 'console.log("hi"); null.x']);
+    const events = json.stdout.trim().split('\n').map((line) => JSON.parse(line) as { type: string; name?: string; sandboxId?: string });
+    expect(events.map((e) => e.type), json.stdout + json.stderr).toEqual(['stdout', 'error', 'end']);
+    expect(events[1]?.name).toBe('TypeError');
+    expect(events[2]?.sandboxId).toMatch(/^[a-z2-7]{20}$/);
+    expect(json.code).toBe(1);
+  });
+
+  it('exits 124 when the code runs past --timeout', async () => {
+    const slow = await cli(['--timeout', '1s', '--language', 'js', 'while (true) {}']);
+    expect(slow.code, JSON.stringify(slow)).toBe(124);
+    expect(slow.stderr).toMatch(/limit exceeded \(wall_clock\): wall-clock limit 1 s exceeded/);
   });
 });
