@@ -1,3 +1,4 @@
+import { realpath } from 'node:fs/promises';
 import type { BackendSandbox } from '../backends/backend.js';
 import { openRegular, resolveWorkspacePath, walkOutput, normalizeWorkspacePath, type OutputEntry } from '../host/output-files.host.js';
 import type { ArtifactOutcome } from '../metrics/metrics.js';
@@ -136,11 +137,12 @@ async function collectFrozen(sandbox: BackendSandbox, store: ArtifactStore, dir:
       refs.push(undefined);
     }
   }
+  const root = await realpath(sandbox.workspaceDir);
   let next = 0;
   const worker = async (): Promise<void> => {
     for (let job = toDeliver[next++]; job; job = toDeliver[next++]) {
       options.signal?.throwIfAborted();
-      refs[job.index] = await deliver(job.entry, `${dir}/${job.entry.name}`, sandbox.id, store, options);
+      refs[job.index] = await deliver(job.entry, `${dir}/${job.entry.name}`, root, sandbox.id, store, options);
     }
   };
   await Promise.all(Array.from({ length: Math.min(DELIVERY_CONCURRENCY, toDeliver.length) }, worker));
@@ -152,8 +154,8 @@ async function collectFrozen(sandbox: BackendSandbox, store: ArtifactStore, dir:
   return collection;
 }
 
-async function deliver(entry: OutputEntry, path: string, sandboxId: string, store: ArtifactStore, options: CollectOptions): Promise<ArtifactRef> {
-  const opened = await openRegular(entry.hostPath);
+async function deliver(entry: OutputEntry, path: string, root: string, sandboxId: string, store: ArtifactStore, options: CollectOptions): Promise<ArtifactRef> {
+  const opened = await openRegular(entry.hostPath, root);
   if (!opened) return { name: entry.name, path, skipped: 'symlink' }; // replaced since the walk
   const { handle, info: before } = opened;
   let artifact: Artifact | undefined;

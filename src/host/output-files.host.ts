@@ -1,5 +1,5 @@
 import { constants, type Stats } from 'node:fs';
-import { lstat, open, readdir, type FileHandle } from 'node:fs/promises';
+import { lstat, open, readdir, readlink, realpath, type FileHandle } from 'node:fs/promises';
 import { join, posix } from 'node:path';
 import { SandboxError } from '../errors/index.js';
 
@@ -100,19 +100,22 @@ export async function walkOutput(root: string, options: WalkOptions = {}): Promi
 
 /**
  * Opens a regular file without following a final symlink (O_NOFOLLOW) and without blocking on a
- * FIFO (O_NONBLOCK); returns undefined when what is there now is not a regular file.
+ * FIFO (O_NONBLOCK); returns undefined when what is there now is not a regular file, or when the
+ * opened file is not inside `root` (a directory on the way was swapped for a link after it was
+ * checked — possible only when the sandbox is not frozen). `root` is a real path.
  */
-export async function openRegular(hostPath: string): Promise<{ handle: FileHandle; info: Stats } | undefined> {
+export async function openRegular(hostPath: string, root: string): Promise<{ handle: FileHandle; info: Stats } | undefined> {
   let handle: FileHandle;
   try {
     handle = await open(hostPath, constants.O_RDONLY | constants.O_NOFOLLOW | constants.O_NONBLOCK);
   } catch (error) {
     const code = (error as NodeJS.ErrnoException).code;
-    if (code === 'ELOOP' || code === 'ENOENT' || code === 'ENXIO') return undefined;
+    if (code === 'ELOOP' || code === 'ENOENT' || code === 'ENXIO' || code === 'ENOTDIR') return undefined;
     throw error;
   }
   const info = await handle.stat();
-  if (!info.isFile()) {
+  const opened = await readlink(`/proc/self/fd/${handle.fd}`).catch(() => '');
+  if (!info.isFile() || !opened.startsWith(`${root}/`)) {
     await handle.close();
     return undefined;
   }
@@ -132,7 +135,7 @@ export async function readBounded(workspaceDir: string, sandboxPath: string, max
   if (resolved.kind === 'symlink') return { kind: 'not_regular', reason: 'symlink' };
   if (!resolved.info.isFile()) return { kind: 'not_regular', reason: 'special' };
   if (resolved.info.size > maxBytes) return { kind: 'too_large', size: resolved.info.size };
-  const opened = await openRegular(resolved.hostPath);
+  const opened = await openRegular(resolved.hostPath, await realpath(workspaceDir));
   if (!opened) return { kind: 'not_regular', reason: 'symlink' };
   try {
     const buffer = Buffer.alloc(maxBytes + 1);

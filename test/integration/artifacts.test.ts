@@ -1,5 +1,5 @@
 import { createHash, randomBytes } from 'node:crypto';
-import { mkdir, readdir, readFile, stat, writeFile } from 'node:fs/promises';
+import { mkdir, readdir, readFile, realpath, stat, symlink, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { Readable } from 'node:stream';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
@@ -9,6 +9,7 @@ import { collectArtifacts, type ArtifactRef, type DeliveredArtifact } from '../.
 import { NamespaceBackend } from '../../src/backends/namespace/namespace-backend.host.js';
 import { baseEnv } from '../../src/backends/namespace/bwrap-args.js';
 import { HostEnvironment } from '../../src/host/host-env.host.js';
+import { openRegular } from '../../src/host/output-files.host.js';
 import { newSandboxId } from '../../src/engine/ids.js';
 import { parseSpec } from '../../src/spec/index.js';
 import { OutputLogWriter, outputLogInfo, readOutputLog } from '../../src/engine/output-log.js';
@@ -129,6 +130,20 @@ describe('artifacts leave the sandbox by reference, verified', () => {
       expect.objectContaining({ name: 'x.bin', size: 3_000_000 }),
     ]);
     expect(delivered(byName(r).get('x.bin')).sha256).toBe(r.stdout.split(' ')[0]);
+  });
+
+  it('never opens a file outside the workspace through a directory swapped for a link', async () => {
+    const base = join(testDataDir(), `swap-${randomBytes(4).toString('hex')}`);
+    await mkdir(join(base, 'workspace', 'output'), { recursive: true });
+    await mkdir(join(base, 'host'));
+    await writeFile(join(base, 'host', 'secret.txt'), 'secret');
+    await writeFile(join(base, 'workspace', 'output', 'ok.txt'), 'ok');
+    await symlink(join(base, 'host'), join(base, 'workspace', 'swapped'));
+    const root = await realpath(join(base, 'workspace'));
+    const inside = await openRegular(join(root, 'output', 'ok.txt'), root);
+    expect(inside?.info.size).toBe(2);
+    await inside?.handle.close();
+    expect(await openRegular(join(root, 'swapped', 'secret.txt'), root)).toBeUndefined();
   });
 
   it('refuses to collect from outside /workspace before starting a sandbox', async () => {
