@@ -1,5 +1,5 @@
 import { AbortedError, ConnectionError, errorFromStreamEvent } from './errors.js';
-import type { HttpClient, OpenResponse } from './http.js';
+import { callOptions, type HttpClient, type OpenResponse } from './http.js';
 import { readNdjson } from './ndjson.js';
 import type { CallOptions, ExecResult, ProcessInfo, Warning, WireProcessEvent } from './types.js';
 
@@ -95,7 +95,7 @@ export class Commands {
   }
 
   async list(options: CallOptions = {}): Promise<ProcessInfo[]> {
-    const reply = await this.http.json<{ processes: ProcessInfo[] }>({ method: 'GET', path: `${this.base}/processes`, ...options });
+    const reply = await this.http.json<{ processes: ProcessInfo[] }>({ method: 'GET', path: `${this.base}/processes`, ...callOptions(options) });
     return reply.processes;
   }
 
@@ -141,16 +141,16 @@ export class CommandHandle {
 
   /** Sends a signal to the process. @default 'SIGKILL' */
   async kill(signal: NodeJS.Signals = 'SIGKILL', options: CallOptions = {}): Promise<void> {
-    await this.http.json({ method: 'POST', path: `${this.path}/signal`, json: { signal }, ...options });
+    await this.http.json({ method: 'POST', path: `${this.path}/signal`, json: { signal }, ...callOptions(options) });
   }
 
   /** Writes to stdin (the process must have been started with `stdin: true`). */
   async sendStdin(data: string | Uint8Array, options: CallOptions = {}): Promise<void> {
-    await this.http.json({ method: 'POST', path: `${this.path}/stdin`, body: data, ...pick(options) });
+    await this.http.json({ method: 'POST', path: `${this.path}/stdin`, body: data, ...callOptions(options) });
   }
 
   async closeStdin(options: CallOptions = {}): Promise<void> {
-    await this.http.json({ method: 'POST', path: `${this.path}/stdin/close`, ...pick(options) });
+    await this.http.json({ method: 'POST', path: `${this.path}/stdin/close`, ...callOptions(options) });
   }
 
   /** Stops listening to the process's events; the process keeps running. A pending `wait()` rejects. */
@@ -303,9 +303,6 @@ async function signalQuietly(http: HttpClient, base: string, pid: number, signal
     .catch(() => undefined);
 }
 
-function pick(options: CallOptions): CallOptions {
-  return { timeoutMs: options.timeoutMs, signal: options.signal };
-}
 
 function raceAbort<T>(promise: Promise<T>, signal: AbortSignal, what: string): Promise<T> {
   const aborted = () => new AbortedError('ABORTED', `${what} was aborted by the caller's AbortSignal`);

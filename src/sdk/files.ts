@@ -1,5 +1,5 @@
 import { AbortedError, FileNotFoundError, errorFromStreamEvent } from './errors.js';
-import type { HttpClient } from './http.js';
+import { callOptions, type HttpClient } from './http.js';
 import { readNdjson } from './ndjson.js';
 import type { CallOptions, FileEntry, WatchEvent } from './types.js';
 
@@ -53,7 +53,7 @@ export class Files {
 
   /** Replaces (or creates) the file atomically; readers never see a partial write. */
   async write(path: string, data: WriteData, options: CallOptions = {}): Promise<FileEntry> {
-    return this.http.json<FileEntry>({ method: 'PUT', path: `${this.base}/files`, query: { path }, body: await toBody(data), ...pick(options) });
+    return this.http.json<FileEntry>({ method: 'PUT', path: `${this.base}/files`, query: { path }, body: await toBody(data), ...callOptions(options) });
   }
 
   /** Entries below `path`, `depth` levels deep. @default depth 1 */
@@ -62,13 +62,13 @@ export class Files {
       method: 'GET',
       path: `${this.base}/files/list`,
       query: { path, depth: options.depth },
-      ...pick(options),
+      ...callOptions(options),
     });
     return reply.entries;
   }
 
   async stat(path: string, options: CallOptions = {}): Promise<FileEntry> {
-    return this.http.json<FileEntry>({ method: 'GET', path: `${this.base}/files/stat`, query: { path }, ...pick(options) });
+    return this.http.json<FileEntry>({ method: 'GET', path: `${this.base}/files/stat`, query: { path }, ...callOptions(options) });
   }
 
   /** False only when nothing is at `path`; other failures throw. */
@@ -84,16 +84,16 @@ export class Files {
 
   /** Creates a directory and its parents. */
   async makeDir(path: string, options: CallOptions = {}): Promise<FileEntry> {
-    return this.http.json<FileEntry>({ method: 'POST', path: `${this.base}/files/mkdir`, json: { path }, ...pick(options) });
+    return this.http.json<FileEntry>({ method: 'POST', path: `${this.base}/files/mkdir`, json: { path }, ...callOptions(options) });
   }
 
   async move(source: string, destination: string, options: CallOptions = {}): Promise<FileEntry> {
-    return this.http.json<FileEntry>({ method: 'POST', path: `${this.base}/files/move`, json: { source, destination }, ...pick(options) });
+    return this.http.json<FileEntry>({ method: 'POST', path: `${this.base}/files/move`, json: { source, destination }, ...callOptions(options) });
   }
 
   /** Removes a file or a directory with its contents. */
   async remove(path: string, options: CallOptions = {}): Promise<void> {
-    await this.http.json({ method: 'DELETE', path: `${this.base}/files`, query: { path }, ...pick(options) });
+    await this.http.json({ method: 'DELETE', path: `${this.base}/files`, query: { path }, ...callOptions(options) });
   }
 
   /**
@@ -137,6 +137,3 @@ async function toBody(data: WriteData): Promise<Uint8Array | string | ReadableSt
   return ReadableStream.from(data);
 }
 
-function pick(options: CallOptions): CallOptions {
-  return { timeoutMs: options.timeoutMs, signal: options.signal };
-}

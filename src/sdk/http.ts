@@ -1,5 +1,6 @@
 import { AbortedError, CapsuleError, ConnectionError, TimeoutError, errorFromResponse } from './errors.js';
 import type { ResolvedConfig } from './config.js';
+import type { CallOptions } from './types.js';
 
 export type Method = 'GET' | 'POST' | 'PUT' | 'DELETE';
 export type QueryValue = string | number | boolean | readonly string[] | undefined;
@@ -15,6 +16,11 @@ export interface RequestOptions {
   /** Deadline: of the whole call, or of the reply's headers for `open()`; 0 for none. @default config.timeoutMs */
   timeoutMs?: number;
   signal?: AbortSignal;
+}
+
+/** Only the per-call options of a wider options object (whose `timeoutMs` may mean something else). */
+export function callOptions(options: CallOptions): CallOptions {
+  return { timeoutMs: options.timeoutMs, signal: options.signal };
 }
 
 /** An open reply whose body the caller reads; `close()` stops it and frees the connection. */

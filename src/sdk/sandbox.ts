@@ -1,7 +1,7 @@
 import { Commands } from './commands.js';
 import { resolveConfig, type ConnectionOptions } from './config.js';
 import { Files } from './files.js';
-import { HttpClient } from './http.js';
+import { callOptions, HttpClient } from './http.js';
 import type { CallOptions, SandboxInfo, SandboxSpecInput, SandboxState } from './types.js';
 
 export interface CreateOptions extends ConnectionOptions {
@@ -109,17 +109,17 @@ export class Sandbox {
 
   /** Ends the sandbox and everything in it; returns its final info (state `killed`). */
   async kill(options: CallOptions = {}): Promise<SandboxInfo> {
-    return this.remember(await this.http.json<SandboxInfo>({ method: 'DELETE', path: this.path, ...pick(options) }));
+    return this.remember(await this.http.json<SandboxInfo>({ method: 'DELETE', path: this.path, ...callOptions(options) }));
   }
 
   /** Sets the sandbox to end `ttlMs` from now; it may shorten or extend its life. */
   async setTimeout(ttlMs: number, options: CallOptions = {}): Promise<SandboxInfo> {
-    return this.remember(await this.http.json<SandboxInfo>({ method: 'POST', path: `${this.path}/timeout`, json: { ttlMs }, ...pick(options) }));
+    return this.remember(await this.http.json<SandboxInfo>({ method: 'POST', path: `${this.path}/timeout`, json: { ttlMs }, ...callOptions(options) }));
   }
 
   /** Extends the sandbox's life by its spec's `ttlMs` from now. */
   async keepAlive(options: CallOptions = {}): Promise<SandboxInfo> {
-    return this.remember(await this.http.json<SandboxInfo>({ method: 'POST', path: `${this.path}/keepalive`, ...pick(options) }));
+    return this.remember(await this.http.json<SandboxInfo>({ method: 'POST', path: `${this.path}/keepalive`, ...callOptions(options) }));
   }
 
   private get path(): string {
@@ -133,9 +133,6 @@ export class Sandbox {
 }
 
 async function getInfo(http: HttpClient, sandboxId: string, options: CallOptions): Promise<SandboxInfo> {
-  return http.json<SandboxInfo>({ method: 'GET', path: `/v1/sandboxes/${encodeURIComponent(sandboxId)}`, ...pick(options) });
+  return http.json<SandboxInfo>({ method: 'GET', path: `/v1/sandboxes/${encodeURIComponent(sandboxId)}`, ...callOptions(options) });
 }
 
-function pick(options: CallOptions): CallOptions {
-  return { timeoutMs: options.timeoutMs, signal: options.signal };
-}
