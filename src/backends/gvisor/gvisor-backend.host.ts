@@ -158,6 +158,8 @@ export class GvisorBackend implements Backend {
       if (madeWorkspace.status === 'rejected') throw madeWorkspace.reason;
       const cgroup = madeCgroup.value;
       const workspaceDir = madeWorkspace.value;
+      const network = spec.network.mode === 'none' ? undefined : await this.options.network?.acquire(id, spec);
+      if (network) cleanup.push(() => network.release());
       const bundleDir = this.layout.bundleDir(id);
       const oci: OciSpec = buildOciSpec(spec, {
         rootfsDir: join(bundleDir, 'rootfs'),
@@ -167,14 +169,13 @@ export class GvisorBackend implements Backend {
         toolsDir: paths.toolsDir,
         hostUid: uid,
         cgroupsPath: cgroup.name,
+        ...(network?.resolvConf !== undefined ? { resolvConf: network.resolvConf } : {}),
       });
       await rm(bundleDir, { recursive: true, force: true });
       cleanup.push(() => this.layout.removeBundle(id));
       await writeRootfs(oci.root.path, paths.etcEntries, spec.mounts.map((m) => m.sandboxPath));
       await writeFile(join(bundleDir, 'config.json'), JSON.stringify(oci, null, 1), { mode: 0o600 });
       how.signal?.throwIfAborted();
-      const network = spec.network.mode === 'none' ? undefined : await this.options.network?.acquire(id, spec);
-      if (network) cleanup.push(() => network.release());
       const sandbox = new GvisorSandbox({
         id, spec, workspaceDir, cgroup, runsc, layout: this.layout, launcher: paths.launcher, network,
         diskUsed: () => this.host.volume.usedBytes(id),

@@ -12,10 +12,14 @@ import type { Runsc } from './runsc.host.js';
 const AGENT_READY_TIMEOUT_MS = 15_000;
 const STDERR_TAIL_BYTES = 4096;
 
-/** A network namespace made for one sandbox; runsc runs inside it. */
+/** A network namespace made for one sandbox; runsc runs inside it with gVisor's own netstack. */
 export interface NetworkAttachment {
-  /** e.g. /run/netns/capsule-<id>. */
+  /** The namespace file, e.g. /run/netns/capsule-<id>. */
   path: string;
+  /** resolv.conf bound at /etc/resolv.conf (the proxy's resolver). */
+  resolvConf?: string;
+  /** Environment every process starts from (proxy settings); a request's env goes on top. */
+  env?: Record<string, string>;
   release(): Promise<void>;
 }
 
@@ -83,7 +87,8 @@ export class GvisorSandbox implements BackendSandbox {
         }),
       );
     }
-    return this.agent.start(request);
+    const base = this.options.network?.env;
+    return this.agent.start(base ? { ...request, env: { ...base, ...request.env } } : request);
   }
 
   async counters(): Promise<SandboxCounters> {

@@ -37,6 +37,8 @@ export interface OciBundleOptions {
   cgroupsPath: string;
   /** The program that runs as the container's init. @default [AGENT_PATH] */
   command?: readonly string[];
+  /** Host file bound at /etc/resolv.conf instead of Capsule's empty one (a network's resolver). */
+  resolvConf?: string;
 }
 
 /** The subset of the OCI runtime spec Capsule writes; runsc reads it from `<bundle>/config.json`. */
@@ -85,7 +87,8 @@ export function buildOciSpec(spec: SandboxSpec, options: OciBundleOptions): OciS
     mounts.push({ destination: `/etc/${entry}`, type: 'bind', source: `/etc/${entry}`, options: ro });
   }
   for (const file of SYNTHETIC_ETC_FILES) {
-    mounts.push({ destination: `/etc/${file}`, type: 'bind', source: `${options.etcDir}/${file}`, options: ro });
+    const source = file === 'resolv.conf' && options.resolvConf !== undefined ? options.resolvConf : `${options.etcDir}/${file}`;
+    mounts.push({ destination: `/etc/${file}`, type: 'bind', source, options: ro });
   }
   mounts.push(
     {
