@@ -99,6 +99,7 @@ export interface NetnsPoolOptions {
 }
 
 const FIRST_SLOT = 2;
+const REFILL_DELAY_MS = 150;
 const LAST_SLOT = 254;
 
 /**
@@ -114,6 +115,7 @@ export class NetnsPool {
   private filling: Promise<void> | undefined;
   private closed = false;
   private nextSlot = FIRST_SLOT;
+  private refillTimer: NodeJS.Timeout | undefined;
   /** Failures of background refills, counted; the next take() creates on demand instead. */
   fillFailures = 0;
   lastFillError: string | undefined;
@@ -137,7 +139,13 @@ export class NetnsPool {
   async take(sandboxId: string): Promise<NetnsSlot> {
     const slot = this.idle.shift() ?? (await this.create());
     await writeFile(join(this.options.stateDir, slot.name), `sandbox ${sandboxId}\n`);
-    this.refill();
+    // Refill a little later: the spawns of a refill would otherwise compete with the sandbox
+    // start that just took the namespace (2 cores).
+    this.refillTimer ??= setTimeout(() => {
+      this.refillTimer = undefined;
+      this.refill();
+    }, REFILL_DELAY_MS);
+    this.refillTimer.unref();
     return slot;
   }
 
@@ -163,11 +171,17 @@ export class NetnsPool {
 
   /** Waits for the background refill (benchmarks and tests want a warm pool). */
   async warm(): Promise<void> {
+    if (this.refillTimer) {
+      clearTimeout(this.refillTimer);
+      this.refillTimer = undefined;
+      this.refill();
+    }
     while (this.filling) await this.filling;
   }
 
   async close(): Promise<void> {
     this.closed = true;
+    clearTimeout(this.refillTimer);
     await this.filling?.catch(() => undefined);
     for (const slot of this.idle.splice(0)) await this.release(slot);
   }
@@ -202,6 +216,8 @@ export class NetnsPool {
     const veth = names.veth(slot);
     const address = `${subnetBase}.${slot}`;
     try {
+      // Recorded first: a namespace being made belongs to the pool, never to nobody.
+      await writeFile(join(this.options.stateDir, name), 'idle\n');
       await runCommand(['ip', '-b', '-'], {
         input: `netns add ${name}\nlink add ${veth} type veth peer name eth0 netns ${name}\nlink set ${veth} up\nroute add ${address}/32 dev ${veth}\n`,
         timeoutMs: 10_000,
@@ -211,9 +227,9 @@ export class NetnsPool {
         timeoutMs: 10_000,
       });
       await applyRuleset(this.options.ruleset, join(NETNS_DIR, name));
-      await writeFile(join(this.options.stateDir, name), 'idle\n');
     } catch (error) {
       await destroyNetns(name, veth).catch(() => undefined);
+      await rm(join(this.options.stateDir, name), { force: true });
       this.used.delete(slot);
       throw error;
     }

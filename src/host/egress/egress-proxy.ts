@@ -57,6 +57,11 @@ export interface EgressProxyOptions {
   /** One call per denied or limited attempt. @default a JSON line on stderr */
   log?: (event: EgressEvent) => void;
   connectTimeoutMs?: number;
+  /**
+   * Destination ports of redirected connections (nftables redirects these to the transparent
+   * listeners and the original port is not visible to the proxy). @default { http: 80, tls: 443 }
+   */
+  transparentPorts?: { http: number; tls: number };
 }
 
 interface Tunnel {
@@ -267,6 +272,7 @@ export class EgressProxy {
       if (transparent) {
         if (!req.headers.host) throw new Error('no Host header');
         target = new URL(req.url ?? '/', `http://${req.headers.host}`);
+        if (!target.port) target.port = String(this.options.transparentPorts?.http ?? 80);
       } else {
         target = new URL(req.url ?? '');
         if (target.protocol !== 'http:') throw new Error('not an http URL');
@@ -348,9 +354,10 @@ export class EgressProxy {
         });
         return void socket.resetAndDestroy();
       }
-      void this.decide(client, name, 443, 'tls').then((verdict) => {
+      const port = this.options.transparentPorts?.tls ?? 443;
+      void this.decide(client, name, port, 'tls').then((verdict) => {
         if (!verdict.ok) return void socket.resetAndDestroy();
-        this.tunnel(client, name, 443, verdict.address, socket, buffered, undefined);
+        this.tunnel(client, name, port, verdict.address, socket, buffered, undefined);
       });
     };
     socket.on('data', onData);
