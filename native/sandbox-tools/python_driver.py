@@ -46,7 +46,13 @@ sys.stdout = sys.stderr
 
 
 def emit(event):
-    data = (json.dumps(event, default=str) + "\n").encode("utf-8")
+    try:
+        text = json.dumps(event, default=str, allow_nan=False)
+    except ValueError:
+        # NaN/Infinity in an application/json bundle is not JSON; the text form still describes it.
+        event = {key: value for key, value in event.items() if key != "json"}
+        text = json.dumps(event, default=str)
+    data = (text + "\n").encode("utf-8")
     view = memoryview(data)
     while view:
         written = os.write(PROTO_FD, view)

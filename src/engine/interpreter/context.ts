@@ -126,6 +126,7 @@ export class InterpreterContext {
 
   private dispatch(event: DriverEvent): void {
     const running = this.current;
+    if (running !== undefined && event.type === 'fatal') running.builder.output('stderr', `capsule: interpreter driver: ${event.message}\n`);
     if (running === undefined || !('id' in event) || event.id !== running.id) return;
     if (event.type === 'end') running.settle(event.outcome === 'died' ? { how: 'died' } : { how: 'end' });
     else running.builder.apply(event);
