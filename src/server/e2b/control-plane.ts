@@ -6,7 +6,7 @@ import type { SandboxSpecInput } from '../../spec/index.js';
 import { AuditTrail } from '../audit-trail.js';
 import type { Principal } from '../auth.js';
 import { e2bPrincipal } from './access.js';
-import { ENVD_VERSION, type E2bContext } from './deps.js';
+import { ENVD_VERSION, lenientJson, type E2bContext } from './deps.js';
 import { E2B_HOME, E2B_USER } from './paths.js';
 
 /** Templates the facade serves: one image, Capsule's, under E2B's default names. */
@@ -130,6 +130,7 @@ export function registerControlPlane(app: FastifyInstance, ctx: E2bContext): voi
     }
   };
 
+  lenientJson(app);
   app.setErrorHandler((error, request, reply) => sendE2bError(request, reply, error));
 
   const create = async (request: FastifyRequest, reply: FastifyReply) => {

@@ -1,3 +1,5 @@
+import type { FastifyInstance } from 'fastify';
+import type { BackendSandbox } from '../../backends/backend.js';
 import type { SandboxEngine, SandboxInfo } from '../../engine/types.js';
 import type { ApiKeyStore, AuditLog } from '../../store/index.js';
 import type { TenantQuota } from '../quota.js';
@@ -7,6 +9,8 @@ import type { EnvdTokens } from './access.js';
 export interface E2bEngine extends SandboxEngine {
   pause?(tenantId: string, sandboxId: string): Promise<SandboxInfo>;
   resume?(tenantId: string, sandboxId: string): Promise<SandboxInfo>;
+  /** The live backend sandbox, for the interpreter contexts built on it. */
+  backendSandbox?(tenantId: string, sandboxId: string): BackendSandbox;
 }
 
 export interface E2bFacadeDeps {
@@ -33,3 +37,21 @@ export const ENVD_VERSION = '0.5.7';
 /** The route constraint selecting one E2B port (see index.ts). */
 // A type alias (not an interface) so it fits Fastify's indexed RouteConstraint.
 export type PortConstraint = { e2bPort: string };
+
+/**
+ * JSON bodies as E2B's clients send them: some POSTs carry `Content-Type: application/json` and
+ * no body at all (code-interpreter restart), which Fastify's own parser refuses.
+ */
+export function lenientJson(app: FastifyInstance): void {
+  app.removeContentTypeParser('application/json');
+  app.addContentTypeParser('application/json', { parseAs: 'string' }, (_request, body, done) => {
+    const text = typeof body === 'string' ? body : body.toString('utf8');
+    if (text.trim() === '') return done(null, undefined);
+    try {
+      done(null, JSON.parse(text) as unknown);
+    } catch (error) {
+      (error as { statusCode?: number }).statusCode = 400;
+      done(error as Error, undefined);
+    }
+  });
+}
