@@ -58,6 +58,8 @@ export class CapsuleApp {
   readonly routes: AnyRoute[];
   private readonly closeController = new AbortController();
   private closing: Promise<void> | undefined;
+  /** Settles when each open response has ended; close() waits for them before dropping connections. */
+  private readonly inFlight = new Set<Promise<void>>();
 
   constructor(options: CapsuleAppOptions) {
     const now = options.now ?? Date.now;
@@ -114,6 +116,9 @@ export class CapsuleApp {
     app.addContentTypeParser('*', (_request, payload, done) => done(null, payload as Readable));
     app.addHook('onRequest', async (request, reply) => {
       reply.header('x-request-id', request.id);
+      const done = new Promise<void>((resolve) => reply.raw.once('close', () => resolve()));
+      this.inFlight.add(done);
+      void done.then(() => this.inFlight.delete(done));
     });
     app.setErrorHandler((error, request, reply) => sendError(request, reply, error));
     app.setNotFoundHandler((request, reply) =>
@@ -149,12 +154,14 @@ export class CapsuleApp {
         await this.services.engine.close();
       } finally {
         this.closeController.abort();
-        const force = setTimeout(() => this.app.server.closeAllConnections(), options.forceAfterMs ?? 5000);
-        try {
-          await appClosed;
-        } finally {
-          clearTimeout(force);
-        }
+        // Responses end once their streams have sent their last line; then keep-alive
+        // connections, idle or not, are dropped (a client still sending is cut off after the grace).
+        let timer: NodeJS.Timeout | undefined;
+        const grace = new Promise<void>((resolve) => (timer = setTimeout(resolve, options.forceAfterMs ?? 5000)));
+        await Promise.race([Promise.all(this.inFlight), grace]);
+        clearTimeout(timer);
+        this.app.server.closeAllConnections();
+        await appClosed;
       }
     })();
     return this.closing;

@@ -175,7 +175,13 @@ function sendResult(
         throw error;
       });
       settled?.catch((error: unknown) => log.warn({ err: error }, 'stream ended without its final event'));
-      return reply.code(result.status).type('application/x-ndjson').send(ndjson(result.events, settled, requestId, log));
+      const stream = ndjson(result.events, settled, requestId, log);
+      // Headers go out when the stream starts flowing, not with its first line: a client waiting
+      // on a quiet watch knows at once that it is established.
+      stream.once('resume', () => {
+        if (!reply.raw.headersSent) reply.raw.flushHeaders();
+      });
+      return reply.code(result.status).type('application/x-ndjson').send(stream);
     }
   }
 }
