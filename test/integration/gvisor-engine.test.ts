@@ -1,0 +1,96 @@
+import { readFile } from 'node:fs/promises';
+import { join } from 'node:path';
+import { afterEach, describe, expect, it } from 'vitest';
+import { createBackends } from '../../src/backends/registry.js';
+import { SandboxManager } from '../../src/engine/sandbox-manager.js';
+import type { ProcessHandle } from '../../src/engine/types.js';
+import { HostEnvironment } from '../../src/host/host-env.host.js';
+import { expectNoLeaks, testDataDir } from '../helpers/sandbox.js';
+
+afterEach(expectNoLeaks);
+
+const T = 'tenant-gvisor';
+
+/** A variable only in memory, a thread counting in a file, and "show" on stdin printing both. */
+const STATEFUL = [
+  'import sys, threading, time, secrets',
+  'secret = secrets.token_hex(8)',
+  'n = 0',
+  'def tick():',
+  '    global n',
+  '    while True:',
+  '        n += 1',
+  '        time.sleep(0.02)',
+  'threading.Thread(target=tick, daemon=True).start()',
+  'print("secret", secret, flush=True)',
+  'for line in sys.stdin:',
+  '    print("show", secret, n, flush=True)',
+].join('\n');
+
+const COUNTER = 'i=0; while :; do i=$((i+1)); echo $i > /workspace/n.tmp; mv /workspace/n.tmp /workspace/n; sleep 0.02; done';
+
+/** Polls every 20 ms until `read` returns more than `than`, for at most 5 s. */
+async function countAbove(read: () => Promise<number>, than: number): Promise<number> {
+  const deadline = Date.now() + 5000;
+  for (;;) {
+    const value = await read();
+    if (value > than) return value;
+    if (Date.now() > deadline) throw new Error(`the counter stayed at ${value} (wanted more than ${than})`);
+    await new Promise((resolve) => setTimeout(resolve, 20));
+  }
+}
+
+/** Resolves with the first stdout line starting with `prefix` (events replay from the start). */
+async function lineStartingWith(proc: ProcessHandle, prefix: string, after = 0): Promise<{ line: string; index: number }> {
+  let text = '';
+  for await (const event of proc.events()) {
+    if (event.type === 'stdout') text += event.data.toString();
+    const found = text.split('\n').map((line, index) => ({ line, index })).filter((l) => l.index >= after && l.line.startsWith(`${prefix} `));
+    if (found[0] && text.includes(`${found[0].line}\n`)) return found[0];
+    if (event.type === 'exit') break;
+  }
+  throw new Error(`the process ended before printing "${prefix} ..."`);
+}
+
+describe('gVisor sandboxes under the engine (SandboxManager)', () => {
+  it('keeps a running process, its memory and its handle across pause/resume, both as freeze and as checkpoint', async () => {
+    const manager = await SandboxManager.open({ dataDir: testDataDir(), backends: createBackends(new HostEnvironment({ dataDir: testDataDir() })) });
+    try {
+      const info = await manager.create({ tenantId: T, spec: { backend: 'gvisor', limits: { wallClockMs: 120_000 } } });
+      const proc = await manager.startProcess(T, info.sandboxId, { argv: ['python3', '-c', STATEFUL], stdin: true });
+      const secret = (await lineStartingWith(proc, 'secret')).line.split(' ')[1];
+      const counter = await manager.startProcess(T, info.sandboxId, { argv: ['sh', '-c', COUNTER] });
+      const workspace = manager.backendSandbox(T, info.sandboxId).workspaceDir;
+      const count = async (): Promise<number> => Number((await readFile(join(workspace, 'n'), 'utf8').catch(() => '0')).trim() || 0);
+      await countAbove(count, 3);
+
+      // The engine's pause today: a freeze of the sandbox's cgroup (every runsc process in it).
+      const paused = await manager.pause(T, info.sandboxId);
+      expect(paused.state).toBe('paused');
+      await manager.resume(T, info.sandboxId);
+      proc.writeStdin('show\n');
+      const first = await lineStartingWith(proc, 'show');
+      expect(first.line.split(' ')[1]).toBe(secret);
+
+      // The backend's pause with memory on disk, driven under the engine: the manager's process
+      // handle keeps working, because the agent client hands its processes to the restored agent.
+      const sandbox = manager.backendSandbox(T, info.sandboxId);
+      expect(await sandbox.pause!({ keepMemory: true })).toEqual({ keepsMemory: true, survivesRestart: true });
+      const atPause = await count();
+      await sandbox.resume!();
+      // The background counter continues from where it was, not from zero.
+      await countAbove(count, atPause + 3);
+      proc.writeStdin('show\n');
+      const second = await lineStartingWith(proc, 'show', first.index + 1);
+      const [, secretAfter, countAfter] = second.line.split(' ');
+      expect(secretAfter).toBe(secret);
+      expect(Number(countAfter)).toBeGreaterThanOrEqual(Number(first.line.split(' ')[2]));
+      proc.closeStdin();
+      expect((await proc.result).outcome).toBe('ok');
+      counter.signal('SIGKILL');
+      expect((await counter.result).signal).toBe('SIGKILL');
+    } finally {
+      await manager.close();
+    }
+  });
+});
