@@ -314,7 +314,20 @@ describe('sandbox files: atomicity, limits and streaming', () => {
       await waitFor(async () => (await files.list('.')).some((e) => e.name.startsWith('.capsule-upload-') && e.size >= MiB));
       controller.abort();
       await expectCode(writing, 'ABORTED');
-      expect(await files.list('.')).toEqual([]);
+      expect(JSON.stringify(await files.list('.'))).toBe('[]');
+
+      // Whenever the abort lands (before the helper starts, while it sets up, mid-frame), the
+      // call settles after the helper is gone and no temp file is left.
+      for (let turns = 0; turns < 16; turns++) {
+        const data = new Readable({ read() {} });
+        data.push(Buffer.alloc((turns % 3) * 700 * 1024 + 1));
+        const abort = new AbortController();
+        const pending = files.write(`p${turns}`, data, { signal: abort.signal });
+        for (let i = 0; i < turns * 8; i++) await new Promise((resolve) => setImmediate(resolve));
+        abort.abort();
+        await expectCode(pending, 'ABORTED');
+        expect(JSON.stringify(await files.list('.')), `aborted after ${turns * 8} event-loop turns`).toBe('[]');
+      }
     });
   });
 
@@ -342,6 +355,29 @@ describe('sandbox files: atomicity, limits and streaming', () => {
         await sandbox.thaw();
       }
       expect((await quick.stat('/workspace')).type).toBe('dir');
+    });
+  });
+
+  it('reports LIMIT_EXCEEDED when the sandbox is out of processes', async () => {
+    await withSandbox({ limits: { pids: 4 } }, async (files, sandbox) => {
+      const fill = [
+        'import subprocess, time',
+        'children = []',
+        'while True:',
+        '    try: children.append(subprocess.Popen(["sleep", "100"]))',
+        '    except OSError: break',
+        'print("ready", len(children), flush=True)',
+        'time.sleep(100)',
+      ].join('\n');
+      const filler = await sandbox.exec({ argv: ['python3', '-c', fill], env: { PATH: '/usr/bin:/bin' }, cwd: '/workspace' });
+      let out = '';
+      filler.onStdout((chunk) => (out += chunk.toString()));
+      await waitFor(() => out.includes('ready'));
+      const error = await files.stat('/workspace').catch((caught: unknown) => caught);
+      expect(isSandboxError(error, 'LIMIT_EXCEEDED'), String(error)).toBe(true);
+      expect((error as Error).message).toMatch(/out of processes \(limits\.pids = 4\)/);
+      filler.signal('SIGKILL');
+      await filler.exited;
     });
   });
 

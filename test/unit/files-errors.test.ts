@@ -22,6 +22,7 @@ describe('classifyFailure', () => {
     ["head: error writing 'standard output': File too large", 'FILE_TOO_LARGE'],
     ["mv: cannot move '/workspace/a' to a subdirectory of itself, '/workspace/a/b'", 'INVALID_PATH'],
     ["cat: /workspace/loop: Too many levels of symbolic links", 'INVALID_PATH'],
+    ["sh: 1: Cannot fork", 'LIMIT_EXCEEDED'],
   ])('%s → %s', (stderr, code) => {
     expect(classifyFailure(fail(stderr))).toBe(code);
   });

@@ -31,6 +31,8 @@ describe('parseEntries (find -printf output)', () => {
       record('f', 'x', '644', '1.0', '', '/a'),
       record('f', '5', '999', '1.0', '', '/a'),
       record('f', '5', '644', '1.0', '', 'relative'),
+      record('f', '5', '644', '99999999999999999', '', '/a'),
+      record('f', '5', '644', '', '', '/a'),
       'f\x005',
     ]) {
       let caught: unknown;

@@ -23,15 +23,15 @@ export function parseEntries(output: Buffer): FileEntry[] {
     const [type, size, mode, mtime, target, path] = fields.slice(i, i + FIELDS) as [string, string, string, string, string, string];
     const sizeBytes = Number(size);
     const modeBits = Number.parseInt(mode, 8);
-    const seconds = Number(mtime);
-    if (!/^\d+$/.test(size) || !/^[0-7]{1,6}$/.test(mode) || !Number.isFinite(seconds) || !path.startsWith('/')) throw malformed(output);
+    const modifiedAt = new Date(Math.floor(Number(mtime) * 1000));
+    if (!/^-?\d+(\.\d+)?$/.test(mtime) || Number.isNaN(modifiedAt.getTime()) || !/^\d+$/.test(size) || !/^[0-7]{1,6}$/.test(mode) || !path.startsWith('/')) throw malformed(output);
     const entry: FileEntry = {
       name: baseName(path),
       path,
       type: TYPES[type] ?? 'other',
       size: sizeBytes,
       mode: modeBits & 0o7777,
-      modifiedAt: new Date(Math.floor(seconds * 1000)).toISOString(),
+      modifiedAt: modifiedAt.toISOString(),
     };
     if (entry.type === 'symlink') entry.symlinkTarget = target;
     entries.push(entry);

@@ -33,6 +33,7 @@ const STDERR_CODES: readonly (readonly [RegExp, ErrorCode])[] = [
   [/No such file or directory|No such file/, 'FILE_NOT_FOUND'],
   [/File exists|Directory not empty/, 'ALREADY_EXISTS'],
   [/Permission denied|Read-only file system|Operation not permitted|Device or resource busy/, 'PERMISSION_DENIED'],
+  [/Cannot fork|Resource temporarily unavailable/, 'LIMIT_EXCEEDED'],
   [/File name too long|Too many levels of symbolic links|subdirectory of itself|Invalid argument/, 'INVALID_PATH'],
 ];
 
@@ -93,6 +94,11 @@ export function fileErrorFor(code: ErrorCode, context: FileErrorContext, failure
       return make(
         `${operation}: ${path} would be larger than the single-file limit of ${formatBytes(limits.fileSizeBytes)}`,
         'Write a smaller file or raise limits.fileSizeBytes.',
+      );
+    case 'LIMIT_EXCEEDED':
+      return make(
+        `${operation}: ${path}: the sandbox ran out of processes (limits.pids = ${limits.pids}) while the file helper ran`,
+        'End some processes in the sandbox, or create it with a higher limits.pids.',
       );
     case 'INVALID_PATH':
       return make(`${operation}: ${path} cannot be used: ${reason ?? 'the sandbox rejected the path'}`, 'Use a shorter path without symlink loops.');

@@ -1,4 +1,4 @@
-import { SandboxError } from '../../errors/index.js';
+import { SandboxError, isSandboxError } from '../../errors/index.js';
 import type { AgentExit, AgentProcess } from '../../backends/agent/index.js';
 import type { BackendSandbox, ExecRequest } from '../../backends/backend.js';
 import type { FileOperation, HelperFailure } from './errors.js';
@@ -33,6 +33,17 @@ export interface GuardOptions {
 
 const TERM_GRACE_MS = 2000;
 
+/** SIGKILL, or SIGTERM first so that the helper can clean up, and SIGKILL after a grace period. */
+function stopHelper(proc: AgentProcess, terminateFirst: boolean): void {
+  if (!terminateFirst) {
+    proc.signal('SIGKILL');
+    return;
+  }
+  proc.signal('SIGTERM');
+  const timer = setTimeout(() => proc.signal('SIGKILL'), TERM_GRACE_MS);
+  void proc.exited.then(() => clearTimeout(timer));
+}
+
 /**
  * Kills a helper on timeout or abort and remembers which, so the caller can report it. With
  * `touch()` the timeout is an idle timeout: a long transfer that keeps moving is never cut.
@@ -66,13 +77,7 @@ export class HelperGuard {
     if (this.ended !== undefined) return;
     this.ended = reason;
     this.dispose();
-    if (!this.options.terminateFirst) {
-      this.proc.signal('SIGKILL');
-      return;
-    }
-    this.proc.signal('SIGTERM');
-    const timer = setTimeout(() => this.proc.signal('SIGKILL'), TERM_GRACE_MS);
-    void this.proc.exited.then(() => clearTimeout(timer));
+    stopHelper(this.proc, this.options.terminateFirst === true);
   }
 
   /** The error for how the guard ended the helper, if it did. */
@@ -91,6 +96,15 @@ export class HelperGuard {
     }
     return undefined;
   }
+}
+
+export function outOfProcesses(sandbox: BackendSandbox, operation: FileOperation, path: string, cause?: unknown): SandboxError {
+  const pids = sandbox.spec.limits.pids;
+  return new SandboxError('LIMIT_EXCEEDED', `${operation} of ${path}: the sandbox is out of processes (limits.pids = ${pids}), so the file helper could not start`, {
+    details: { path, operation, resource: 'pids', limit: pids },
+    hint: 'End some processes in the sandbox, or create it with a higher limits.pids.',
+    cause,
+  });
 }
 
 export function lostError(sandboxId: string, operation: FileOperation, path: string): SandboxError {
@@ -127,7 +141,20 @@ export async function startHelper(sandbox: BackendSandbox, request: ExecRequest,
   try {
     return await Promise.race([started, gaveUp]);
   } catch (error) {
-    started.then((proc) => proc.signal('SIGKILL'), () => undefined);
+    // Settle only once a helper that started late is gone (bounded: a frozen sandbox never answers).
+    const stopped = started.then(
+      async (proc) => {
+        stopHelper(proc, options.terminateFirst === true);
+        await proc.exited;
+      },
+      () => undefined,
+    );
+    let wait: NodeJS.Timeout | undefined;
+    await Promise.race([stopped, new Promise<void>((resolve) => (wait = setTimeout(resolve, TERM_GRACE_MS + 1000)))]);
+    clearTimeout(wait);
+    if (isSandboxError(error, 'EXEC_FAILED') && /Resource temporarily unavailable/.test(error.message)) {
+      throw outOfProcesses(sandbox, operation, path, error);
+    }
     throw error;
   } finally {
     clearTimeout(timer);

@@ -2,7 +2,7 @@ import { posix } from 'node:path';
 import type { Readable } from 'node:stream';
 import { SandboxError } from '../../errors/index.js';
 import type { BackendSandbox } from '../../backends/backend.js';
-import type { FileEntry, SandboxFiles, WatchEvent } from '../types.js';
+import type { FileEntry, SandboxFiles } from '../types.js';
 import { FIND_FORMAT, parseEntries } from './entries.js';
 import { fileError, fileErrorFor, type FileErrorContext, type FileOperation } from './errors.js';
 import { runHelper, shArgv, type HelperResult } from './helper.js';
@@ -118,7 +118,7 @@ export class SandboxFileService implements SandboxFiles {
   }
 
   /** See SandboxWatch: `await watch.ready` before making the changes you expect to see. */
-  watch(path: string, options: { recursive?: boolean; signal?: AbortSignal } = {}): SandboxWatch & AsyncIterable<WatchEvent> {
+  watch(path: string, options: { recursive?: boolean; signal?: AbortSignal } = {}): SandboxWatch {
     const resolved = resolveSandboxPath(path);
     return new SandboxWatch(this.sandbox, resolved, {
       recursive: options.recursive ?? false,

@@ -15,26 +15,34 @@ const PARENTS = `parents() {
 export const UPLOAD_TEMP_PREFIX = '.capsule-upload-';
 
 /**
- * write: $1 path, $2 find format. Resolves the path as the sandbox sees it (a symlink is written
+ * write: $1 path, $2 find format, $3 temp file name (random, from the host). Resolves the path as the sandbox sees it (a symlink is written
  * through, to its target inside the sandbox), creates the parents, then reads frames from stdin:
  * a line with a byte count n, then n bytes, appended to a temp file next to the target; a `.` on
  * stdout acknowledges each frame (the host's flow control). A count of 0 ends the upload: the temp
  * file is renamed over the target (atomic: readers see the old or the new file), and `=` and the
  * target's entry follow. `head -c` reads exactly n bytes, so frames never run into each other. A
  * head killed by SIGXFSZ (limits.fileSizeBytes) makes the script exit 153. SIGTERM, or stdin ending
- * without the 0 frame, removes the temp file.
+ * without the 0 frame, removes the temp file: the traps are set before the file exists and its
+ * name is known before it is created (noclobber, so an existing file is never taken over), so no
+ * moment of an abort leaves it behind. The cleanup ignores TERM, and so does its rm: the agent
+ * signals every process of the session, and a rm it caught mid-way would leave the file. Only
+ * SIGKILL (after the grace period) or a crash can leave it.
  */
 export const WRITE_SCRIPT = `${PARENTS}
+trap 'exit 143' TERM
+trap 'exit 129' HUP
+tmp=
+trap 'trap "" TERM HUP; [ -z "$tmp" ] || rm -f -- "$tmp"' EXIT
 t=$(realpath -m -- "$1" && echo .) || exit 1
 t=\${t%??}
 if [ -d "$t" ]; then printf 'capsule: %s: Is a directory\\n' "$t" >&2; exit 1; fi
 d=\${t%/*}
 d=\${d:-/}
 parents "$d" || exit 1
-tmp=$(mktemp -p "$d" ${UPLOAD_TEMP_PREFIX}XXXXXXXX) || exit 1
-trap 'rm -f -- "$tmp"' EXIT
-trap 'exit 143' TERM
-trap 'exit 129' HUP
+tmp=\${d%/}/$3
+set -C
+: > "$tmp" || { tmp=; exit 1; }
+set +C
 n=
 while IFS= read -r n; do
   [ "$n" = 0 ] && break
@@ -44,7 +52,7 @@ done
 [ "$n" = 0 ] || { printf 'capsule: %s: the upload ended before its last frame\\n' "$t" >&2; exit 1; }
 if [ -f "$t" ]; then chmod --reference="$t" -- "$tmp"; else chmod 644 -- "$tmp"; fi || exit 1
 mv -f -T -- "$tmp" "$t" || exit 1
-trap - EXIT
+tmp=
 printf =
 exec find "$t" -maxdepth 0 -printf "$2"
 `;

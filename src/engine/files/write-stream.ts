@@ -1,3 +1,4 @@
+import { randomBytes } from 'node:crypto';
 import type { Readable } from 'node:stream';
 import { SandboxError, isSandboxError } from '../../errors/index.js';
 import type { BackendSandbox } from '../../backends/backend.js';
@@ -5,7 +6,7 @@ import type { FileEntry } from '../types.js';
 import { parseEntries, FIND_FORMAT } from './entries.js';
 import { fileError, type FileErrorContext } from './errors.js';
 import { HelperGuard, StderrTail, helperRequest, lostError, shArgv, startHelper } from './helper.js';
-import { WRITE_SCRIPT } from './scripts.js';
+import { UPLOAD_TEMP_PREFIX, WRITE_SCRIPT } from './scripts.js';
 
 /** Bytes per frame: one `head -c` in the sandbox per frame. */
 export const FRAME_BYTES = 1024 * 1024;
@@ -28,7 +29,8 @@ export interface WriteOptions {
 /** Streams `data` into a temp file in the sandbox and renames it over `path`. */
 export async function writeFile(sandbox: BackendSandbox, path: string, data: WriteData, options: WriteOptions): Promise<FileEntry> {
   const guardOptions = { operation: 'write' as const, path, timeoutMs: options.idleTimeoutMs, signal: options.signal, terminateFirst: true };
-  const proc = await startHelper(sandbox, helperRequest(shArgv(WRITE_SCRIPT, path, FIND_FORMAT), true), guardOptions);
+  const tempName = `${UPLOAD_TEMP_PREFIX}${randomBytes(8).toString('hex')}`;
+  const proc = await startHelper(sandbox, helperRequest(shArgv(WRITE_SCRIPT, path, FIND_FORMAT, tempName), true), guardOptions);
   const guard = new HelperGuard(proc, guardOptions);
   const stderr = new StderrTail();
   const record: Buffer[] = [];
