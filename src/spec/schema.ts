@@ -96,6 +96,14 @@ export const NetworkPolicySchema = z.strictObject({
    * past it the proxy answers 429 and the work is reported as an `egress` limit. @default 4096
    */
   maxConnections: z.number().int().positive().max(1_000_000).default(4096),
+}).superRefine((policy, ctx) => {
+  if (policy.mode === 'none' && policy.handles.length > 0) {
+    ctx.addIssue({
+      code: 'custom',
+      path: ['handles'],
+      message: 'credential handles need a network: set network.mode to "allowlist" (an empty allow list reaches only the broker)',
+    });
+  }
 });
 
 export const MountSchema = z.strictObject({

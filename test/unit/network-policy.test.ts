@@ -130,3 +130,10 @@ describe('nftables rulesets', () => {
     expect(text.startsWith('table inet capsule_abc123\ndelete table inet capsule_abc123\n')).toBe(true);
   });
 });
+
+describe('network spec', () => {
+  it('refuses handles without a network', () => {
+    expect(() => parseSpec({ network: { handles: ['docs.read'] } })).toThrow(/credential handles need a network/);
+    expect(parseSpec({ network: { mode: 'allowlist', handles: ['docs.read'] } }).network.handles).toEqual(['docs.read']);
+  });
+});

@@ -112,9 +112,15 @@ export class EgressProxy {
     this.ports = { ...DEFAULT_EGRESS_PORTS, ...options.ports };
     this.operatorDeny = new DestinationList(options.operatorDeny ?? [], { coversSubdomains: true });
     this.forbidden = options.forbidden ?? ForbiddenAddresses.forThisHost();
-    this.proxyServer = createHttpServer((req, res) => void this.onRequest(req, res, false));
-    this.proxyServer.on('connect', (req: IncomingMessage, socket: Duplex, head: Buffer) => void this.onConnect(req, socket, head));
-    this.httpServer = createHttpServer((req, res) => void this.onRequest(req, res, true));
+    // A fault in one request must never take the server process down: answer 500 and move on.
+    const guard = (res: ServerResponse | Duplex) => (error: unknown): void => {
+      process.stderr.write(`capsule egress: internal error: ${(error as Error).message}\n`);
+      if ('headersSent' in res && !res.headersSent) sendJson(res, 500, { code: 'EGRESS_INTERNAL', message: 'the egress proxy failed on this request' });
+      else res.destroy();
+    };
+    this.proxyServer = createHttpServer((req, res) => void this.onRequest(req, res, false).catch(guard(res)));
+    this.proxyServer.on('connect', (req: IncomingMessage, socket: Duplex, head: Buffer) => void this.onConnect(req, socket, head).catch(guard(socket)));
+    this.httpServer = createHttpServer((req, res) => void this.onRequest(req, res, true).catch(guard(res)));
     this.tlsServer = createNetServer((socket) => this.onTls(socket));
     for (const server of [this.proxyServer, this.httpServer, this.tlsServer]) {
       server.on('connection', (socket: Socket) => {
@@ -355,10 +361,13 @@ export class EgressProxy {
         return void socket.resetAndDestroy();
       }
       const port = this.options.transparentPorts?.tls ?? 443;
-      void this.decide(client, name, port, 'tls').then((verdict) => {
-        if (!verdict.ok) return void socket.resetAndDestroy();
-        this.tunnel(client, name, port, verdict.address, socket, buffered, undefined);
-      });
+      void this.decide(client, name, port, 'tls').then(
+        (verdict) => {
+          if (!verdict.ok) return void socket.resetAndDestroy();
+          this.tunnel(client, name, port, verdict.address, socket, buffered, undefined);
+        },
+        () => socket.resetAndDestroy(),
+      );
     };
     socket.on('data', onData);
     socket.once('close', () => clearTimeout(timer));
