@@ -120,6 +120,11 @@ describe('sandbox files: basic operations', () => {
       expect(await files.stat('d/link')).toMatchObject({ type: 'symlink', symlinkTarget: 'f' });
       expect(await files.stat('/')).toMatchObject({ type: 'dir', name: '/', path: '/' });
       await expectCode(files.list('d', 0), 'INVALID_ARGUMENT');
+      // an unreadable subdirectory leaves its entries out; an unreadable directory itself is an error
+      const locked = await sh(sandbox, 'mkdir -p d/locked && touch d/locked/hidden && chmod 000 d/locked');
+      expect(locked.code, locked.stderr).toBe(0);
+      expect((await files.list('d', 2)).map((e) => e.name)).toEqual(['f', 'link', 'locked', 'sub', 'g']);
+      await expectCode(files.list('d/locked'), 'PERMISSION_DENIED');
     });
   });
 

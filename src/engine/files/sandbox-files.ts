@@ -69,11 +69,8 @@ export class SandboxFileService implements SandboxFiles {
       });
     }
     const result = await this.helper('list', resolved, shArgv(LIST_SCRIPT, resolved, String(depth), FIND_FORMAT), this.maxListBytes);
-    // find exits 1 when it could not read some subdirectory: those entries are left out, the rest stand.
-    const onlyUnreadable = result.stderr.trim().split('\n').every((line) => line.endsWith('Permission denied'));
-    if (!result.ok && !(result.exitCode === 1 && result.stdout.length > 0 && onlyUnreadable)) {
-      throw fileError(result, this.context(resolved, 'list'));
-    }
+    // find exits 1 when an entry below could not be read or vanished mid-walk: it is left out, the rest stand.
+    if (!result.ok && result.exitCode !== 1) throw fileError(result, this.context(resolved, 'list'));
     return parseEntries(result.stdout).sort((a, b) => (a.path < b.path ? -1 : a.path > b.path ? 1 : 0));
   }
 

@@ -57,15 +57,19 @@ printf =
 exec find "$t" -maxdepth 0 -printf "$2"
 `;
 
+/** Exit status of LIST_SCRIPT when the directory itself cannot be listed (its stderr says why). */
+export const LIST_ROOT_STATUS = 3;
+
 /**
  * list: $1 directory, $2 depth, $3 find format. The directory itself may be a symlink (-H follows
- * it); entries below are reported, not followed. Errors on the directory itself fail the call;
- * unreadable subdirectories only leave their entries out.
+ * it); entries below are reported, not followed. Errors on the directory itself fail the call
+ * (LIST_ROOT_STATUS); entries that cannot be read or vanish during the walk are left out (find
+ * exits 1 for those).
  */
 export const LIST_SCRIPT = `
-find -H "$1" -maxdepth 0 -printf '' || exit 1
-[ -d "$1" ] || { printf 'capsule: %s: Not a directory\\n' "$1" >&2; exit 1; }
-{ [ -r "$1" ] && [ -x "$1" ]; } || { printf 'capsule: %s: Permission denied\\n' "$1" >&2; exit 1; }
+find -H "$1" -maxdepth 0 -printf '' || exit ${LIST_ROOT_STATUS}
+[ -d "$1" ] || { printf 'capsule: %s: Not a directory\\n' "$1" >&2; exit ${LIST_ROOT_STATUS}; }
+{ [ -r "$1" ] && [ -x "$1" ]; } || { printf 'capsule: %s: Permission denied\\n' "$1" >&2; exit ${LIST_ROOT_STATUS}; }
 exec find -H "$1" -mindepth 1 -maxdepth "$2" -printf "$3"
 `;
 
