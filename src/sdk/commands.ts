@@ -94,6 +94,12 @@ export class Commands {
     return handle;
   }
 
+  /** Sends a signal to a process by pid. @default 'SIGKILL' */
+  async kill(pid: number, signal: NodeJS.Signals = 'SIGKILL', options: CallOptions = {}): Promise<void> {
+    await new CommandHandle(this.http, this.base, pid).kill(signal, options);
+  }
+
+  /** Running processes and recently ended ones. */
   async list(options: CallOptions = {}): Promise<ProcessInfo[]> {
     const reply = await this.http.json<{ processes: ProcessInfo[] }>({ method: 'GET', path: `${this.base}/processes`, ...callOptions(options) });
     return reply.processes;

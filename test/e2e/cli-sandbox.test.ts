@@ -187,6 +187,28 @@ describe('capsule as a separate process (bin/capsule.js, built dist)', () => {
     });
   }
 
+  it('kills the command in the sandbox on Ctrl-C and exits 130', async () => {
+    await withSandbox(async (id) => {
+      const child = spawn(process.execPath, [CLI, 'sandbox', 'exec', id, '--json', '--', 'sleep', '30'], {
+        env: { PATH: process.env.PATH, ...env },
+        stdio: ['ignore', 'pipe', 'pipe'],
+      });
+      let stdout = '';
+      let interrupted = false;
+      const closed = new Promise<number | null>((resolve) => child.once('close', resolve));
+      child.stdout.on('data', (c: Buffer) => {
+        stdout += c.toString();
+        if (!interrupted && stdout.includes('"type":"start"')) interrupted = child.kill('SIGINT');
+      });
+      expect(await closed).toBe(130);
+      const lines = ndjson(stdout);
+      const pid = lines[0]?.pid as number;
+      expect(lines.at(-1)).toMatchObject({ error: { code: 'ABORTED' } });
+      const ps = await json<{ processes: { pid: number; running: boolean }[] }>('sandbox', 'ps', id);
+      expect(ps.processes.find((p) => p.pid === pid)?.running).toBe(false);
+    });
+  });
+
   it('uploads stdin with write --from -, and exits promptly after exec (no connection keeps it alive)', async () => {
     await withSandbox(async (id) => {
       const written = await spawnCli(['files', 'write', id, 'piped.txt', '--from', '-', '--json'], 'piped through stdin\n');

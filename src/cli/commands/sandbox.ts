@@ -1,7 +1,7 @@
 import { constants } from 'node:os';
 import { Command, Option } from 'commander';
 import { SandboxError } from '../../errors/index.js';
-import { Sandbox, resolveConfig, type ConnectionOptions, type ExecResult, type SandboxInfo, type SandboxState } from '../../sdk/index.js';
+import { AbortedError, Sandbox, resolveConfig, type ConnectionOptions, type ExecResult, type SandboxInfo, type SandboxState } from '../../sdk/index.js';
 import type { SandboxSpecInput } from '../../spec/index.js';
 import type { CliContext } from '../context.js';
 import { EXIT_COMMAND_NOT_FOUND, EXIT_INTERNAL, LIMIT_EXIT_CODES } from '../exit-codes.js';
@@ -162,13 +162,30 @@ export function sandboxCommand(context: CliContext): Command {
           return;
         }
         const json = flags.json === true;
-        const result = await target.commands.run(argv, {
-          ...options,
-          onStart: json ? (pid) => printJson(context, { type: 'start', sandboxId: id, pid }) : undefined,
-          onStdout: (data) => (json ? printJson(context, { type: 'stdout', data }) : context.stdout.write(data)),
-          onStderr: (data) => (json ? printJson(context, { type: 'stderr', data }) : context.stderr.write(data)),
-          onWarning: (warning) => (json ? printJson(context, { type: 'warning', warning }) : context.stderr.write(`capsule: warning: ${warning.message}\n`)),
-        });
+        // Ctrl-C kills the process in the sandbox too: it would otherwise outlive this client.
+        const interrupt = new AbortController();
+        const onInterrupt = () => interrupt.abort();
+        process.once('SIGINT', onInterrupt);
+        let result: ExecResult;
+        try {
+          result = await target.commands.run(argv, {
+            ...options,
+            signal: interrupt.signal,
+            onStart: json ? (pid) => printJson(context, { type: 'start', sandboxId: id, pid }) : undefined,
+            onStdout: (data) => (json ? printJson(context, { type: 'stdout', data }) : context.stdout.write(data)),
+            onStderr: (data) => (json ? printJson(context, { type: 'stderr', data }) : context.stderr.write(data)),
+            onWarning: (warning) => (json ? printJson(context, { type: 'warning', warning }) : context.stderr.write(`capsule: warning: ${warning.message}\n`)),
+          });
+        } catch (error) {
+          if (!(error instanceof AbortedError && interrupt.signal.aborted)) throw error;
+          const message = 'interrupted: the command was killed in the sandbox';
+          if (json) printJson(context, { error: { code: 'ABORTED', message } });
+          else context.stderr.write(`capsule: ${message}\n`);
+          context.exitCode = 130;
+          return;
+        } finally {
+          process.removeListener('SIGINT', onInterrupt);
+        }
         if (json) printJson(context, { type: 'exit', result });
         else if (result.outcome === 'limit_exceeded' || result.outcome === 'error') context.stderr.write(`capsule: ${describeEnd(result)}\n`);
         context.exitCode = exitCodeOf(result);
