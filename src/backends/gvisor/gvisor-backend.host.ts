@@ -86,7 +86,8 @@ export class GvisorBackend implements Backend {
 
   async reconcile(liveIds: ReadonlySet<string>): Promise<ReconcileReport> {
     await this.host.ensure();
-    const { runsc } = await this.ready();
+    // Without runsc on this host no container of ours can exist; the files can still go.
+    const runsc = await this.ready().then((r) => r.runsc, () => undefined);
     const removed: string[] = [];
     const failures: string[] = [];
     const attempt = async (what: string, step: () => Promise<void>): Promise<void> => {
@@ -98,7 +99,7 @@ export class GvisorBackend implements Backend {
       }
     };
     // A container of a previous process has lost its stdio pipes: nobody can talk to its agent.
-    for (const id of await runsc.list()) await attempt(`runsc:${id}`, () => runsc.deleteForce(id));
+    for (const id of (await runsc?.list()) ?? []) await attempt(`runsc:${id}`, () => runsc!.deleteForce(id));
     for (const name of await listSandboxCgroups(this.host.cgroupPrefix)) {
       await attempt(`cgroup:${name.slice(this.host.cgroupPrefix.length)}`, () => SandboxCgroup.attach(name).remove());
     }
