@@ -70,6 +70,8 @@ export interface RouteDefinition<P = unknown, Q = unknown, B = unknown> {
   /** The body schema shown in OpenAPI when it differs from the one validated here. */
   bodyDoc?: z.ZodType;
   responses: Record<number, ResponseDoc>;
+  /** What an idempotent replay returns instead of the body, when the body holds a secret. */
+  replayBody?(body: unknown): unknown;
   /** Present on audited routes: what to record. Runs before the attempt record is written. */
   audit?(context: RouteContext<P, Q, B>): AuditSubject;
   handler(context: RouteContext<P, Q, B>): RouteResult | Promise<RouteResult>;
@@ -140,7 +142,7 @@ async function serve(services: SeamServices, route: AnyRoute, request: FastifyRe
     idempotency?.fail(error, request.id);
     throw error;
   }
-  return sendResult(reply, result, trail, idempotency, request.id, request.log);
+  return sendResult(reply, result, trail, idempotency, request.id, request.log, route);
 }
 
 function sendResult(
@@ -150,13 +152,14 @@ function sendResult(
   idempotency: Idempotency | undefined,
   requestId: string,
   log: FastifyBaseLogger,
+  route: AnyRoute,
 ): FastifyReply {
   switch (result.kind) {
     case 'json':
     case 'empty': {
       const body = result.kind === 'json' ? result.body : null;
       settleOrFail(() => trail.succeeded(sandboxIdOf(body)), idempotency, requestId);
-      idempotency?.complete({ status: result.status, body, contentType: 'application/json' });
+      idempotency?.complete({ status: result.status, body: route.replayBody ? route.replayBody(body) : body, contentType: 'application/json' });
       reply.code(result.status);
       return result.kind === 'json' ? reply.type('application/json').send(body) : reply.send();
     }

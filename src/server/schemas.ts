@@ -162,7 +162,15 @@ export const MintKeyBody = z.strictObject({
   name: z.string().max(128).optional(),
   admin: z.boolean().optional(),
 });
-export const MintedKeySchema = z.object({ keyId: z.string(), tenantId: z.string(), apiKey: z.string(), name: z.string().nullable(), admin: z.boolean() });
+export const MintedKeySchema = z.object({
+  keyId: z.string(),
+  tenantId: z.string(),
+  /** null on an idempotent replay: the key is shown once. */
+  apiKey: z.string().nullable(),
+  name: z.string().nullable(),
+  admin: z.boolean(),
+  note: z.string().optional(),
+});
 
 export const AuditQuery = z.strictObject({
   limit: z.string().regex(/^\d{1,4}$/, 'must be a number').transform(Number).pipe(z.number().int().min(1).max(1000)).optional(),

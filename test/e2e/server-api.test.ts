@@ -247,6 +247,28 @@ describe('files over HTTP', () => {
   });
 });
 
+describe('file watch over HTTP', () => {
+  it('streams events as NDJSON and stops the watcher when the client goes away', async () => {
+    const s = await create();
+    const base = `/v1/sandboxes/${s.sandboxId}/files`;
+    const watch = await t.call('GET', `${base}/watch?path=/workspace&recursive=true`);
+    expect(watch.status).toBe(200);
+    expect(watch.headers.get('content-type')).toMatch(/application\/x-ndjson/);
+    const reader = watch.body!.getReader();
+    expect((await t.call('PUT', `${base}?path=w1.txt`, { raw: 'x' })).status).toBe(200);
+    let text = '';
+    while (!text.includes('w1.txt')) {
+      const { value, done } = (await reader.read()) as { value?: Uint8Array; done: boolean };
+      if (done) break;
+      text += new TextDecoder().decode(value);
+    }
+    const first = JSON.parse(text.split('\n')[0]!) as { type: string; path: string };
+    expect(first.path).toBe('/workspace/w1.txt');
+    await reader.cancel();
+    // afterEach: killing the sandbox and the leak check show the watcher did not outlive it.
+  });
+});
+
 describe('idempotency over HTTP', () => {
   it('creates one sandbox for two calls with one key, and refuses the key for another body', async () => {
     const headers = { 'idempotency-key': 'create-once-1' };
@@ -266,6 +288,16 @@ describe('idempotency over HTTP', () => {
     const op = await t.json<{ status: string; response: { status: number; body: Info } }>('GET', '/v1/operations/create-once-1');
     expect(op.body).toMatchObject({ key: 'create-once-1', status: 'completed', response: { status: 201, body: { sandboxId: first.body.sandboxId } } });
     expectError((await t.json('GET', '/v1/operations/never-used')).body, 'NOT_FOUND');
+  });
+
+  it('never stores a minted key: a replay of POST /v1/keys says it was shown once', async () => {
+    const headers = { 'idempotency-key': 'mint-1' };
+    const first = await t.json<{ apiKey: string | null }>('POST', '/v1/keys', { body: { tenantId: 'beta' }, headers });
+    const replay = await t.json<{ apiKey: string | null; keyId: string }>('POST', '/v1/keys', { body: { tenantId: 'beta' }, headers });
+    expect(first.body.apiKey).toMatch(/^cap_/);
+    expect(replay.body).toMatchObject({ apiKey: null, note: expect.stringMatching(/shown only once/) as unknown });
+    const stored = JSON.stringify(t.server.db.prepare('SELECT * FROM operations').all());
+    expect(stored).not.toContain(first.body.apiKey!);
   });
 
   it('stores a foreground exec as its exit event, and says CONFLICT while it runs', async () => {

@@ -17,6 +17,8 @@ export function operatorRoutes(services: ServerServices): AnyRoute[] {
       body: MintKeyBody,
       responses: { 201: { description: 'The new key', schema: MintedKeySchema }, 403: error('Not an admin key') },
       audit: ({ body }) => ({ subject: body.tenantId, policy: body.admin === true ? { admin: true, tenantId: body.tenantId } : null }),
+      // The secret is shown once: a replay says so instead of storing it in the operations table.
+      replayBody: (body) => ({ ...(body as object), apiKey: null, note: 'the key is shown only once; mint another if it was lost' }),
       handler({ body }) {
         const minted = services.keys.mint(body.tenantId, { name: body.name, isAdmin: body.admin ?? false });
         return {
