@@ -2,6 +2,9 @@ import { readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { createBackends } from '../../src/backends/registry.js';
+import { GvisorBackend } from '../../src/backends/gvisor/gvisor-backend.host.js';
+import { InterpreterService } from '../../src/engine/interpreter/index.js';
+import { parseSpec } from '../../src/spec/index.js';
 import { SandboxManager } from '../../src/engine/sandbox-manager.js';
 import type { ProcessHandle } from '../../src/engine/types.js';
 import { HostEnvironment } from '../../src/host/host-env.host.js';
@@ -91,6 +94,34 @@ describe('gVisor sandboxes under the engine (SandboxManager)', () => {
       expect((await counter.result).signal).toBe('SIGKILL');
     } finally {
       await manager.close();
+    }
+  });
+});
+
+describe('interpreter contexts on gVisor', () => {
+  it('keeps a Python context\'s variables across a checkpoint pause and resume', async () => {
+    const backend = new GvisorBackend({ host: new HostEnvironment({ dataDir: testDataDir() }) });
+    const sandbox = await backend.create(parseSpec({ backend: 'gvisor', limits: { memoryBytes: 1024 * 1024 ** 2, pids: 256, wallClockMs: 60_000 } }), {
+      id: 'gv-interp',
+    });
+    const interpreters = new InterpreterService(sandbox);
+    try {
+      const { id: contextId } = await interpreters.createContext({ language: 'python' });
+      const first = await interpreters.runCode('import secrets\nx = secrets.token_hex(8)\nx', { contextId });
+      expect(first.error, JSON.stringify(first)).toBeUndefined();
+      const x = first.results.find((r) => r.isMainResult)?.text;
+      expect(x).toMatch(/^'[0-9a-f]{16}'$/);
+
+      expect(await sandbox.pause!({ keepMemory: true })).toEqual({ keepsMemory: true, survivesRestart: true });
+      await sandbox.resume!();
+
+      const second = await interpreters.runCode('x', { contextId });
+      expect(second.error, JSON.stringify(second)).toBeUndefined();
+      expect(second.results.find((r) => r.isMainResult)?.text).toBe(x);
+      expect(second.executionCount).toBe(2);
+    } finally {
+      await interpreters.close();
+      await sandbox.destroy();
     }
   });
 });
