@@ -13,7 +13,7 @@ export const DEFAULT_MAX_FILES = 10_000;
 /** Tenant of artifacts collected outside the server (the one-shot runner, the CLI). */
 export const LOCAL_TENANT = 'local';
 /** Files copied at once. */
-const DELIVERY_CONCURRENCY = 4;
+const DELIVERY_CONCURRENCY = 8;
 
 export interface CollectOptions {
   /** Sandbox directory to collect; must be under /workspace. @default '/workspace/output' */

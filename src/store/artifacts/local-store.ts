@@ -1,8 +1,9 @@
 import { createHash, randomBytes } from 'node:crypto';
-import { createReadStream, existsSync, statSync, unlinkSync } from 'node:fs';
+import { createReadStream, createWriteStream, existsSync, statSync, unlinkSync } from 'node:fs';
 import { mkdir, open, readdir, rename, rm, stat, unlink } from 'node:fs/promises';
 import { dirname, join } from 'node:path';
-import type { Readable } from 'node:stream';
+import { Transform, type Readable } from 'node:stream';
+import { pipeline } from 'node:stream/promises';
 import Database from 'better-sqlite3';
 import { SandboxError } from '../../errors/index.js';
 import { ArtifactIndex, toArtifact, type ArtifactRow } from './index-db.js';
@@ -197,20 +198,22 @@ export interface Digest {
   size: number;
 }
 
-/** Streams `source` into a new file at `target`, hashing on the way, then fsyncs it. */
+/** Streams `source` into a new file at `target`, hashing on the way, then flushes it to disk. */
 async function writeHashing(source: Readable, target: string, signal: AbortSignal | undefined): Promise<Digest> {
-  const handle = await open(target, 'wx', 0o600);
   const hash = createHash('sha256');
   let size = 0;
-  try {
-    for await (const chunk of source) {
-      signal?.throwIfAborted();
-      const buffer = typeof chunk === 'string' ? Buffer.from(chunk) : (chunk as Buffer);
+  const hashing = new Transform({
+    transform(chunk: Buffer | string, _encoding, callback) {
+      const buffer = typeof chunk === 'string' ? Buffer.from(chunk) : chunk;
       hash.update(buffer);
       size += buffer.length;
-      let offset = 0;
-      while (offset < buffer.length) offset += (await handle.write(buffer, offset)).bytesWritten;
-    }
+      callback(null, buffer);
+    },
+  });
+  // A pipeline overlaps reading the source with writing the copy.
+  await pipeline(source, hashing, createWriteStream(target, { flags: 'wx', mode: 0o600, highWaterMark: READ_CHUNK_BYTES }), { signal });
+  const handle = await open(target, 'r');
+  try {
     await handle.datasync();
   } finally {
     await handle.close();
