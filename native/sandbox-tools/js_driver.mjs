@@ -186,9 +186,7 @@ async function pump() {
   if (running) return;
   running = true;
   while (queue.length > 0) {
-    const request = queue.shift();
-    if (request.op === 'shutdown') process.exit(0);
-    await execute(request);
+    await execute(queue.shift());
   }
   running = false;
 }
@@ -210,7 +208,8 @@ process.stdin.on('data', (chunk) => {
       continue;
     }
     if (request.op === 'interrupt') abandon?.(interrupted());
-    else if (request.op === 'execute' || request.op === 'shutdown') queue.push(request);
+    else if (request.op === 'shutdown') process.exit(0); // at once, even while code awaits
+    else if (request.op === 'execute') queue.push(request);
     else emit({ type: 'fatal', message: `unknown op ${JSON.stringify(request.op)}` });
   }
   void pump();

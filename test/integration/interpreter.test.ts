@@ -208,6 +208,29 @@ describe('javascript and typescript contexts', () => {
     expect(after.results[0]?.text, describeExecution(shared.sandbox(), after)).toBe("'undefined'");
   });
 
+  it('an abort interrupts the code and rejects with ABORTED; a restart ends a running call', async () => {
+    const interpreters = shared.interpreters();
+    const { id } = await interpreters.createContext({ language: 'js' });
+    await interpreters.runCode('let kept = 1', { contextId: id });
+    const controller = new AbortController();
+    const aborted = interpreters.runCode('console.log("looping"); while (true) {}', {
+      contextId: id,
+      signal: controller.signal,
+      onStdout: () => controller.abort(),
+    });
+    await expect(aborted).rejects.toSatisfy((e) => isSandboxError(e, 'ABORTED'));
+    expect((await interpreters.runCode('kept', { contextId: id })).results[0]?.text).toBe('1');
+
+    let markStarted = (): void => undefined;
+    const started = new Promise<void>((resolve) => (markStarted = resolve));
+    const stuck = interpreters.runCode('console.log("waiting"); await new Promise(() => {})', { contextId: id, onStdout: () => markStarted() });
+    await started;
+    await interpreters.restartContext(id);
+    const ended = await stuck;
+    expect(ended.error?.name, describeExecution(shared.sandbox(), ended)).toBe('ContextRestarted');
+    expect((await interpreters.runCode('typeof kept', { contextId: id })).results[0]?.text).toBe("'undefined'");
+  });
+
   it('sets per-call environment variables for that call only', async () => {
     const interpreters = shared.interpreters();
     const first = await interpreters.runCode('process.env.CAPSULE_TEST_VAR', { language: 'js', envVars: { CAPSULE_TEST_VAR: 'only-now' } });
@@ -245,6 +268,17 @@ describe('memory limit', () => {
       const after = await interpreters.runCode('print(globals().get("before", "fresh")); 1 + 1', { contextId: id });
       expect(after.stdout.join(''), describeExecution(sandbox, after)).toBe('fresh\n');
       expect(mainText(after)).toBe('2');
+
+      // The same for a JavaScript context: the OOM killer ends its Node process.
+      const js = await interpreters.createContext({ language: 'js' });
+      const jsBomb = await interpreters.runCode('const held = []; while (true) held.push(Buffer.alloc(16 * 1024 * 1024, 1))', { contextId: js.id });
+      expect(jsBomb.limit?.resource, describeExecution(sandbox, jsBomb)).toBe('memory');
+      expect(jsBomb.limit?.message).toContain(`the OOM killer ended the js interpreter of context ${js.id}`);
+      await interpreters.restartContext(js.id);
+      const jsAfter = await interpreters.runCode('1 + 1', { contextId: js.id });
+      expect(jsAfter.results[0]?.text, describeExecution(sandbox, jsAfter)).toBe('2');
+      // The Python context was not touched by the other context's death.
+      expect(mainText(await interpreters.runCode('1 + 2', { contextId: id }))).toBe('3');
     } finally {
       await interpreters.close();
       await sandbox.destroy();

@@ -12,10 +12,16 @@ export const INTERRUPT_GRACE_MS = 2000;
 const STOP_GRACE_MS = 2000;
 export const DEFAULT_START_TIMEOUT_MS = 60_000;
 
+interface StartOptions {
+  timeoutMs?: number;
+  signal?: AbortSignal;
+}
+
 type Settled = { how: 'end' } | { how: 'died' } | { how: 'exited'; exit: AgentExit };
 
 interface Running {
   id: string;
+  driver: DriverProcess;
   builder: ExecutionBuilder;
   settle: (settled: Settled) => void;
 }
@@ -59,10 +65,16 @@ export class InterpreterContext {
   }
 
   /** Starts the interpreter; resolves when it is ready for code. */
-  start(options: { timeoutMs?: number; signal?: AbortSignal } = {}): Promise<void> {
+  start(options: StartOptions = {}): Promise<void> {
+    this.starting = this.launch(options);
+    return this.starting;
+  }
+
+  private async launch(options: StartOptions): Promise<void> {
     const generation = this.generation;
-    this.starting = (async () => {
-      const driver = await DriverProcess.start(this.sandbox, {
+    let driver: DriverProcess;
+    try {
+      driver = await DriverProcess.start(this.sandbox, {
         language: this.info.language,
         contextId: this.info.id,
         cwd: this.info.cwd,
@@ -70,15 +82,17 @@ export class InterpreterContext {
         timeoutMs: options.timeoutMs ?? DEFAULT_START_TIMEOUT_MS,
         signal: options.signal,
       });
-      if (this.isClosed || generation !== this.generation) {
-        await driver.stop(STOP_GRACE_MS);
-        return;
-      }
-      this.attach(driver);
-      this.driver = driver;
-      this.deadReason = undefined;
-    })();
-    return this.starting;
+    } catch (error) {
+      this.deadReason = `starting its interpreter failed: ${(error as Error).message}`;
+      throw error;
+    }
+    if (this.isClosed || generation !== this.generation) {
+      await driver.stop(STOP_GRACE_MS);
+      return;
+    }
+    this.attach(driver);
+    this.driver = driver;
+    this.deadReason = undefined;
   }
 
   /** Runs code after any earlier run of this context finished. */
@@ -90,14 +104,19 @@ export class InterpreterContext {
   }
 
   /** Kills the interpreter (whatever runs is ended) and starts a fresh one: all state is lost. */
-  async restart(options: { timeoutMs?: number; signal?: AbortSignal } = {}): Promise<void> {
+  restart(options: StartOptions = {}): Promise<void> {
     this.checkOpen();
     this.generation += 1;
     const old = this.driver;
     this.driver = undefined;
-    await this.starting?.catch(() => undefined);
-    if (old) await old.stop(STOP_GRACE_MS);
-    await this.start(options);
+    const previous = this.starting;
+    // Runs queued behind the restart wait for this and then use the fresh interpreter.
+    this.starting = (async () => {
+      await previous?.catch(() => undefined);
+      if (old) await old.stop(STOP_GRACE_MS);
+      await this.launch(options);
+    })();
+    return this.starting;
   }
 
   /** Shuts the interpreter down. Safe to call twice. */
@@ -117,10 +136,11 @@ export class InterpreterContext {
     // own stderr is diagnostics, kept in its tail.
     if (this.info.language !== 'python') driver.onStderr((text) => this.current?.builder.output('stderr', text));
     void driver.exited.then((exit) => {
+      // A run on this driver ends with it, also when a restart or close already replaced it.
+      if (this.current?.driver === driver) this.current.settle({ how: 'exited', exit });
       if (this.driver !== driver) return;
       this.driver = undefined;
       if (!this.isClosed) this.deadReason ??= `its interpreter exited (${exit.signal ?? `exit code ${exit.exitCode}`})`;
-      this.current?.settle({ how: 'exited', exit });
     });
   }
 
@@ -143,7 +163,8 @@ export class InterpreterContext {
 
   private async requireDriver(): Promise<DriverProcess> {
     this.checkOpen();
-    await this.starting;
+    await this.starting?.catch(() => undefined);
+    this.checkOpen();
     if (this.deadReason !== undefined || this.driver === undefined) {
       throw new SandboxError('CONFLICT', `interpreter context ${this.info.id} is not running: ${this.deadReason ?? 'it was stopped'}`, {
         details: { contextId: this.info.id },
@@ -173,7 +194,7 @@ export class InterpreterContext {
     const generation = this.generation;
     const before = await this.sandbox.counters();
     const started = performance.now();
-    const running: Running = { id, builder, settle: () => undefined };
+    const running: Running = { id, driver, builder, settle: () => undefined };
     const settled = new Promise<Settled>((settle) => (running.settle = settle));
     this.current = running;
     let timedOut = false;
