@@ -3,7 +3,8 @@
  * TypeScript SDK over HTTP. Measures, in one run:
  *   - create + first exec(`echo hi`) + kill of a sandbox (N=30), beside raw bwrap /bin/true (same N,
  *     interleaved so the machine's noise hits both alike);
- *   - exec `echo hi` on an already-running sandbox (N=200);
+ *   - exec `echo hi` on an already-running sandbox (N=200), beside the engine's own exec (no HTTP)
+ *     and an HTTP GET that does no work, to show where the time goes;
  *   - host memory per idle sandbox: the PSS (/proc/PID/smaps_rollup) of every process of 100 idle
  *     sandboxes (launcher, bwrap, agent), plus the server's RSS growth, divided by 100.
  * Targets: exec p50 ≤ 3 ms; create + first exec ≤ 5x raw bwrap; ≤ 2 MiB per idle sandbox.
@@ -140,11 +141,25 @@ async function main(): Promise<void> {
       lifecycle.push(performance.now() - start);
     }
 
+    // Exec on a running sandbox, interleaved with its parts: the engine alone (no HTTP) and an
+    // HTTP round trip that does no work (GET), so the table shows where the time goes.
     const running = await Sandbox.create(undefined, conn);
     const exec: number[] = [];
+    const engineExec: number[] = [];
+    const httpGet: number[] = [];
+    const engine = server.app.services.engine;
+    const engineEchoHi = async () => {
+      const handle = await engine.startProcess(running.info.tenantId, running.sandboxId, { argv: ['echo', 'hi'] });
+      const result = await handle.result;
+      if (result.stdout !== 'hi\n') throw new Error(`engine echo hi failed: ${JSON.stringify(result)}`);
+    };
     try {
       for (let i = 0; i < 10; i++) await echoHi(running);
-      for (let i = 0; i < execN; i++) exec.push(await timeIt(() => echoHi(running)));
+      for (let i = 0; i < execN; i++) {
+        exec.push(await timeIt(() => echoHi(running)));
+        engineExec.push(await timeIt(engineEchoHi));
+        httpGet.push(await timeIt(() => running.getInfo()));
+      }
     } finally {
       await running.kill();
     }
@@ -156,6 +171,8 @@ async function main(): Promise<void> {
       summarize('SDK create + first exec(echo hi)', createExec),
       summarize('SDK create + exec + kill', lifecycle),
       summarize('SDK exec(echo hi) on a running sandbox', exec),
+      summarize('  of which: engine exec(echo hi), no HTTP', engineExec),
+      summarize('  for scale: SDK getInfo (HTTP GET, no work)', httpGet),
     ];
     const [raw, firstExec, , execRunning] = rows as [Summary, Summary, Summary, Summary];
     const ratios = {
