@@ -310,6 +310,26 @@ describe('sandbox files: atomicity, limits and streaming', () => {
     });
   });
 
+  it('bounds what it buffers even when a process in the sandbox keeps resuming the paused reader', async () => {
+    await withSandbox({}, async (files, sandbox) => {
+      const stream = await files.read('/dev/zero');
+      const failed = new Promise<unknown>((resolve) => stream.once('error', resolve));
+      const resumer = await sandbox.exec({
+        argv: ['sh', '-c', 'while :; do for s in /proc/[0-9]*/stat; do read -r l < "$s" && case "$l" in *"(cat) T "*) kill -CONT "${l%% *}";; esac; done 2>/dev/null; done'],
+        env: { PATH: '/usr/bin:/bin' },
+        cwd: '/workspace',
+      });
+      try {
+        const error = await failed;
+        expect(isSandboxError(error, 'LIMIT_EXCEEDED'), String(error)).toBe(true);
+        expect(stream.readableLength).toBeLessThanOrEqual(16 * MiB);
+      } finally {
+        resumer.signal('SIGKILL');
+        await resumer.exited;
+      }
+    });
+  });
+
   it('aborts a write: the helper stops and its temp file is removed', async () => {
     await withSandbox({}, async (files) => {
       const source = new Readable({ read() {} });

@@ -1,10 +1,17 @@
 import { Readable } from 'node:stream';
+import { SandboxError } from '../../errors/index.js';
 import type { BackendSandbox } from '../../backends/backend.js';
 import { fileError, type FileErrorContext } from './errors.js';
 import { HelperGuard, StderrTail, helperRequest, lostError, startHelper } from './helper.js';
 
 /** Bytes the returned stream buffers before the helper is paused. */
 export const READ_HIGH_WATER_BYTES = 1024 * 1024;
+/**
+ * Bytes buffered past which the read fails. A paused helper stops well below it; only a process in
+ * the sandbox that keeps resuming the helper (SIGCONT, same uid) can push past it, and it must not
+ * be able to grow the server's memory without bound.
+ */
+export const READ_HARD_LIMIT_BYTES = 16 * 1024 * 1024;
 
 export interface ReadOptions {
   signal?: AbortSignal | undefined;
@@ -50,7 +57,14 @@ export async function openRead(sandbox: BackendSandbox, path: string, options: R
         isSettled = true;
         resolve(stream);
       }
-      if (!stream.push(chunk) && !isStopped && !stream.destroyed) {
+      if (stream.destroyed) return;
+      if (stream.readableLength + chunk.length > READ_HARD_LIMIT_BYTES) {
+        guard.kill('aborted');
+        stream.destroy(resumedError(path));
+        return;
+      }
+      // Stop again on every chunk that arrives over the mark: something may have resumed it.
+      if (!stream.push(chunk)) {
         isStopped = true;
         proc.signal('SIGSTOP');
       }
@@ -77,5 +91,12 @@ export async function openRead(sandbox: BackendSandbox, path: string, options: R
       if (error) stream.destroy(error);
       else stream.push(null);
     });
+  });
+}
+
+function resumedError(path: string): SandboxError {
+  return new SandboxError('LIMIT_EXCEEDED', `read of ${path} stopped: the sandbox kept sending while the reader was paused`, {
+    details: { path, limitBytes: READ_HARD_LIMIT_BYTES },
+    hint: 'Read the stream steadily; a process in the sandbox may be resuming the paused reader.',
   });
 }

@@ -1,6 +1,6 @@
 import type { AgentProcess } from '../../backends/agent/index.js';
 import type { BackendSandbox } from '../../backends/backend.js';
-import type { SandboxError } from '../../errors/index.js';
+import { SandboxError } from '../../errors/index.js';
 import type { WatchEvent } from '../types.js';
 import { fileError, type FileErrorContext } from './errors.js';
 import { HelperGuard, StderrTail, helperRequest, lostError, startHelper } from './helper.js';
@@ -9,6 +9,8 @@ import { UPLOAD_TEMP_PREFIX, WATCH_EVENTS } from './scripts.js';
 /** Queued events past which inotifywait is paused (the kernel queues meanwhile). */
 const PAUSE_AT_EVENTS = 1000;
 const RESUME_AT_EVENTS = 100;
+/** Queued events past which the watch fails: only a watcher resumed from inside the sandbox gets here. */
+const FAIL_AT_EVENTS = 100_000;
 
 export interface WatchOptions {
   recursive: boolean;
@@ -158,9 +160,21 @@ export class SandboxWatch implements AsyncIterable<WatchEvent> {
     proc.onStdout((chunk) => {
       const { events, rest } = parseWatchOutput(Buffer.concat([this.pending, chunk]));
       this.pending = rest;
-      this.queue.push(...events);
-      if (!this.isPaused && this.queue.length >= PAUSE_AT_EVENTS) {
-        this.isPaused = true;
+      if (this.isDone) return;
+      for (const event of events) this.queue.push(event);
+      if (this.queue.length >= FAIL_AT_EVENTS) {
+        this.isClosing = true;
+        proc.signal('SIGKILL');
+        this.finish(
+          new SandboxError('LIMIT_EXCEEDED', `watch of ${this.path} stopped: more than ${FAIL_AT_EVENTS} events are waiting to be read`, {
+            details: { path: this.path, limitEvents: FAIL_AT_EVENTS },
+            hint: 'Read watch events steadily, or watch a smaller directory.',
+          }),
+        );
+        return;
+      }
+      if (this.queue.length >= PAUSE_AT_EVENTS) {
+        this.isPaused = true; // again on every batch over the mark: something may have resumed it
         proc.signal('SIGSTOP');
       }
       this.wake?.();

@@ -17,6 +17,9 @@ export const FRAME_BYTES = 1024 * 1024;
  */
 export const WINDOW_FRAMES = 4;
 
+/** The entry printed after the upload is one find record: paths are at most 4 KiB each. */
+const MAX_RECORD_BYTES = 64 * 1024;
+
 export type WriteData = Readable | Buffer | string;
 
 export interface WriteOptions {
@@ -34,13 +37,15 @@ export async function writeFile(sandbox: BackendSandbox, path: string, data: Wri
   const guard = new HelperGuard(proc, guardOptions);
   const stderr = new StderrTail();
   const record: Buffer[] = [];
+  let recordBytes = 0;
   let acked = 0;
   let finished = false;
   let wake: (() => void) | undefined;
   proc.onStdout((chunk) => {
     guard.touch();
     if (finished) {
-      record.push(chunk);
+      recordBytes += chunk.length;
+      if (recordBytes <= MAX_RECORD_BYTES) record.push(chunk); // more is forged; the parse will reject it
       return;
     }
     const end = chunk.indexOf(0x3d); // '=': every frame is in the file, the entry follows
