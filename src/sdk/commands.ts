@@ -29,7 +29,10 @@ export interface RunOptions extends OutputCallbacks {
   background?: boolean;
   /** Free-form label, shown by `commands.list()`. */
   tag?: string;
-  /** Aborting a foreground run kills the process (SIGKILL) and rejects with `AbortedError`. */
+  /**
+   * Aborting a foreground run kills the process (SIGKILL) and rejects with `AbortedError`; for a
+   * background one it only stops the output callbacks.
+   */
   signal?: AbortSignal;
   /** Deadline for the server to accept the process (not for the process itself). @default 60000 */
   requestTimeoutMs?: number;
@@ -54,6 +57,7 @@ export class Commands {
 
   run(command: string | string[], options: RunOptions & { background: true }): Promise<CommandHandle>;
   run(command: string | string[], options?: RunOptions & { background?: false }): Promise<ExecResult>;
+  run(command: string | string[], options: RunOptions): Promise<ExecResult | CommandHandle>;
   async run(command: string | string[], options: RunOptions = {}): Promise<ExecResult | CommandHandle> {
     const argv = typeof command === 'string' ? ['sh', '-c', command] : command;
     const stdinData = typeof options.stdin === 'boolean' ? undefined : options.stdin;
