@@ -1,12 +1,12 @@
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import { z } from 'zod';
 import { SandboxError, isSandboxError } from '../../errors/index.js';
-import type { SandboxInfo, SandboxState } from '../../engine/types.js';
+import type { CreateSandboxCommand, SandboxInfo, SandboxState } from '../../engine/types.js';
 import type { SandboxSpecInput } from '../../spec/index.js';
 import { AuditTrail } from '../audit-trail.js';
 import type { Principal } from '../auth.js';
 import { e2bPrincipal } from './access.js';
-import { ENVD_VERSION, lenientJson, type E2bContext } from './deps.js';
+import { ENVD_VERSION, lenientJson, type E2bContext, type E2bEngine } from './deps.js';
 import { E2B_HOME, E2B_USER } from './paths.js';
 
 /** Templates the facade serves: one image, Capsule's, under E2B's default names. */
@@ -61,6 +61,23 @@ function specFor(body: z.infer<typeof CreateBody>): SandboxSpecInput {
     cwd: E2B_HOME,
     ttlMs: (body.timeout ?? 300) * 1000,
   };
+}
+
+/**
+ * E2B's sizes are Capsule's defaults for E2B sandboxes, not the caller's request: where the
+ * operator's maxima are lower, the sandbox gets the maximum (the user's timeout is never cut).
+ */
+async function createWithinMaxima(engine: E2bEngine, command: CreateSandboxCommand & { spec: SandboxSpecInput }): Promise<SandboxInfo> {
+  for (let attempt = 0; ; attempt++) {
+    try {
+      return await engine.create(command);
+    } catch (error) {
+      const details = isSandboxError(error, 'SPEC_EXCEEDS_MAXIMUM') ? (error.details as { field?: unknown; maximum?: unknown } | undefined) : undefined;
+      const key = typeof details?.field === 'string' ? /^limits\.(\w+)$/.exec(details.field)?.[1] : undefined;
+      if (!key || typeof details?.maximum !== 'number' || attempt >= 12) throw error;
+      command.spec.limits = { ...command.spec.limits, [key]: details.maximum };
+    }
+  }
 }
 
 function isLive(state: SandboxState): boolean {
@@ -149,7 +166,7 @@ export function registerControlPlane(app: FastifyInstance, ctx: E2bContext): voi
       const release = ctx.quota?.reserve(principal.tenantId);
       try {
         const metadata = { ...(body.metadata ?? {}), [TEMPLATE_KEY]: body.templateID };
-        return await engine.create({ tenantId: principal.tenantId, spec: specFor(body), metadata });
+        return await createWithinMaxima(engine, { tenantId: principal.tenantId, spec: specFor(body), metadata });
       } finally {
         release?.();
       }
