@@ -82,6 +82,12 @@ export interface BackendSandbox {
   pause?(options: PauseOptions): Promise<PauseResult>;
   /** Continues a paused sandbox: restored processes, or a fresh agent when memory was not kept. */
   resume?(): Promise<void>;
+  /**
+   * Running processes the host can talk to. After `Backend.restore()` and `resume()` in a new
+   * Capsule process these are new handles (same ids and pids, stdin and exit work; output written
+   * while no host listened is gone) to the processes the previous Capsule process started.
+   */
+  processes?(): readonly AgentProcess[];
 }
 
 export interface PauseOptions {

@@ -126,7 +126,7 @@ describe('gVisor pause with memory (runsc checkpoint/restore)', () => {
     const first = await newBackend().create(spec, { id: 'gv-pause-2' });
     let restored: BackendSandbox | undefined;
     try {
-      const { secret } = await startStateful(first);
+      const { secret, proc } = await startStateful(first);
       await first.pause!({ keepMemory: true });
       const before = await readTick(first);
 
@@ -140,8 +140,17 @@ describe('gVisor pause with memory (runsc checkpoint/restore)', () => {
         return tick && tick.n > (before?.n ?? 0) + 2 ? tick : undefined;
       });
       expect(after.secret).toBe(secret);
+      // The new process reattaches to the Python process the old one started: same pid, stdin and
+      // stdout work through a new handle.
+      const [python] = again.processes!();
+      expect(python?.pid).toBe(proc.pid);
+      const out = lines(python!);
+      python!.write('show\n');
+      expect((await out.next('show')).split(' ')[1]).toBe(secret);
       const echo = await again.exec({ argv: ['cat', '/workspace/tick'], env: baseEnv(), cwd: '/workspace' });
       expect((await echo.exited).exitCode).toBe(0);
+      python!.closeStdin();
+      expect((await python!.exited).exitCode).toBe(0);
     } finally {
       await (restored ?? first).destroy();
     }

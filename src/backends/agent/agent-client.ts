@@ -97,6 +97,11 @@ class RunningProcess implements AgentProcess {
     this.exited = new Promise((resolve) => (this.settle = resolve));
   }
 
+  /** What a later client needs to take this process over from a file (a restart in between). */
+  record(): AgentProcessRecord {
+    return { id: this.id, pid: this.pid, argv0: this.argv0, isPty: this.isPty, hasStdin: this.stdinOpen };
+  }
+
   /** Sends through another client from now on (the agent was handed over to it). */
   rebind(send: (type: number, id: number, payload?: Buffer) => void): void {
     this.send = send;
@@ -183,12 +188,28 @@ export interface AgentClientOptions {
   firstProcessId?: number;
   /** Processes of a previous client of the same agent, from its `handOver()`; they continue here. */
   handOver?: AgentHandOver;
+  /**
+   * Processes a client in an earlier Capsule process started (from `handOver().records`): new
+   * handles for them are made here (see `processes()`); output they wrote meanwhile is gone.
+   */
+  adopt?: readonly AgentProcessRecord[];
 }
 
 /** What one client passes to the next one that talks to the same agent over new pipes. */
 export interface AgentHandOver {
   nextProcessId: number;
   processes: readonly AgentProcess[];
+  /** The same processes as plain data, for a client in another Capsule process (JSON-safe). */
+  records: readonly AgentProcessRecord[];
+}
+
+/** A running process of an agent, as plain data: enough to reattach to its stdio and exit. */
+export interface AgentProcessRecord {
+  id: number;
+  pid: number;
+  argv0: string;
+  isPty: boolean;
+  hasStdin: boolean;
 }
 
 /** Drives one agent: start processes, stream their output, learn how they ended. */
@@ -218,6 +239,13 @@ export class AgentClient {
       if (!(proc instanceof RunningProcess) || proc.hasExited) continue;
       proc.rebind((type, id, data) => this.send(type, id, data));
       this.running.set(proc.id, proc);
+    }
+    for (const record of options.adopt ?? []) {
+      if (this.running.has(record.id)) continue;
+      const proc = new RunningProcess(record.id, record.argv0, record.isPty, record.hasStdin, (type, id, data) => this.send(type, id, data));
+      proc.pid = record.pid;
+      this.running.set(record.id, proc);
+      this.nextProcessId = Math.max(this.nextProcessId, record.id + 1);
     }
     this.ready = new Promise<void>((resolve, reject) => {
       this.markReady = resolve;
@@ -288,7 +316,12 @@ export class AgentClient {
   handOver(): AgentHandOver {
     const processes = [...this.running.values()];
     this.running.clear();
-    return { nextProcessId: this.nextProcessId, processes };
+    return { nextProcessId: this.nextProcessId, processes, records: processes.map((p) => p.record()) };
+  }
+
+  /** Processes this client tracks that have not exited (started here, handed over or adopted). */
+  processes(): AgentProcess[] {
+    return [...this.running.values()];
   }
 
   /** Ends the agent's stdin: the agent kills every process tree, reports their exits and exits. */

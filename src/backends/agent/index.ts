@@ -2,6 +2,7 @@ export {
   AgentClient,
   type AgentClientOptions,
   type AgentHandOver,
+  type AgentProcessRecord,
   type AgentExit,
   type AgentProcess,
   type AgentStartOptions,

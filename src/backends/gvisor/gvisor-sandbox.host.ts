@@ -1,7 +1,7 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
-import { AgentClient, type AgentHandOver, type AgentProcess } from '../agent/index.js';
+import { AgentClient, type AgentHandOver, type AgentProcess, type AgentProcessRecord } from '../agent/index.js';
 import { SandboxError } from '../../errors/index.js';
 import type { SandboxCgroup } from '../../host/cgroups.host.js';
 import type { SandboxSpec } from '../../spec/index.js';
@@ -52,6 +52,8 @@ export class GvisorSandbox implements BackendSandbox {
   private childExited: Promise<void> = Promise.resolve();
   private agent: AgentClient | undefined;
   private handOver: AgentHandOver | undefined;
+  /** Processes a previous Capsule process left running in the checkpoint (restore after restart). */
+  private toAdopt: AgentProcessRecord[] = [];
   private nextProcessId = 1;
   private stderrTail = '';
   private markLost!: () => void;
@@ -75,6 +77,7 @@ export class GvisorSandbox implements BackendSandbox {
   async adoptCheckpoint(): Promise<void> {
     const saved = await this.options.layout.readPauseState(this.id);
     this.nextProcessId = saved?.nextProcessId ?? 1;
+    this.toAdopt = saved?.keepsMemory ? (saved.processes ?? []) : [];
     this.state = 'paused';
   }
 
@@ -89,6 +92,11 @@ export class GvisorSandbox implements BackendSandbox {
     }
     const base = this.options.network?.env;
     return this.agent.start(base ? { ...request, env: { ...base, ...request.env } } : request);
+  }
+
+  /** Running processes the host can talk to, including those a previous Capsule process started. */
+  processes(): readonly AgentProcess[] {
+    return this.agent?.processes() ?? [];
   }
 
   async counters(): Promise<SandboxCounters> {
@@ -151,6 +159,7 @@ export class GvisorSandbox implements BackendSandbox {
     await this.options.layout.writePauseState(this.id, {
       keepsMemory: options.keepMemory,
       nextProcessId: this.nextProcessId,
+      processes: [...(this.handOver?.records ?? [])],
       pausedAt: new Date().toISOString(),
     });
     this.state = 'paused';
@@ -178,6 +187,7 @@ export class GvisorSandbox implements BackendSandbox {
       throw error;
     }
     this.handOver = undefined;
+    this.toAdopt = [];
     await this.options.layout.removeCheckpoint(this.id);
   }
 
@@ -207,7 +217,7 @@ export class GvisorSandbox implements BackendSandbox {
       this.stderrTail = (this.stderrTail + chunk.toString('utf8')).slice(-STDERR_TAIL_BYTES);
     });
     const agent = new AgentClient(child.stdin, child.stdout, {
-      ...(this.handOver ? { handOver: this.handOver } : { firstProcessId: this.nextProcessId }),
+      ...(this.handOver ? { handOver: this.handOver } : { firstProcessId: this.nextProcessId, adopt: this.toAdopt }),
     });
     agent.onLost(() => {
       if (this.agent === agent && this.state === 'running') this.markLost();

@@ -1,5 +1,6 @@
 import { mkdir, readdir, readFile, rename, rm, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
+import type { AgentProcessRecord } from '../agent/index.js';
 
 /** What a paused gVisor sandbox needs to be resumed, possibly by a new Capsule process. */
 export interface PauseState {
@@ -7,6 +8,8 @@ export interface PauseState {
   keepsMemory: boolean;
   /** The agent client's next process id: a restored agent still tracks the ids before it. */
   nextProcessId: number;
+  /** Processes running at the checkpoint, so a new Capsule process can reattach to them. */
+  processes: AgentProcessRecord[];
   pausedAt: string;
 }
 
