@@ -66,6 +66,7 @@ export async function writeFile(sandbox: BackendSandbox, path: string, data: Wri
   const progress = (): Promise<void> => new Promise((resolve) => (wake = resolve));
 
   let sourceError: unknown;
+  let isSourceDone = false;
   const source = frames(data, FRAME_BYTES)[Symbol.asyncIterator]();
   try {
     let sent = 0;
@@ -73,7 +74,11 @@ export async function writeFile(sandbox: BackendSandbox, path: string, data: Wri
       const pending = source.next();
       pending.catch(() => undefined); // if the helper exits first, a later failure of the source is moot
       const next = await Promise.race([pending, exit.then(() => undefined)]);
-      if (next === undefined || next.done === true) break;
+      if (next === undefined) break;
+      if (next.done === true) {
+        isSourceDone = true;
+        break;
+      }
       guard.touch();
       while (sent - acked >= WINDOW_FRAMES && !exited) await progress();
       if (exited) break;
@@ -81,16 +86,20 @@ export async function writeFile(sandbox: BackendSandbox, path: string, data: Wri
       proc.write(next.value);
       sent += 1;
     }
-    if (!exited) {
+    if (isSourceDone && !exited) {
       proc.write('0\n');
       proc.closeStdin();
     }
   } catch (error) {
-    // The data source failed (a client that went away): stop, and let the helper drop its temp file.
-    if (!(isSandboxError(error, 'PROCESS_NOT_FOUND'))) sourceError = error;
-    if (!exited) guard.kill('aborted');
+    // PROCESS_NOT_FOUND: the helper exited between two writes, and its exit says why. Anything
+    // else is the data source failing (a client that went away): stop the helper, which then
+    // removes its temp file.
+    if (!isSandboxError(error, 'PROCESS_NOT_FOUND')) {
+      sourceError = error;
+      guard.kill('aborted');
+    }
   } finally {
-    if (exited) {
+    if (!isSourceDone) {
       // The helper ended before the data did: release the source without waiting on it.
       if (typeof data !== 'string' && !Buffer.isBuffer(data)) data.destroy();
       source.return?.(undefined).catch(() => undefined);
