@@ -3,6 +3,7 @@ import { constants } from 'node:fs';
 import { createHash } from 'node:crypto';
 import { join, resolve } from 'node:path';
 import type { NetworkPolicy } from '../spec/index.js';
+import { isSandboxError, SandboxError } from '../errors/index.js';
 import type { HostEnvironment } from './host-env.host.js';
 import { CredentialBroker } from './egress/broker.js';
 import { DEFAULT_EGRESS_PORTS, EgressProxy, type EgressEvent, type EgressPorts, type EgressStats } from './egress/egress-proxy.js';
@@ -112,7 +113,14 @@ export class EgressNetwork {
   start(): Promise<void> {
     this.starting ??= this.doStart().catch((error: unknown) => {
       this.starting = undefined;
-      throw error;
+      if (isSandboxError(error)) throw error;
+      const busy = (error as NodeJS.ErrnoException).code === 'EADDRINUSE';
+      throw new SandboxError('HOST_NOT_READY', `cannot set up sandbox networking: ${(error as Error).message}`, {
+        cause: error,
+        hint: busy
+          ? `Another process holds ${this.proxyAddress}; give this instance its own subnet (EgressNetworkOptions.subnet) or data directory.`
+          : 'Sandbox networking needs root, iproute2, nftables and util-linux (scripts/setup.sh installs them).',
+      });
     });
     return this.starting;
   }

@@ -1,5 +1,6 @@
 import { access, mkdir, readdir, readFile, rm, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
+import { SandboxError } from '../errors/index.js';
 import { runCommand } from './run-command.host.js';
 import { applyRuleset } from './nftables.host.js';
 
@@ -99,6 +100,9 @@ export interface NetnsPoolOptions {
 }
 
 const FIRST_SLOT = 2;
+/** Every veth pair is its own link, so one pair of locally administered MACs serves them all. */
+const HOST_END_MAC = '02:ca:75:00:00:01';
+const SANDBOX_END_MAC = '02:ca:75:00:00:02';
 const REFILL_DELAY_MS = 150;
 const LAST_SLOT = 254;
 
@@ -209,7 +213,11 @@ export class NetnsPool {
       const candidate = FIRST_SLOT + ((this.nextSlot - FIRST_SLOT + step) % (LAST_SLOT - FIRST_SLOT + 1));
       if (!this.used.has(candidate)) slot = candidate;
     }
-    if (slot === undefined) throw new Error(`all ${LAST_SLOT - FIRST_SLOT + 1} sandbox network slots of ${subnetBase}.0/24 are in use`);
+    if (slot === undefined) {
+      throw new SandboxError('QUOTA_EXCEEDED', `all ${LAST_SLOT - FIRST_SLOT + 1} sandbox network slots of ${subnetBase}.0/24 are in use`, {
+        hint: 'Destroy networked sandboxes you no longer need, or run another Capsule instance with its own data directory.',
+      });
+    }
     this.nextSlot = slot + 1 > LAST_SLOT ? FIRST_SLOT : slot + 1;
     this.used.add(slot);
     const name = names.netns(slot);
@@ -218,12 +226,18 @@ export class NetnsPool {
     try {
       // Recorded first: a namespace being made belongs to the pool, never to nobody.
       await writeFile(join(this.options.stateDir, name), 'idle\n');
+      // Fixed MACs and permanent neighbour entries on both ends: no ARP is needed, so hosts with
+      // arp_ignore/arp_filter hardening (the proxy address lives on the anchor, not this veth) work.
       await runCommand(['ip', '-b', '-'], {
-        input: `netns add ${name}\nlink add ${veth} type veth peer name eth0 netns ${name}\nlink set ${veth} up\nroute add ${address}/32 dev ${veth}\n`,
+        input:
+          `netns add ${name}\nlink add ${veth} address ${HOST_END_MAC} type veth peer name eth0 address ${SANDBOX_END_MAC} netns ${name}\n` +
+          `link set ${veth} up\nroute add ${address}/32 dev ${veth}\nneigh replace ${address} lladdr ${SANDBOX_END_MAC} dev ${veth} nud permanent\n`,
         timeoutMs: 10_000,
       });
       await runCommand(['ip', '-n', name, '-b', '-'], {
-        input: `link set lo up\naddr add ${address}/32 dev eth0\nlink set eth0 up\nroute add ${proxyAddress}/32 dev eth0\nroute add default via ${proxyAddress} dev eth0 onlink\n`,
+        input:
+          `link set lo up\naddr add ${address}/32 dev eth0\nlink set eth0 up\nroute add ${proxyAddress}/32 dev eth0\n` +
+          `route add default via ${proxyAddress} dev eth0 onlink\nneigh replace ${proxyAddress} lladdr ${HOST_END_MAC} dev eth0 nud permanent\n`,
         timeoutMs: 10_000,
       });
       await applyRuleset(this.options.ruleset, join(NETNS_DIR, name));

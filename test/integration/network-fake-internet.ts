@@ -59,6 +59,9 @@ export class FakeInternet {
       '-keyout', keyFile, '-out', certFile]);
     this.certPem = spawnSync('cat', [certFile]).stdout.toString();
     await writeFile(script, SERVER);
+    // Leftovers of an interrupted run with the same names would make the route or link clash.
+    spawnSync('ip', ['link', 'del', this.link]);
+    spawnSync('ip', ['netns', 'del', this.netns]);
     run(['ip', 'netns', 'add', this.netns]);
     run(['ip', '-b', '-'], `link add ${this.link} type veth peer name eth0 netns ${this.netns}\naddr add ${HOST_SIDE}/32 dev ${this.link}\nlink set ${this.link} up\n`);
     run(['ip', '-n', this.netns, '-b', '-'],

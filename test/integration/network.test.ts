@@ -172,6 +172,17 @@ describe('everything else is denied, fast and with a clear reason', () => {
     });
   });
 
+  it('holds the TLS server name inside a CONNECT tunnel to the policy (no domain fronting)', async () => {
+    await inSandbox(ALLOW, async (sandbox) => {
+      const r = await sh(sandbox, [
+        'curl -sS --cacert ca.pem --connect-to other.test:443:allowed.test:443 https://other.test/ 2>&1; echo "exit=$?"',
+        'curl -sS --cacert ca.pem --connect-to www.allowed.test:443:allowed.test:443 https://www.allowed.test/',
+      ].join('\n'));
+      expect(r.stdout, show(r)).toMatch(/^curl: \(35\) .*\nexit=35\nhello from www.allowed.test/);
+      expect(events.at(-1)).toMatchObject({ destination: 'other.test:443', rule: 'tls-server-name:allowlist' });
+    });
+  });
+
   it('denies a raw IP by proxy, by redirect and by direct TCP (reset at once)', async () => {
     await inSandbox(ALLOW, async (sandbox) => {
       const r = await sh(sandbox, [

@@ -108,6 +108,7 @@ describe('resolver packets', () => {
 describe('TLS ClientHello', () => {
   it('reads nothing from non-TLS bytes and waits for a whole record', () => {
     expect(parseClientHello(Buffer.from('GET / HTTP/1.1\r\n'))).toEqual({ kind: 'not-tls' });
+    expect(parseClientHello(Buffer.from('ping'))).toEqual({ kind: 'not-tls' }); // short, but plainly not TLS
     expect(parseClientHello(Buffer.from([0x16, 0x03, 0x01, 0x02, 0x00, 0x01]))).toEqual({ kind: 'incomplete' });
   });
 });

@@ -399,12 +399,53 @@ export class EgressProxy {
     upstream.once('connect', () => {
       connected = true;
       upstream.setTimeout(0);
-      if (greeting !== undefined) socket.write(greeting);
-      if (head.length > 0) upstream.write(head);
-      socket.pipe(upstream);
-      upstream.pipe(socket);
-      socket.resume();
+      upstream.pipe(socket); // the server may speak first (SSH, SMTP)
+      if (greeting === undefined) {
+        if (head.length > 0) upstream.write(head);
+        socket.pipe(upstream);
+        socket.resume();
+        return;
+      }
+      socket.write(greeting);
+      this.checkTunnelSni(client, host, port, socket, upstream, head);
     });
+  }
+
+  /**
+   * Inside a CONNECT tunnel, a TLS ClientHello naming another server than the CONNECT target
+   * (domain fronting through an allowed host) is held to the policy too: its name must be
+   * allowed. Anything that is not TLS passes unchanged.
+   */
+  private checkTunnelSni(client: Client, host: string, port: number, socket: Duplex, upstream: Socket, head: Buffer): void {
+    let buffered = head;
+    const decide = (): boolean => {
+      const hello = parseClientHello(buffered);
+      if (hello.kind === 'incomplete' && buffered.length < MAX_HELLO_BYTES) return false;
+      const name = hello.kind === 'hello' ? hello.serverName : undefined;
+      const denial = name && name !== host ? client.policy.checkName(name, port) : undefined;
+      if (denial) {
+        this.report(client, 'blocked', 'connect', `${name}:${port}`, {
+          code: denial.code,
+          rule: `tls-server-name:${denial.rule}`,
+          message: `the TLS server name ${name} inside a tunnel to ${host}:${port} is not allowed: ${denial.message}`,
+        });
+        upstream.destroy();
+        if (socket instanceof Socket) socket.resetAndDestroy();
+        else socket.destroy();
+        return true;
+      }
+      socket.off('data', onData);
+      upstream.write(buffered);
+      socket.pipe(upstream);
+      return true;
+    };
+    const onData = (chunk: Buffer): void => {
+      buffered = Buffer.concat([buffered, chunk]);
+      decide();
+    };
+    if (buffered.length > 0 && decide()) return;
+    socket.on('data', onData);
+    socket.resume();
   }
 }
 

@@ -11,8 +11,9 @@ const MAX_RECORD_BYTES = 16_384 + 2048;
  * record is read: clients put the whole ClientHello in it (it is far below the record size).
  */
 export function parseClientHello(data: Buffer): ClientHelloResult {
+  if (data.length > 0 && data[0] !== 0x16) return { kind: 'not-tls' };
+  if (data.length > 1 && data[1] !== 0x03) return { kind: 'not-tls' };
   if (data.length < 5) return { kind: 'incomplete' };
-  if (data[0] !== 0x16 || data[1] !== 0x03) return { kind: 'not-tls' };
   const recordLength = data.readUInt16BE(3);
   if (recordLength > MAX_RECORD_BYTES) return { kind: 'not-tls' };
   if (data.length < 5 + recordLength) return { kind: 'incomplete' };
