@@ -144,6 +144,27 @@ describe('python contexts', () => {
     expect(mainText(later), describeExecution(shared.sandbox(), later)).toBe("'unset'");
   });
 
+  it('restarts a kernel that ignores the interrupt, leaving no orphan kernel behind', async () => {
+    const interpreters = shared.interpreters();
+    const { id } = await interpreters.createContext({ language: 'python' });
+    await interpreters.runCode('lost = 1', { contextId: id });
+    const stubborn = await interpreters.runCode(
+      'import time\nwhile True:\n    try:\n        time.sleep(0.05)\n    except KeyboardInterrupt:\n        pass',
+      { contextId: id, timeoutMs: 800 },
+    );
+    expect(stubborn.limit?.resource, describeExecution(shared.sandbox(), stubborn)).toBe('wall_clock');
+    expect(stubborn.limit?.message).toContain(`context ${id} was restarted and its state (variables, imports) is lost`);
+    const after = await interpreters.runCode('"lost" in globals()', { contextId: id });
+    expect(mainText(after), describeExecution(shared.sandbox(), after)).toBe('False');
+    // One kernel per live Python context: the killed driver's kernel died with it (PDEATHSIG).
+    const kernels = await interpreters.runCode(
+      'import os\nsum(1 for p in os.listdir("/proc") if p.isdigit() and b"ipykernel_launcher" in open(f"/proc/{p}/cmdline", "rb").read())',
+      { contextId: id },
+    );
+    expect(Number(mainText(kernels)), describeExecution(shared.sandbox(), kernels)).toBe(interpreters.listContexts().filter((c) => c.language === 'python').length);
+    await interpreters.deleteContext(id);
+  });
+
   it('creates a default python context on first use without a contextId', async () => {
     const interpreters = shared.interpreters();
     const first = await interpreters.runCode('z = 7');
@@ -279,6 +300,29 @@ describe('memory limit', () => {
       expect(jsAfter.results[0]?.text, describeExecution(sandbox, jsAfter)).toBe('2');
       // The Python context was not touched by the other context's death.
       expect(mainText(await interpreters.runCode('1 + 2', { contextId: id }))).toBe('3');
+    } finally {
+      await interpreters.close();
+      await sandbox.destroy();
+    }
+  });
+});
+
+describe('a sandbox that goes away', () => {
+  it('ends a running call with SANDBOX_CRASHED', async () => {
+    const sandbox = await createSandbox({});
+    const interpreters = new InterpreterService(sandbox);
+    try {
+      const { id } = await interpreters.createContext({ language: 'js' });
+      let markStarted = (): void => undefined;
+      const started = new Promise<void>((resolve) => (markStarted = resolve));
+      const running = interpreters.runCode('console.log("up"); await new Promise(() => {})', { contextId: id, onStdout: () => markStarted() });
+      const settled = running.then(
+        () => 'resolved',
+        (error: unknown) => error,
+      );
+      await started;
+      await sandbox.destroy();
+      expect(isSandboxError(await settled, 'SANDBOX_CRASHED'), `sandbox ${sandbox.id}: ${String(await settled)}`).toBe(true);
     } finally {
       await interpreters.close();
       await sandbox.destroy();

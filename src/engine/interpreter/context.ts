@@ -10,6 +10,8 @@ import type { ContextInfo, Execution, RunCodeOptions } from './types.js';
 /** How long interrupted code has to stop before the driver is killed and the context restarted. */
 export const INTERRUPT_GRACE_MS = 2000;
 const STOP_GRACE_MS = 2000;
+/** How long an unexplained driver exit waits to learn whether the whole sandbox went away. */
+const SANDBOX_LOST_WAIT_MS = 250;
 export const DEFAULT_START_TIMEOUT_MS = 60_000;
 
 interface StartOptions {
@@ -232,7 +234,7 @@ export class InterpreterContext {
     const execution = builder.execution;
 
     if (outcome.how !== 'end') {
-      if (outcome.how === 'exited' && outcome.exit.lost) {
+      if (outcome.how === 'exited' && (outcome.exit.lost || (await this.sandboxGone()))) {
         throw new SandboxError('SANDBOX_CRASHED', `sandbox ${this.sandbox.id} stopped while context ${this.info.id} ran code`, {
           details: { contextId: this.info.id },
         });
@@ -267,6 +269,20 @@ export class InterpreterContext {
       });
     }
     return execution;
+  }
+
+  /**
+   * Whether the sandbox itself is going away. Its agent reports the kills of its processes
+   * before it exits, so a driver's exit can arrive just before `lost`: wait for it briefly.
+   */
+  private async sandboxGone(): Promise<boolean> {
+    let timer: NodeJS.Timeout | undefined;
+    const gone = await Promise.race([
+      this.sandbox.lost.then(() => true),
+      new Promise<boolean>((resolve) => (timer = setTimeout(() => resolve(false), SANDBOX_LOST_WAIT_MS))),
+    ]);
+    clearTimeout(timer);
+    return gone;
   }
 
   private driverTail(driver: DriverProcess): string {
