@@ -28,6 +28,11 @@ export interface CapsuleAppOptions {
   /** Fastify's pino logger options. @default false */
   logger?: FastifyServerOptions['logger'];
   now?: () => number;
+  /**
+   * More routes on the same server (the E2B facade, /metrics): called once the v1 routes are
+   * registered, with the same services. They share the error handler and the raw-body parsers.
+   */
+  extensions?: ((app: FastifyInstance, services: ServerServices) => void)[];
 }
 
 /** A request Node's HTTP parser refused (bad headers, too large): answered on the socket. */
@@ -80,6 +85,8 @@ export class CapsuleApp {
       requestIdHeader: false,
       genReqId: () => `req_${randomBytes(8).toString('hex')}`,
       return503OnClosing: true,
+      // A HEAD of a file or a watch would open the stream only to drop it.
+      exposeHeadRoutes: false,
       // A URL Fastify cannot decode never reaches a route: it still gets the one error shape.
       frameworkErrors: (error, request, reply) => {
         sendError(request, reply, error);
@@ -104,8 +111,9 @@ export class CapsuleApp {
         handler: () => ({ kind: 'json', status: 200, body: (openapi ??= buildOpenApi(this.routes, API_VERSION)) }),
       }),
     );
-    // TODO(metrics): GET /metrics is served by src/metrics/ (loopback only); it registers here.
+    // TODO(metrics): GET /metrics is served by src/metrics/ (loopback only) through `extensions`.
     this.configure();
+    for (const extend of options.extensions ?? []) extend(this.app, this.services);
   }
 
   private configure(): void {

@@ -4,7 +4,7 @@ import { createSandboxFiles } from '../engine/files/index.js';
 import { SandboxManager, type EngineEvent } from '../engine/sandbox-manager.js';
 import type { OperatorMaxima } from '../spec/index.js';
 import { API_KEY_PATTERN, ApiKeyStore, AuditLog, OperationStore, SqliteSandboxRecords, openDatabase, type SqliteDatabase } from '../store/index.js';
-import { CapsuleApp } from './app.js';
+import { CapsuleApp, type CapsuleAppOptions } from './app.js';
 
 export interface StartServerOptions {
   /** Capsule's data directory (workspaces, cgroup names, the state database). */
@@ -22,6 +22,8 @@ export interface StartServerOptions {
   maxima?: OperatorMaxima;
   /** @default false */
   logger?: FastifyServerOptions['logger'];
+  /** Extra routes (E2B facade, metrics); see CapsuleAppOptions.extensions. */
+  extensions?: CapsuleAppOptions['extensions'];
 }
 
 export interface RunningServer {
@@ -56,7 +58,7 @@ export async function startServer(options: StartServerOptions): Promise<RunningS
       onEvent: (event) => auditEvent(audit, event),
       filesFactory: (sandbox) => createSandboxFiles(sandbox),
     });
-    const app = new CapsuleApp({ engine, db, maxSandboxesPerTenant: options.maxSandboxesPerTenant, logger: options.logger });
+    const app = new CapsuleApp({ engine, db, maxSandboxesPerTenant: options.maxSandboxesPerTenant, logger: options.logger, extensions: options.extensions });
     let url: string;
     try {
       url = await app.listen(options.port ?? 7070, options.host ?? '127.0.0.1');

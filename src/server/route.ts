@@ -224,11 +224,17 @@ function ndjson(events: AsyncIterable<object>, settled: Promise<object> | undefi
   return Readable.from(lines(), { objectMode: false });
 }
 
+/** Fields holding a path in the sandbox: a bad one is INVALID_PATH. */
+const PATH_FIELDS = new Set(['path', 'source', 'destination']);
+
 function parsePart<T>(part: 'params' | 'query' | 'body', schema: z.ZodType<T> | undefined, value: unknown): T {
   if (!schema) return value as T;
   const result = schema.safeParse(value);
   if (result.success) return result.data;
-  if (part !== 'params') throw invalidRequest(part, result.error);
+  if (part !== 'params') {
+    const field = String(result.error.issues[0]?.path[0] ?? '');
+    throw invalidRequest(part, result.error, PATH_FIELDS.has(field) ? 'INVALID_PATH' : 'INVALID_ARGUMENT');
+  }
   // An id that cannot exist names nothing: not found, with the code of what was looked up.
   const field = String(result.error.issues[0]?.path[0] ?? '');
   throw invalidRequest(part, result.error, field === 'sandboxId' ? 'SANDBOX_NOT_FOUND' : field === 'pid' ? 'PROCESS_NOT_FOUND' : 'NOT_FOUND');

@@ -243,7 +243,8 @@ describe('files over HTTP', () => {
     const missing = await t.json('GET', `${base}/stat?path=d/b.txt`);
     expect(missing.status).toBe(404);
     expectError(missing.body, 'FILE_NOT_FOUND');
-    expectError((await t.json('GET', `${base}?`)).body, 'INVALID_ARGUMENT');
+    expectError((await t.json('GET', `${base}?`)).body, 'INVALID_PATH');
+    expectError((await t.json('POST', `${base}/mkdir`, { body: { path: 'a\u0000b' } })).body, 'INVALID_PATH');
   });
 });
 

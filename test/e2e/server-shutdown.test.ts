@@ -1,5 +1,9 @@
+import { mkdtempSync } from 'node:fs';
+import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
-import { expectNoLeaks } from '../helpers/sandbox.js';
+import { startServer } from '../../src/server/bootstrap.js';
+import { openDatabase } from '../../src/store/index.js';
+import { expectNoLeaks, testDataDir } from '../helpers/sandbox.js';
 import { readNdjson, startTestServer } from './server-helpers.js';
 
 afterEach(expectNoLeaks);
@@ -26,12 +30,36 @@ describe('graceful shutdown', () => {
     await expect(fetch(`${t.url}/healthz`)).rejects.toThrow();
 
     // The record outlives the server: state killed, with the reason.
-    const db = (await import('../../src/store/index.js')).openDatabase(t.server.db.name.replace(/\/capsule\.db$/, ''));
+    const db = openDatabase(t.server.db.name.replace(/\/capsule\.db$/, ''));
     try {
       const row = db.prepare('SELECT info FROM sandboxes WHERE sandbox_id = ?').get(id) as { info: string };
       expect(JSON.parse(row.info)).toMatchObject({ state: 'killed', endReason: expect.stringMatching(/shut down/) as unknown });
     } finally {
       db.close();
     }
+  });
+});
+
+describe('the operator key', () => {
+  it('is generated once when CAPSULE_API_KEY is unset, and still works after a restart', async () => {
+    const databaseDir = mkdtempSync(join(testDataDir(), 'server-key-'));
+    const first = await startServer({ dataDir: testDataDir(), databaseDir, port: 0, env: {} });
+    const key = first.generatedApiKey;
+    try {
+      expect(first.apiKeySource).toBe('generated');
+      expect(key).toMatch(/^cap_[0-9a-f]{40}$/);
+      expect((await fetch(`${first.url}/v1/sandboxes`, { headers: { authorization: `Bearer ${key}` } })).status).toBe(200);
+    } finally {
+      await first.close();
+    }
+    const second = await startServer({ dataDir: testDataDir(), databaseDir, port: 0, env: {} });
+    try {
+      expect(second.apiKeySource).toBe('existing');
+      expect(second.generatedApiKey).toBeUndefined();
+      expect((await fetch(`${second.url}/v1/sandboxes`, { headers: { authorization: `Bearer ${key}` } })).status).toBe(200);
+    } finally {
+      await second.close();
+    }
+    await expect(startServer({ dataDir: testDataDir(), databaseDir, port: 0, env: { CAPSULE_API_KEY: 'hunter2' } })).rejects.toMatchObject({ code: 'INVALID_ARGUMENT' });
   });
 });
