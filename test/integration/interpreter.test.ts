@@ -259,6 +259,10 @@ describe('javascript and typescript contexts', () => {
     const later = await interpreters.runCode('process.env.CAPSULE_TEST_VAR ?? "unset"', { language: 'js' });
     expect(later.results[0]?.json).toBe('unset');
     expect(later.contextId).toBe(first.contextId);
+    // Variables given at creation last for the context's life.
+    const { id } = await interpreters.createContext({ language: 'js', envVars: { CAPSULE_CONTEXT_VAR: 'always' }, cwd: '/tmp' });
+    const own = await interpreters.runCode('[process.env.CAPSULE_CONTEXT_VAR, process.cwd()]', { contextId: id });
+    expect(own.results[0]?.json, describeExecution(shared.sandbox(), own)).toEqual(['always', '/tmp']);
   });
 
   it('runs TypeScript with its types stripped, and reports type syntax errors', async () => {
