@@ -8,6 +8,7 @@ import { buildDnsAnswer, parseDnsQuery, RCODE_NXDOMAIN } from '../../src/host/eg
 import { parseClientHello } from '../../src/host/egress/sni.js';
 import { hostRuleset, sandboxRuleset } from '../../src/host/nftables.host.js';
 import { DEFAULT_EGRESS_PORTS } from '../../src/host/egress/egress-proxy.js';
+import { egressLimitHit } from '../../src/engine/network-limit.js';
 
 const policy = (network: object) =>
   new CompiledPolicy(parseSpec({ network }).network, new DestinationList(['evil.example', '203.0.113.66/32'], { coversSubdomains: true }));
@@ -136,5 +137,19 @@ describe('network spec', () => {
   it('refuses handles without a network', () => {
     expect(() => parseSpec({ network: { handles: ['docs.read'] } })).toThrow(/credential handles need a network/);
     expect(parseSpec({ network: { mode: 'allowlist', handles: ['docs.read'] } }).network.handles).toEqual(['docs.read']);
+  });
+});
+
+describe('egress limit classification', () => {
+  const counters = { oomKills: 0, pidsMaxEvents: 0, memoryPeakBytes: 0, memoryUsageBytes: 0, cpuUsageUsec: 0, cpuThrottledUsec: 0 };
+  it('reports refused connections of a failed exec as the egress limit', () => {
+    const hit = egressLimitHit({ ...counters, egressLimitHits: 1 }, { ...counters, egressLimitHits: 3 }, 10, true);
+    expect(hit).toMatchObject({ resource: 'egress', limit: 10, unit: 'count' });
+    expect(hit?.message).toBe('outbound connection limit 10 reached (2 connections refused with 429 or reset); raise network.maxConnections or reuse connections.');
+  });
+
+  it('leaves a program that handled the 429 (exit 0), or saw none, alone', () => {
+    expect(egressLimitHit(counters, { ...counters, egressLimitHits: 1 }, 10, false)).toBeUndefined();
+    expect(egressLimitHit(counters, counters, 10, true)).toBeUndefined();
   });
 });
