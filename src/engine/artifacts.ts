@@ -2,7 +2,7 @@ import { realpath } from 'node:fs/promises';
 import type { BackendSandbox } from '../backends/backend.js';
 import { openRegular, resolveWorkspacePath, walkOutput, normalizeWorkspacePath, type OutputEntry } from '../host/output-files.host.js';
 import type { ArtifactOutcome } from '../metrics/metrics.js';
-import { isVerifyFailure, type Artifact, type ArtifactStore } from '../store/artifacts/index.js';
+import { chunkBytesFor, isVerifyFailure, type Artifact, type ArtifactStore } from '../store/artifacts/index.js';
 
 const MiB = 1024 * 1024;
 
@@ -12,8 +12,8 @@ export const DEFAULT_MAX_TOTAL_BYTES = 128 * MiB;
 export const DEFAULT_MAX_FILES = 10_000;
 /** Tenant of artifacts collected outside the server (the one-shot runner, the CLI). */
 export const LOCAL_TENANT = 'local';
-/** Files copied at once. */
-const DELIVERY_CONCURRENCY = 8;
+/** Files copied at once: each holds a libuv threadpool thread (4 by default) while it fsyncs. */
+const DELIVERY_CONCURRENCY = 4;
 
 export interface CollectOptions {
   /** Sandbox directory to collect; must be under /workspace. @default '/workspace/output' */
@@ -160,7 +160,7 @@ async function deliver(entry: OutputEntry, path: string, root: string, sandboxId
   const { handle, info: before } = opened;
   let artifact: Artifact | undefined;
   try {
-    const source = handle.createReadStream({ start: 0, highWaterMark: MiB, autoClose: false });
+    const source = handle.createReadStream({ start: 0, highWaterMark: chunkBytesFor(before.size), autoClose: false });
     artifact = await store
       .put(source, { name: entry.name, path, tenantId: options.tenantId ?? LOCAL_TENANT, sandboxId, retentionMs: options.retentionMs, expectedSize: before.size }, { signal: options.signal })
       .catch((error: unknown) => {

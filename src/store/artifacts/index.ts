@@ -1,2 +1,2 @@
-export { LocalArtifactStore, digestFile, isVerifyFailure, type Digest, type LocalArtifactStoreOptions } from './local-store.js';
+export { LocalArtifactStore, chunkBytesFor, digestFile, isVerifyFailure, type Digest, type LocalArtifactStoreOptions } from './local-store.js';
 export * from './types.js';

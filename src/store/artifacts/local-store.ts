@@ -66,7 +66,7 @@ export class LocalArtifactStore implements ArtifactStore {
     try {
       const streamed = await writeHashing(source, temp, options.signal);
       // Recompute from the stored copy: what is delivered is what is on disk, not what was sent.
-      const stored = await digestFile(temp);
+      const stored = await digestFile(temp, streamed.size);
       if (stored.sha256 !== streamed.sha256 || stored.size !== streamed.size) {
         throw verifyFailed(meta.name, `the stored copy (${stored.size} bytes, sha256 ${stored.sha256.slice(0, 12)}…) differs from the bytes written (${streamed.size} bytes, sha256 ${streamed.sha256.slice(0, 12)}…)`);
       }
@@ -222,14 +222,19 @@ async function writeHashing(source: Readable, target: string, signal: AbortSigna
 }
 
 /** SHA-256 and size of a file as it is on disk. */
-export async function digestFile(path: string): Promise<Digest> {
+export async function digestFile(path: string, sizeHint?: number): Promise<Digest> {
   const hash = createHash('sha256');
   let size = 0;
-  for await (const chunk of createReadStream(path, { highWaterMark: READ_CHUNK_BYTES })) {
+  for await (const chunk of createReadStream(path, { highWaterMark: chunkBytesFor(sizeHint) })) {
     hash.update(chunk as Buffer);
     size += (chunk as Buffer).length;
   }
   return { sha256: hash.digest('hex'), size };
+}
+
+/** A read buffer as large as the file (+1 to see its end), within 16 KiB .. 1 MiB: small files are common. */
+export function chunkBytesFor(sizeHint: number | undefined): number {
+  return sizeHint === undefined ? READ_CHUNK_BYTES : Math.min(READ_CHUNK_BYTES, Math.max(16 * 1024, sizeHint + 1));
 }
 
 async function fsyncDir(path: string): Promise<void> {
