@@ -247,10 +247,11 @@ function jsonBody(body: unknown, expected: boolean): unknown {
       hint: 'Send the body with Content-Type: application/json.',
     });
   }
-  if (!expected && body !== undefined && body !== null) {
+  const isEmptyObject = typeof body === 'object' && body !== null && !Array.isArray(body) && Object.keys(body).length === 0;
+  if (!expected && body !== undefined && body !== null && !isEmptyObject) {
     throw new SandboxError('INVALID_ARGUMENT', 'this call takes no body', { details: { field: 'body' } });
   }
-  return body;
+  return expected || !isEmptyObject ? body : undefined;
 }
 
 function rawBody(body: unknown): Readable {
