@@ -217,6 +217,8 @@ describe('capsule as a separate process (bin/capsule.js, built dist)', () => {
       const baseline = await spawnCli(['--version'], '');
       const exec = await spawnCli(['sandbox', 'exec', id, '--', 'cat', 'piped.txt'], '');
       expect(exec).toMatchObject({ code: 0, stdout: 'piped through stdin\n' });
+      const fed = await spawnCli(['sandbox', 'exec', id, '--stdin', '--', 'wc', '-c'], 'twelve bytes');
+      expect(fed).toMatchObject({ code: 0, stdout: '12\n' });
       // An idle keep-alive socket holding the event loop would add undici's 4 s keep-alive timeout.
       expect(exec.elapsedMs - baseline.elapsedMs).toBeLessThan(3000);
     });

@@ -68,6 +68,7 @@ interface ListFlags extends ClientFlags {
 }
 
 interface ExecFlags extends ClientFlags {
+  stdin?: boolean;
   cwd?: string;
   env?: string[];
   timeout?: number;
@@ -152,9 +153,15 @@ export function sandboxCommand(context: CliContext): Command {
       .option('--env <KEY=VALUE>', 'environment variable added for this command (repeatable)', collect)
       .option('--timeout <duration>', 'wall-clock limit of this command', durationOption('--timeout'))
       .option('--background', 'start it and print its pid without waiting')
+      .option('--stdin', "send this command's stdin to the command (read to the end first)")
       .action(async (id: string, argv: string[], flags: ExecFlags) => {
         const target = await Sandbox.connect(id, connection(flags, context));
-        const options = { cwd: flags.cwd, env: flags.env && parsePairs('--env', flags.env), timeoutMs: flags.timeout };
+        const options = {
+          cwd: flags.cwd,
+          env: flags.env && parsePairs('--env', flags.env),
+          timeoutMs: flags.timeout,
+          stdin: flags.stdin ? await readAll(process.stdin) : undefined,
+        };
         if (flags.background) {
           const handle = await target.commands.run(argv, { ...options, background: true });
           if (flags.json) printJson(context, { sandboxId: id, pid: handle.pid });
@@ -260,6 +267,12 @@ export function parsePairs(flag: string, pairs: string[]): Record<string, string
     out[pair.slice(0, eq)] = pair.slice(eq + 1);
   }
   return out;
+}
+
+async function readAll(stream: NodeJS.ReadableStream): Promise<Buffer> {
+  const chunks: Buffer[] = [];
+  for await (const chunk of stream) chunks.push(typeof chunk === 'string' ? Buffer.from(chunk) : chunk);
+  return Buffer.concat(chunks);
 }
 
 /** Same convention as `capsule run`: the command's own status, 128+N for a signal, or a limit's code. */
