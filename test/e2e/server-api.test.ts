@@ -91,6 +91,13 @@ describe('sandboxes over HTTP', () => {
     const refused = results.find((r) => r.status === 429);
     expectError(refused?.body, 'QUOTA_EXCEEDED');
     expect((refused?.body as { hint?: string }).hint).toMatch(/Kill sandboxes/);
+
+    // A refusal for quota is not stored under its Idempotency-Key: the retry after a kill runs.
+    const headers = { 'idempotency-key': 'quota-retry' };
+    expectError((await t.json('POST', '/v1/sandboxes', { body: {}, headers })).body, 'QUOTA_EXCEEDED');
+    const victim = results.find((r) => r.status === 201)?.body as Info;
+    await t.call('DELETE', `/v1/sandboxes/${victim.sandboxId}`);
+    expect((await t.json('POST', '/v1/sandboxes', { body: {}, headers })).status).toBe(201);
   });
 
   it('hides other tenants: a foreign id is 404 SANDBOX_NOT_FOUND', async () => {
@@ -360,6 +367,24 @@ describe('audit over HTTP', () => {
       t.server.db.exec('DROP TRIGGER audit_down');
     }
     expect((await t.json<{ sandboxes: Info[] }>('GET', '/v1/sandboxes?metadata=audit=down')).body.sandboxes).toEqual([]);
+  });
+
+  it('reports an unknown effect when the outcome cannot be written, and a retry does not act twice', async () => {
+    t.server.db.exec("CREATE TEMP TRIGGER audit_outcome_down BEFORE INSERT ON audit WHEN NEW.phase = 'outcome' BEGIN SELECT RAISE(ABORT, 'disk on fire'); END");
+    const headers = { 'idempotency-key': 'outcome-down' };
+    let first: { status: number; body: unknown };
+    try {
+      first = await t.json('POST', '/v1/sandboxes', { body: { metadata: { outcome: 'down' } }, headers });
+    } finally {
+      t.server.db.exec('DROP TRIGGER audit_outcome_down');
+    }
+    expect(first.status).toBe(500);
+    expect(first.body).toMatchObject({ code: 'INTERNAL', details: { effect: 'unknown' } });
+    const retry = await t.json('POST', '/v1/sandboxes', { body: { metadata: { outcome: 'down' } }, headers });
+    expect(retry.status).toBe(500);
+    expect(retry.headers.get('idempotent-replayed')).toBe('true');
+    // The create did happen (the audit has its attempt); the retry did not make a second one.
+    expect((await t.json<{ sandboxes: Info[] }>('GET', '/v1/sandboxes?metadata=outcome=down')).body.sandboxes).toHaveLength(1);
   });
 });
 
