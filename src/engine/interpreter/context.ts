@@ -194,7 +194,7 @@ export class InterpreterContext {
     }
 
     const generation = this.generation;
-    const before = await this.sandbox.counters();
+    const before = await this.sandbox.counters().catch(() => undefined);
     const started = performance.now();
     const running: Running = { id, driver, builder, settle: () => undefined };
     const settled = new Promise<Settled>((settle) => (running.settle = settle));
@@ -234,30 +234,31 @@ export class InterpreterContext {
     const execution = builder.execution;
 
     if (outcome.how !== 'end') {
-      if (outcome.how === 'exited' && (outcome.exit.lost || (await this.sandboxGone()))) {
-        throw new SandboxError('SANDBOX_CRASHED', `sandbox ${this.sandbox.id} stopped while context ${this.info.id} ran code`, {
+      const crashed = (): SandboxError =>
+        new SandboxError('SANDBOX_CRASHED', `sandbox ${this.sandbox.id} stopped while context ${this.info.id} ran code`, {
           details: { contextId: this.info.id },
         });
-      }
+      if (outcome.how === 'exited' && outcome.exit.lost) throw crashed();
       this.checkOpen();
       if (generation !== this.generation) {
         execution.error = { name: 'ContextRestarted', value: `context ${this.info.id} was restarted while the code ran`, traceback: '' };
         return execution;
       }
-      const after = await this.sandbox.counters().catch(() => before);
+      const after = await this.sandbox.counters().catch(() => undefined);
       if (escalated) {
         await this.restart();
         if (!aborted) execution.limit = timeoutLimit(this.info.id, timeoutMs, durationMs, true);
-      } else if (after.oomKills > before.oomKills) {
+      } else if (before !== undefined && after !== undefined && after.oomKills > before.oomKills) {
         execution.limit = memoryLimit(this.info.id, this.info.language, limits.memoryBytes, after.memoryPeakBytes);
         this.deadReason = `the memory limit ended its interpreter (${execution.limit.message.split(';')[0]})`;
+      } else if (outcome.how === 'exited' && (await this.sandboxGone())) {
+        throw crashed();
       } else {
         this.deadReason ??= 'its interpreter ended unexpectedly';
-        const tail = this.driverTail(driver);
         execution.error = {
           name: 'ContextDied',
           value: `the ${this.info.language} interpreter of context ${this.info.id} ended unexpectedly; restart the context to go on`,
-          traceback: tail,
+          traceback: this.driverTail(driver),
         };
       }
     } else if (timedOut) {
