@@ -188,6 +188,8 @@ describe('javascript and typescript contexts', () => {
     const main = awaited.results.find((r) => r.isMainResult);
     expect(main?.json, describeExecution(shared.sandbox(), awaited)).toEqual({ y: 43, list: [1, 2] });
     expect(main?.text).toBe('{ y: 43, list: [ 1, 2 ] }');
+    const modules = await interpreters.runCode('const os = await import("node:os"); [os.platform(), typeof require("node:path").join]', { contextId: id });
+    expect(modules.results[0]?.json, describeExecution(shared.sandbox(), modules)).toEqual(['linux', 'function']);
   });
 
   it('reports errors and keeps working; contexts do not share variables', async () => {
