@@ -136,4 +136,9 @@ export interface Backend {
    * Absent on a backend whose pause does not survive a restart.
    */
   restore?(id: string, spec: SandboxSpec): Promise<BackendSandbox>;
+  /**
+   * Releases what the backend holds on the host beyond single sandboxes (namespace: the egress
+   * proxy, the network namespace pool, host nftables rules). Sandboxes are destroyed first.
+   */
+  close?(): Promise<void>;
 }

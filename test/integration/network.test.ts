@@ -172,6 +172,19 @@ describe('everything else is denied, fast and with a clear reason', () => {
     });
   });
 
+  it('cannot change its own network: rules, links and routes belong to the host', async () => {
+    await inSandbox({ mode: 'internet' }, async (sandbox) => {
+      const r = await sh(sandbox, [
+        '/usr/sbin/nft flush ruleset 2>&1; echo "nft=$?"',
+        '/usr/sbin/ip link set eth0 down 2>&1; echo "link=$?"',
+        '/usr/sbin/ip route replace default dev eth0 2>&1; echo "route=$?"',
+      ].join('\n'));
+      expect(r.stdout, show(r)).toMatch(/Operation not permitted[\s\S]*nft=1[\s\S]*Operation not permitted\nlink=2[\s\S]*Operation not permitted\nroute=2/);
+      const ok = await sh(sandbox, 'curl -sS -o /dev/null -w "%{http_code}" http://other.test/');
+      expect(ok.stdout).toBe('200');
+    });
+  });
+
   it('holds the TLS server name inside a CONNECT tunnel to the policy (no domain fronting)', async () => {
     await inSandbox(ALLOW, async (sandbox) => {
       const r = await sh(sandbox, [
