@@ -104,6 +104,10 @@ describe('E2B wire protocol', () => {
       expect(all).toContainEqual([0, { event: { keepalive: {} } }]);
       expect(all.at(-2)).toEqual([0, { event: { end: { exitCode: 2, exited: true, status: 'exit status 2', error: 'exit status 2' } } }]);
       expect(all.at(-1)).toEqual([2, {}]);
+      // Audited like the v1 routes: create, then the start with the exit it came to.
+      const audit = await server.json<{ records: { operation: string; phase: string; sandboxId: string | null; outcome: string | null }[] }>('GET', '/v1/audit?limit=1000');
+      const mine = audit.body.records.filter((r) => r.sandboxId === sbx.sandboxID).map((r) => `${r.operation}/${r.phase}/${r.outcome ?? ''}`);
+      expect(mine).toEqual(expect.arrayContaining(['e2b.sandboxes.create/outcome/ok', 'e2b.process.start/attempt/', 'e2b.process.start/outcome/ok']));
     } finally {
       await kill(sbx.sandboxID);
     }

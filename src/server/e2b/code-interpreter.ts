@@ -3,6 +3,7 @@ import { SandboxError, isSandboxError } from '../../errors/index.js';
 import type { BackendSandbox } from '../../backends/backend.js';
 import { InterpreterService, type ContextInfo, type InterpreterLanguage, type Result } from '../../engine/interpreter/index.js';
 import type { SandboxAccess } from './access.js';
+import { audited } from './audit.js';
 import { ConnectError, connectStatus } from './connect-protocol.js';
 import { lenientJson, type E2bContext, type PortConstraint } from './deps.js';
 import { toSandboxPath } from './paths.js';
@@ -84,7 +85,8 @@ export function registerCodeInterpreter(app: FastifyInstance, ctx: E2bContext, c
   app.get('/health', { constraints }, (_request, reply) => reply.code(200).type('text/plain').send('OK'));
 
   app.post('/execute', { constraints }, async (request, reply) => {
-    const service = interpreter(tokens.verify(request));
+    const access = tokens.verify(request);
+    const service = interpreter(access);
     const body = (request.body ?? {}) as { code?: unknown; context_id?: unknown; language?: unknown; env_vars?: unknown };
     if (typeof body.code !== 'string') throw new SandboxError('INVALID_ARGUMENT', 'code must be a string');
     if (body.context_id && body.language) throw new SandboxError('INVALID_ARGUMENT', 'pass context_id or language, not both');
@@ -106,7 +108,8 @@ export function registerCodeInterpreter(app: FastifyInstance, ctx: E2bContext, c
     };
     const timestamp = () => new Date().toISOString();
     try {
-      const execution = await service.runCode(body.code, {
+      const code = body.code;
+      const execution = await audited(ctx, request, access, 'code.run', { subject: code }, () => service.runCode(code, {
         ...(typeof body.context_id === 'string' ? { contextId: body.context_id } : {}),
         ...(lang ? { language: lang } : {}),
         ...(body.env_vars && typeof body.env_vars === 'object' ? { envVars: body.env_vars as Record<string, string> } : {}),
@@ -115,7 +118,7 @@ export function registerCodeInterpreter(app: FastifyInstance, ctx: E2bContext, c
         onStderr: (text) => line({ type: 'stderr', text, timestamp: timestamp() }),
         onResult: (result) => line(resultLine(result)),
         onError: (error) => line({ type: 'error', name: error.name, value: error.value, traceback: error.traceback }),
-      });
+      }));
       if (execution.limit && !execution.error) {
         line({ type: 'error', name: execution.limit.resource === 'wall_clock' ? 'TimeoutError' : 'LimitExceeded', value: execution.limit.message, traceback: '' });
       }

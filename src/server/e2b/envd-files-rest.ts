@@ -3,6 +3,7 @@ import { createGunzip } from 'node:zlib';
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import { isSandboxError } from '../../errors/index.js';
 import type { FileEntry } from '../../engine/types.js';
+import { audited } from './audit.js';
 import { ConnectError, connectStatus } from './connect-protocol.js';
 import type { E2bContext, PortConstraint } from './deps.js';
 import { checkUser, toE2bPath, toSandboxPath } from './paths.js';
@@ -53,12 +54,14 @@ export function registerEnvdFilesRest(app: FastifyInstance, ctx: E2bContext, con
   app.post('/files', { constraints }, async (request: FilesRequest, reply) => {
     try {
       const files = filesOf(request);
+      const access = tokens.verify(request);
+      const write = (path: string, data: Readable) => audited(ctx, request, access, 'files.write', { subject: path }, () => files.write(path, data));
       const entries: object[] = [];
       if (request.isMultipart()) {
         for await (const part of request.files()) {
           const target = request.query.path ?? part.filename;
           if (!target) throw new ConnectError('invalid_argument', 'each file part needs a filename when no path is given');
-          entries.push(written(await files.write(toSandboxPath(target), part.file)));
+          entries.push(written(await write(toSandboxPath(target), part.file)));
         }
       } else {
         const body = request.body instanceof Readable ? request.body : Readable.from([]);
@@ -67,7 +70,7 @@ export function registerEnvdFilesRest(app: FastifyInstance, ctx: E2bContext, con
           throw new ConnectError('invalid_argument', `Content-Encoding ${encoding} is not supported; use gzip or none`);
         }
         const data = encoding === 'gzip' ? body.pipe(createGunzip()) : body;
-        entries.push(written(await files.write(toSandboxPath(request.query.path), data)));
+        entries.push(written(await write(toSandboxPath(request.query.path), data)));
       }
       if (entries.length === 0) throw new ConnectError('invalid_argument', 'no file was sent: use multipart parts named "file" or an application/octet-stream body');
       return await reply.code(200).send(entries);

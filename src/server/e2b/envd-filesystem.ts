@@ -1,6 +1,7 @@
 import { posix } from 'node:path';
-import type { FastifyInstance } from 'fastify';
-import type { FileEntry, WatchEvent } from '../../engine/types.js';
+import type { FastifyInstance, FastifyRequest } from 'fastify';
+import type { FileEntry, SandboxFiles, WatchEvent } from '../../engine/types.js';
+import { audited } from './audit.js';
 import { ConnectError, readEnvelope, serverStream, unary, unaryBody } from './connect-protocol.js';
 import type { E2bContext, PortConstraint } from './deps.js';
 import { E2B_USER, checkUser, toE2bPath, toSandboxPath } from './paths.js';
@@ -58,6 +59,11 @@ export function registerEnvdFilesystem(app: FastifyInstance, ctx: E2bContext, co
     checkUser(request);
     return engine.files(access.tenantId, access.sandboxId);
   };
+  /** A mutating call, audited like the v1 file routes (the path is the subject). */
+  const changing = <T>(request: FastifyRequest, operation: string, subject: string, run: (files: SandboxFiles) => Promise<T>): Promise<T> => {
+    const files = filesOf(request);
+    return audited(ctx, request, tokens.verify(request), operation, { subject }, () => run(files));
+  };
 
   app.post('/filesystem.Filesystem/Stat', { constraints }, (request, reply) =>
     unary(request, reply, async () => ({ entry: entryInfo(await filesOf(request).stat(toSandboxPath(unaryBody(request).path))) })),
@@ -73,19 +79,25 @@ export function registerEnvdFilesystem(app: FastifyInstance, ctx: E2bContext, co
   );
 
   app.post('/filesystem.Filesystem/MakeDir', { constraints }, (request, reply) =>
-    unary(request, reply, async () => ({ entry: entryInfo(await filesOf(request).mkdir(toSandboxPath(unaryBody(request).path))) })),
+    unary(request, reply, async () => {
+      const path = toSandboxPath(unaryBody(request).path);
+      return { entry: entryInfo(await changing(request, 'files.mkdir', path, (files) => files.mkdir(path))) };
+    }),
   );
 
   app.post('/filesystem.Filesystem/Move', { constraints }, (request, reply) =>
     unary(request, reply, async () => {
       const body = unaryBody(request);
-      return { entry: entryInfo(await filesOf(request).move(toSandboxPath(body.source), toSandboxPath(body.destination))) };
+      const [source, destination] = [toSandboxPath(body.source), toSandboxPath(body.destination)];
+      const subject = JSON.stringify([source, destination]);
+      return { entry: entryInfo(await changing(request, 'files.move', subject, (files) => files.move(source, destination))) };
     }),
   );
 
   app.post('/filesystem.Filesystem/Remove', { constraints }, (request, reply) =>
     unary(request, reply, async () => {
-      await filesOf(request).remove(toSandboxPath(unaryBody(request).path));
+      const path = toSandboxPath(unaryBody(request).path);
+      await changing(request, 'files.remove', path, (files) => files.remove(path));
       return {};
     }),
   );

@@ -2,6 +2,7 @@ import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import type { ExecResult } from '../../engine/result.js';
 import type { ProcessHandle } from '../../engine/types.js';
 import type { SandboxAccess } from './access.js';
+import { audited } from './audit.js';
 import { ConnectError, deadlineMs, readEnvelope, serverStream, unary, unaryBody } from './connect-protocol.js';
 import type { E2bContext, PortConstraint } from './deps.js';
 import { E2B_HOME, checkUser } from './paths.js';
@@ -87,8 +88,9 @@ export function registerEnvdProcess(app: FastifyInstance, ctx: E2bContext, const
       const deadline = deadlineMs(request);
       // PWD keeps /home/user in `pwd` (the kernel resolves the symlink to /workspace).
       const effectiveCwd = cwd ?? engine.get(access.tenantId, access.sandboxId).spec.cwd;
-      const handle = await engine.startProcess(access.tenantId, access.sandboxId, {
-        argv: [config.cmd, ...args],
+      const argv = [config.cmd, ...args];
+      const run = () => engine.startProcess(access.tenantId, access.sandboxId, {
+        argv,
         env: { PWD: effectiveCwd, ...strings(config.envs) },
         cwd: effectiveCwd,
         timeoutMs: Math.min(deadline ?? maxMs, maxMs),
@@ -96,6 +98,9 @@ export function registerEnvdProcess(app: FastifyInstance, ctx: E2bContext, const
         ...(size ? { pty: { cols: size.cols ?? 80, rows: size.rows ?? 24 } } : {}),
         ...(typeof message.tag === 'string' ? { tag: message.tag } : {}),
       });
+      const handle = await audited(ctx, request, access, 'process.start', { subject: JSON.stringify(argv) }, run, (h) =>
+        h.result.then((result) => ({ type: 'exit', result })),
+      );
       if (size) ptys.add(handle);
       return handle;
     }),
@@ -121,8 +126,11 @@ export function registerEnvdProcess(app: FastifyInstance, ctx: E2bContext, const
       const access = tokens.verify(request);
       const body = unaryBody(request);
       const input = record(body.input, 'input') as { stdin?: string; pty?: string };
-      find(access, body.process).writeStdin(Buffer.from(input.stdin ?? input.pty ?? '', 'base64'));
-      return {};
+      const handle = find(access, body.process);
+      return audited(ctx, request, access, 'process.input', {}, () => {
+        handle.writeStdin(Buffer.from(input.stdin ?? input.pty ?? '', 'base64'));
+        return Promise.resolve({});
+      });
     }),
   );
 
@@ -139,8 +147,12 @@ export function registerEnvdProcess(app: FastifyInstance, ctx: E2bContext, const
       const body = unaryBody(request);
       const signal = SIGNALS[String(body.signal)];
       if (!signal) throw new ConnectError('invalid_argument', `signal ${String(body.signal)} is not one of SIGNAL_SIGKILL, SIGNAL_SIGTERM`);
-      find(tokens.verify(request), body.process).signal(signal);
-      return {};
+      const access = tokens.verify(request);
+      const handle = find(access, body.process);
+      return audited(ctx, request, access, 'process.signal', { subject: signal }, () => {
+        handle.signal(signal);
+        return Promise.resolve({});
+      });
     }),
   );
 
