@@ -137,8 +137,7 @@ async function main(): Promise<void> {
     await template.destroy();
     const rootfs = join(dataDir, 'raw-rootfs');
     await rm(rootfs, { recursive: true, force: true });
-    const paths = await host.ensure();
-    await writeRootfs(rootfs, paths.etcEntries, []);
+    await writeRootfs(rootfs, []);
     const info = await probeRunsc();
     const rawFlags = ['--root', rawRoot, '--rootless=false', `--platform=${info.platform}`, '--network=none', '--overlay2=none'];
 

@@ -6,8 +6,7 @@ const MiB = 1024 * 1024;
 const options: OciBundleOptions = {
   rootfsDir: '/data/gvisor/bundles/s1/rootfs',
   workspaceDir: '/data/volume/ws-s1',
-  etcDir: '/data/etc',
-  etcEntries: ['ssl', 'localtime'],
+  etcDir: '/data/sandbox-etc',
   toolsDir: '/data/bin',
   hostUid: 4_123_456,
   cgroupsPath: 'capsule-abcdef-s1',
@@ -50,19 +49,16 @@ describe('buildOciSpec', () => {
     expect(writable).toEqual(['/workspace']);
   });
 
-  it('binds /usr, the /etc allowlist, the synthetic /etc files, spec mounts and the tools read-only', () => {
+  it('binds /usr, the prepared /etc, spec mounts and the tools read-only', () => {
     const ro = oci.mounts.filter((m) => m.options?.includes('ro')).map((m) => `${m.destination}<-${m.source}`);
-    expect(ro).toEqual([
-      '/usr<-/usr',
-      '/etc/ssl<-/etc/ssl',
-      '/etc/localtime<-/etc/localtime',
-      '/etc/passwd<-/data/etc/passwd',
-      '/etc/group<-/data/etc/group',
-      '/etc/hosts<-/data/etc/hosts',
-      '/etc/resolv.conf<-/data/etc/resolv.conf',
-      '/etc/hostname<-/data/etc/hostname',
-      '/input<-/srv/data',
-      '/.capsule<-/data/bin',
+    expect(ro).toEqual(['/usr<-/usr', '/etc<-/data/sandbox-etc', '/input<-/srv/data', '/.capsule<-/data/bin']);
+  });
+
+  it("binds a network's resolv.conf over the prepared one", () => {
+    const networked = buildOciSpec(spec, { ...options, resolvConf: '/run/capsule/net-s1/resolv.conf' });
+    expect(networked.mounts.filter((m) => m.destination.startsWith('/etc')).map((m) => `${m.destination}<-${m.source}`)).toEqual([
+      '/etc<-/data/sandbox-etc',
+      '/etc/resolv.conf<-/run/capsule/net-s1/resolv.conf',
     ]);
   });
 

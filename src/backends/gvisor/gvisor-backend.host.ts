@@ -165,8 +165,7 @@ export class GvisorBackend implements Backend {
       const oci: OciSpec = buildOciSpec(spec, {
         rootfsDir: join(bundleDir, 'rootfs'),
         workspaceDir,
-        etcDir: paths.etcDir,
-        etcEntries: paths.etcEntries,
+        etcDir: paths.sandboxEtcDir,
         toolsDir: paths.toolsDir,
         hostUid: uid,
         cgroupsPath: cgroup.name,
@@ -174,7 +173,7 @@ export class GvisorBackend implements Backend {
       });
       await rm(bundleDir, { recursive: true, force: true });
       cleanup.push(() => this.layout.removeBundle(id));
-      await writeRootfs(oci.root.path, paths.etcEntries, spec.mounts.map((m) => m.sandboxPath));
+      await writeRootfs(oci.root.path, spec.mounts.map((m) => m.sandboxPath));
       await writeFile(join(bundleDir, 'config.json'), JSON.stringify(oci, null, 1), { mode: 0o600 });
       how.signal?.throwIfAborted();
       const sandbox = new GvisorSandbox({

@@ -1,8 +1,8 @@
-import { access, constants, lstat, mkdir, stat, symlink, writeFile } from 'node:fs/promises';
+import { access, constants, lstat, mkdir, symlink } from 'node:fs/promises';
 import { join } from 'node:path';
 import { SandboxError } from '../../errors/index.js';
 import { runCommand, type CommandResult } from '../../host/run-command.host.js';
-import { buildRunscFlags, SYNTHETIC_ETC_FILES, type RunscFlagsOptions, type RunscPlatform } from './oci-bundle.js';
+import { buildRunscFlags, type RunscFlagsOptions, type RunscPlatform } from './oci-bundle.js';
 
 const RUNSC_CANDIDATES = ['/usr/bin/runsc', '/usr/local/bin/runsc', '/usr/sbin/runsc'];
 /** runsc subcommands other than run/restore are short; a hung one must not hang Capsule. */
@@ -78,7 +78,7 @@ export class Runsc {
  * The read-only root of one sandbox: empty mount points for every bind of its OCI spec and the
  * usr-merge symlinks. gVisor cannot create mount points in a read-only root, so they exist here.
  */
-export async function writeRootfs(rootfsDir: string, etcEntries: readonly string[], mountPoints: readonly string[]): Promise<void> {
+export async function writeRootfs(rootfsDir: string, mountPoints: readonly string[]): Promise<void> {
   await mkdir(rootfsDir, { recursive: true, mode: 0o755 });
   for (const dir of ['usr', 'etc', 'tmp', 'workspace', 'home', 'proc', 'dev', 'var', '.capsule']) {
     await mkdir(join(rootfsDir, dir), { recursive: true, mode: 0o755 });
@@ -90,13 +90,6 @@ export async function writeRootfs(rootfsDir: string, etcEntries: readonly string
   for (const [path, target] of links) {
     if (!(await lstat(join(rootfsDir, path)).catch(() => undefined))) await symlink(target, join(rootfsDir, path));
   }
-  for (const entry of etcEntries) {
-    const info = await stat(`/etc/${entry}`);
-    const target = join(rootfsDir, 'etc', entry);
-    if (info.isDirectory()) await mkdir(target, { recursive: true });
-    else await writeFile(target, '');
-  }
-  for (const file of SYNTHETIC_ETC_FILES) await writeFile(join(rootfsDir, 'etc', file), '');
   for (const mountPoint of mountPoints) await mkdir(join(rootfsDir, mountPoint), { recursive: true, mode: 0o755 });
 }
 
