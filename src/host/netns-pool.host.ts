@@ -129,12 +129,25 @@ export class NetnsPool {
     this.size = options.size ?? 2;
   }
 
-  /** Slots of namespaces already on the host (from an earlier process) are never reused. */
+  /**
+   * Called once this process holds the instance's proxy address (so no other live process of the
+   * instance exists): ready namespaces an earlier process left (a one-shot run that exited, a
+   * crash) are deleted; namespaces recorded for a sandbox are left to reconcile, and their slots
+   * are not reused.
+   */
   async start(): Promise<void> {
     await mkdir(this.options.stateDir, { recursive: true, mode: 0o700 });
-    for (const name of await listInstanceNetns(this.options.names)) {
-      const slot = this.options.names.slotOf(name);
-      if (slot !== undefined) this.used.add(slot);
+    const { names } = this.options;
+    for (const name of await listInstanceNetns(names)) {
+      const slot = names.slotOf(name);
+      if (slot === undefined) continue;
+      const owner = await slotOwner(this.options.stateDir, name);
+      if (owner === 'idle' || owner === undefined) {
+        await destroyNetns(name, names.veth(slot));
+        await rm(join(this.options.stateDir, name), { force: true });
+      } else {
+        this.used.add(slot);
+      }
     }
     this.refill();
   }

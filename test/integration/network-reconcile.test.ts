@@ -69,3 +69,22 @@ describe('network teardown and reconcile', () => {
     }
   });
 });
+
+describe('a process that exits without closing its network (one-shot runs)', () => {
+  it('leaves only its ready namespaces, and the next start of the instance deletes them', async () => {
+    const first = new EgressNetwork({ host, poolSize: 2, hostsOnly: true, log: () => undefined });
+    await first.warm();
+    await first.proxy.close(); // the process ends: listeners go, host objects stay
+    expect((await hostState()).netns.length).toBe(2);
+    const next = new EgressNetwork({ host, poolSize: 1, hostsOnly: true, log: () => undefined });
+    try {
+      await next.warm();
+      const state = await hostState();
+      expect(state.netns.length).toBe(1); // the two stale ones are gone, one new one is ready
+      expect(next.owns(state.netns[0]!)).toBe(true);
+    } finally {
+      await next.close();
+    }
+    expect(await hostState()).toEqual({ netns: [], links: [], tables: 0 });
+  });
+});
