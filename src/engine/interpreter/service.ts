@@ -102,6 +102,7 @@ export class InterpreterService {
       });
     }
     checkEnv(options.envVars);
+    if (language === 'ts') this.stripper.preload();
     const id = `${ID_PREFIX[language]}-${randomBytes(6).toString('hex')}`;
     const context = new InterpreterContext({
       sandbox: this.sandbox,

@@ -28,6 +28,11 @@ export class TypeStripper {
     return { error: { name: 'SyntaxError', value: message, traceback: `${location}\nSyntaxError: ${message} (TS${first.code})` } };
   }
 
+  /** Starts loading the compiler (about a second) while a ts context's driver starts. */
+  preload(): void {
+    this.load().catch(() => undefined); // strip() reports a missing compiler
+  }
+
   private load(): Promise<TypeScriptModule> {
     this.loading ??= import('typescript').then(
       (module: TypeScriptModule & { default?: TypeScriptModule }) => module.default ?? module,
