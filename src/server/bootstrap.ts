@@ -5,6 +5,7 @@ import { SandboxManager, type EngineEvent } from '../engine/sandbox-manager.js';
 import type { OperatorMaxima } from '../spec/index.js';
 import { API_KEY_PATTERN, ApiKeyStore, AuditLog, OperationStore, SqliteSandboxRecords, openDatabase, type SqliteDatabase } from '../store/index.js';
 import { CapsuleApp, type CapsuleAppOptions } from './app.js';
+import { InstanceLock } from './instance-lock.js';
 
 export interface StartServerOptions {
   /** Capsule's data directory (workspaces, cgroup names, the state database). */
@@ -45,8 +46,10 @@ export interface RunningServer {
  * sandboxes a crash left), makes sure an operator key exists, and listens.
  */
 export async function startServer(options: StartServerOptions): Promise<RunningServer> {
-  const db = openDatabase(options.databaseDir ?? options.dataDir);
+  const lock = InstanceLock.acquire(options.dataDir);
+  let db: SqliteDatabase | undefined;
   try {
+    db = openDatabase(options.databaseDir ?? options.dataDir);
     const records = new SqliteSandboxRecords(db);
     const audit = new AuditLog(db);
     const { source, generated } = ensureOperatorKey(new ApiKeyStore(db), options.env ?? process.env);
@@ -80,12 +83,14 @@ export async function startServer(options: StartServerOptions): Promise<RunningS
             await app.close();
             app.app.log.info({ auditHead: audit.head() }, 'capsule server stopped');
           } finally {
-            db.close();
+            db?.close();
+            lock.release();
           }
         })()),
     };
   } catch (error) {
-    if (db.open) db.close();
+    if (db?.open) db.close();
+    lock.release();
     throw error;
   }
 }

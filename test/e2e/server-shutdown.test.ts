@@ -63,3 +63,18 @@ describe('the operator key', () => {
     await expect(startServer({ dataDir: testDataDir(), databaseDir, port: 0, env: { CAPSULE_API_KEY: 'hunter2' } })).rejects.toMatchObject({ code: 'INVALID_ARGUMENT' });
   });
 });
+
+describe('one server per data directory', () => {
+  it('refuses a second server on a data dir in use (it would reconcile away the first one’s sandboxes)', async () => {
+    const t = await startTestServer();
+    try {
+      const s = await t.json<{ sandboxId: string }>('POST', '/v1/sandboxes', { body: {} });
+      await expect(startServer({ dataDir: testDataDir(), databaseDir: mkdtempSync(join(testDataDir(), 'server-two-')), port: 0, env: {} })).rejects.toMatchObject({
+        code: 'HOST_NOT_READY',
+      });
+      expect((await t.json<{ state: string }>('GET', `/v1/sandboxes/${s.body.sandboxId}`)).body.state).toBe('running');
+    } finally {
+      await t.server.close();
+    }
+  });
+});
