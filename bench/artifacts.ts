@@ -94,6 +94,8 @@ async function main(): Promise<void> {
         for (let rep = 0; rep < reps && Date.now() < deadline; rep++) {
           const storeRoot = join(dataDir, `store-${rep}-${shape.files}`);
           const store = await LocalArtifactStore.open({ root: storeRoot });
+          // Each contender starts with no dirty pages of another's (or of the setup) to flush.
+          await spawnWait('/usr/bin/sync', []);
           try {
             capsule.push(await timeIt(async () => {
               const c = await collectArtifacts(sandbox, store, { dir: sandboxDir, maxFileBytes: 128 * MiB, maxTotalBytes: 256 * MiB });
@@ -104,8 +106,10 @@ async function main(): Promise<void> {
             await rm(storeRoot, { recursive: true, force: true });
           }
           const target = join(dataDir, `cp-${rep}-${shape.files}`);
+          await spawnWait('/usr/bin/sync', []);
           cp.push(await timeIt(() => spawnWait('/usr/bin/cp', ['-r', hostDir, target])));
           await rm(target, { recursive: true, force: true });
+          await spawnWait('/usr/bin/sync', []);
           cpSync.push(await timeIt(async () => {
             await spawnWait('/usr/bin/cp', ['-r', hostDir, target]);
             await spawnWait('/usr/bin/sync', ['-f', target]);

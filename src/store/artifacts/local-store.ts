@@ -65,8 +65,9 @@ export class LocalArtifactStore implements ArtifactStore {
     const temp = join(this.root, 'tmp', `${randomBytes(12).toString('hex')}.part`);
     try {
       const streamed = await writeHashing(source, temp, options.signal);
-      // Recompute from the stored copy: what is delivered is what is on disk, not what was sent.
-      const stored = await digestFile(temp, streamed.size);
+      // Recompute from the stored copy (what is delivered is what was stored, not what was sent)
+      // while the copy is flushed to disk.
+      const [stored] = await Promise.all([digestFile(temp, streamed.size), flush(temp)]);
       if (stored.sha256 !== streamed.sha256 || stored.size !== streamed.size) {
         throw verifyFailed(meta.name, `the stored copy (${stored.size} bytes, sha256 ${stored.sha256.slice(0, 12)}…) differs from the bytes written (${streamed.size} bytes, sha256 ${streamed.sha256.slice(0, 12)}…)`);
       }
@@ -198,7 +199,7 @@ export interface Digest {
   size: number;
 }
 
-/** Streams `source` into a new file at `target`, hashing on the way, then flushes it to disk. */
+/** Streams `source` into a new file at `target`, hashing on the way. */
 async function writeHashing(source: Readable, target: string, signal: AbortSignal | undefined): Promise<Digest> {
   const hash = createHash('sha256');
   let size = 0;
@@ -212,13 +213,16 @@ async function writeHashing(source: Readable, target: string, signal: AbortSigna
   });
   // A pipeline overlaps reading the source with writing the copy.
   await pipeline(source, hashing, createWriteStream(target, { flags: 'wx', mode: 0o600, highWaterMark: READ_CHUNK_BYTES }), { signal });
-  const handle = await open(target, 'r');
+  return { sha256: hash.digest('hex'), size };
+}
+
+async function flush(path: string): Promise<void> {
+  const handle = await open(path, 'r');
   try {
     await handle.datasync();
   } finally {
     await handle.close();
   }
-  return { sha256: hash.digest('hex'), size };
 }
 
 /** SHA-256 and size of a file as it is on disk. */
