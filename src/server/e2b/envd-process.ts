@@ -83,17 +83,17 @@ export function registerEnvdProcess(app: FastifyInstance, ctx: E2bContext, const
       const args = Array.isArray(config.args) ? config.args.map(String) : [];
       const size = (message.pty as { size?: { cols?: number; rows?: number } } | undefined)?.size;
       const cwd = typeof config.cwd === 'string' && config.cwd !== '' ? (config.cwd.startsWith('/') ? config.cwd : `${E2B_HOME}/${config.cwd}`) : undefined;
+      const { spec } = engine.get(access.tenantId, access.sandboxId);
       // envd ends the process when the call's deadline passes; without one it runs until the sandbox ends.
-      const maxMs = engine.get(access.tenantId, access.sandboxId).spec.limits.wallClockMs;
-      const deadline = deadlineMs(request);
+      const maxMs = spec.limits.wallClockMs;
       // PWD keeps /home/user in `pwd` (the kernel resolves the symlink to /workspace).
-      const effectiveCwd = cwd ?? engine.get(access.tenantId, access.sandboxId).spec.cwd;
+      const effectiveCwd = cwd ?? spec.cwd;
       const argv = [config.cmd, ...args];
       const run = () => engine.startProcess(access.tenantId, access.sandboxId, {
         argv,
         env: { PWD: effectiveCwd, ...strings(config.envs) },
         cwd: effectiveCwd,
-        timeoutMs: Math.min(deadline ?? maxMs, maxMs),
+        timeoutMs: Math.min(deadlineMs(request) ?? maxMs, maxMs),
         stdin: size ? true : message.stdin !== false,
         ...(size ? { pty: { cols: size.cols ?? 80, rows: size.rows ?? 24 } } : {}),
         ...(typeof message.tag === 'string' ? { tag: message.tag } : {}),
