@@ -7,6 +7,7 @@ import { listInstanceLinks, listInstanceNetns, NetworkNames } from '../../src/ho
 import { listTables } from '../../src/host/nftables.host.js';
 import { newSandboxId } from '../../src/engine/ids.js';
 import { parseSpec } from '../../src/spec/index.js';
+import { assertEnforceable } from '../../src/engine/capabilities.js';
 
 const host = new HostEnvironment({ dataDir: testDataDir() });
 const names = new NetworkNames(host.cgroupPrefix);
@@ -21,6 +22,9 @@ describe('network teardown and reconcile', () => {
   it('destroy removes the namespace and veth at once; close removes pool, rules and anchor', async () => {
     const network = new EgressNetwork({ host, poolSize: 1, hostsOnly: true, log: () => undefined });
     const backend = new NamespaceBackend({ host, network });
+    const probe = await backend.probe();
+    expect(probe.capabilities).toEqual(expect.arrayContaining(['network.none', 'network.allowlist', 'network.internet']));
+    expect(() => assertEnforceable(spec, probe)).not.toThrow();
     const sandbox = await backend.create(spec, { id: newSandboxId() });
     await network.warm();
     const during = await hostState();

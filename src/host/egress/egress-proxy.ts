@@ -308,7 +308,12 @@ export class EgressProxy {
     const tunnel: Tunnel = { host, port, close: () => { upstream.destroy(); res.destroy(); } };
     client.tunnels.add(tunnel);
     res.once('close', () => client.tunnels.delete(tunnel));
-    upstream.once('timeout', () => upstream.destroy(new Error('upstream timed out')));
+    // The timeout bounds connecting only: an upstream may think for minutes before it answers.
+    upstream.once('socket', (socket: Socket) => {
+      if (socket.connecting) socket.once('connect', () => upstream.setTimeout(0));
+      else upstream.setTimeout(0);
+    });
+    upstream.once('timeout', () => upstream.destroy(new Error(`no connection within ${this.options.connectTimeoutMs ?? 10_000} ms`)));
     upstream.once('response', (response) => {
       const out: Record<string, string | string[]> = {};
       for (const [name, value] of Object.entries(response.headers)) if (value !== undefined && !HOP_BY_HOP.has(name)) out[name] = value;
