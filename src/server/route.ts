@@ -168,6 +168,8 @@ function sendResult(
       idempotency?.complete({ status: result.status, body: null, contentType: result.contentType });
       return reply.code(result.status).type(result.contentType).send(result.stream);
     case 'ndjson': {
+      // A stream without a final event (watch, reattach) succeeded once it is open.
+      if (!result.final) settleOrFail(() => trail.succeeded(), idempotency, requestId);
       const settled = result.final?.then((event) => {
         settleOrFail(() => trail.succeeded(undefined, event), idempotency, requestId);
         idempotency?.complete({ status: result.status, body: event, contentType: 'application/x-ndjson' });

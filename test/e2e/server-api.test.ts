@@ -273,6 +273,12 @@ describe('file watch over HTTP', () => {
     const first = JSON.parse(text.split('\n')[0]!) as { type: string; path: string };
     expect(first.path).toBe('/workspace/w1.txt');
     await reader.cancel();
+    const { body } = await t.json<{ records: { operation: string; phase: string; outcome: string | null; sandboxId: string | null }[] }>('GET', '/v1/audit?limit=1000');
+    const watchRecords = body.records.filter((r) => r.operation === 'files.watch' && r.sandboxId === s.sandboxId);
+    expect(watchRecords.map((r) => [r.phase, r.outcome])).toEqual([
+      ['attempt', null],
+      ['outcome', 'ok'],
+    ]);
     // afterEach: killing the sandbox and the leak check show the watcher did not outlive it.
   });
 });
