@@ -19,7 +19,7 @@ and fd 1 is pointed at stderr, so a stray write (a C extension, a subprocess) ca
 """
 import json
 import os
-import select
+import shutil
 import signal
 import sys
 import time
@@ -376,6 +376,7 @@ def main():
         driver.serve()
     finally:
         driver.shutdown()
+        shutil.rmtree(base, ignore_errors=True)  # /tmp is memory: leave nothing per context
     return 0
 
 

@@ -131,6 +131,9 @@ describe('python contexts', () => {
     expect(interpreters.listContexts().map((c) => c.id)).toEqual(expect.arrayContaining([contextId, other.id]));
     await interpreters.deleteContext(other.id);
     await expect(interpreters.runCode('1', { contextId: other.id })).rejects.toSatisfy((e) => isSandboxError(e, 'NOT_FOUND'));
+    // A deleted context leaves nothing in the sandbox's /tmp (it is memory).
+    const leftovers = await interpreters.runCode(`import os\nos.path.exists("/tmp/.capsule-py-${other.id}")`, { contextId });
+    expect(mainText(leftovers), describeExecution(shared.sandbox(), leftovers)).toBe('False');
   });
 
   it('sets per-call environment variables for that call only', async () => {
