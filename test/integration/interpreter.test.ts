@@ -210,6 +210,20 @@ describe('javascript and typescript contexts', () => {
     expect(after.results[0]?.text, describeExecution(shared.sandbox(), after)).toBe('2');
   });
 
+  it('runs concurrent calls on one context one after another, and caps output with a flag', async () => {
+    const interpreters = shared.interpreters();
+    const { id } = await interpreters.createContext({ language: 'js' });
+    const [slow, fast] = await Promise.all([
+      interpreters.runCode('let order = ["slow"]; await new Promise((r) => setTimeout(r, 100)); order', { contextId: id }),
+      interpreters.runCode('order.push("fast"); order', { contextId: id }),
+    ]);
+    expect(slow.results[0]?.json, describeExecution(shared.sandbox(), slow)).toEqual(['slow']);
+    expect(fast.results[0]?.json, describeExecution(shared.sandbox(), fast)).toEqual(['slow', 'fast']);
+    const flood = await interpreters.runCode('console.log("x".repeat(3 * 1024 * 1024))', { contextId: id });
+    expect(flood.stdoutTruncated, describeExecution(shared.sandbox(), flood)).toBe(true);
+    expect(flood.stdout.join('').length).toBe(MiB);
+  });
+
   it('interrupts sync loops and pending awaits on timeout, keeping state', async () => {
     const interpreters = shared.interpreters();
     const { id } = await interpreters.createContext({ language: 'js' });
