@@ -40,14 +40,16 @@ export const ListSandboxesQuery = z.strictObject({
   state: oneOrMany
     .transform((v) => v.flatMap((s) => s.split(',')).filter((s) => s !== ''))
     .pipe(z.array(z.enum(SANDBOX_STATES)))
-    .optional(),
+    .optional()
+    .meta({ description: `States to include, comma-separated or repeated: ${SANDBOX_STATES.join(', ')}` }),
   /** `k=v`, repeated; all pairs must match. */
   metadata: oneOrMany
     .pipe(z.array(z.string().regex(/^[^=]+=/, 'must be key=value')))
     .transform((pairs) => Object.fromEntries(pairs.map((p) => [p.slice(0, p.indexOf('=')), p.slice(p.indexOf('=') + 1)])))
-    .optional(),
+    .optional()
+    .meta({ description: 'key=value, repeated; a sandbox matches when every pair matches exactly' }),
   limit: z.string().regex(/^\d{1,4}$/, 'must be a number').transform(Number).pipe(z.number().int().min(1).max(1000)).optional(),
-  cursor: z.string().min(1).max(1024).optional(),
+  cursor: z.string().min(1).max(1024).optional().meta({ description: 'nextCursor of the previous page' }),
 });
 
 export const SetTimeoutBody = z.strictObject({ ttlMs: z.number().int().positive() });
