@@ -1,5 +1,6 @@
 import { createServer as createHttpServer, request as httpRequest, type IncomingMessage, type Server as HttpServer, type ServerResponse } from 'node:http';
-import { connect, createServer as createNetServer, Socket, type AddressInfo, type Server as NetServer } from 'node:net';
+import { createServer as createNetServer, type AddressInfo, type Server as NetServer, type Socket } from 'node:net';
+import { endRaw, openTunnel, sendJson } from './tunnel.js';
 import { lookup } from 'node:dns/promises';
 import type { Duplex } from 'node:stream';
 import type { NetworkPolicy } from '../../spec/index.js';
@@ -64,7 +65,7 @@ export interface EgressProxyOptions {
   transparentPorts?: { http: number; tls: number };
 }
 
-interface Tunnel {
+interface TrackedConnection {
   host: string;
   port: number;
   close(): void;
@@ -75,13 +76,13 @@ interface Client {
   address: string;
   policy: CompiledPolicy;
   stats: EgressStats;
-  tunnels: Set<Tunnel>;
+  tunnels: Set<TrackedConnection>;
 }
 
 type Verdict = { ok: true; address: string } | { ok: false; status: number; body: { code: string; message: string; rule?: string; destination?: string } };
 
 const HELLO_TIMEOUT_MS = 5000;
-const MAX_HELLO_BYTES = 20_000;
+const MAX_HELLO_BYTES = 20_000; // as tunnel.ts: a ClientHello is far smaller
 const HOP_BY_HOP = new Set(['connection', 'keep-alive', 'proxy-connection', 'proxy-authorization', 'proxy-authenticate', 'te', 'trailer', 'upgrade']);
 
 /**
@@ -305,7 +306,7 @@ export class EgressProxy {
     for (const [name, value] of Object.entries(req.headers)) if (value !== undefined && !HOP_BY_HOP.has(name)) headers[name] = value;
     headers.host = target.host;
     const upstream = httpRequest({ host: verdict.address, port, method: req.method, path, headers, setHost: false, agent: false, timeout: this.options.connectTimeoutMs ?? 10_000 });
-    const tunnel: Tunnel = { host, port, close: () => { upstream.destroy(); res.destroy(); } };
+    const tunnel: TrackedConnection = { host, port, close: () => { upstream.destroy(); res.destroy(); } };
     client.tunnels.add(tunnel);
     res.once('close', () => client.tunnels.delete(tunnel));
     // The timeout bounds connecting only: an upstream may think for minutes before it answers.
@@ -378,90 +379,31 @@ export class EgressProxy {
     socket.once('close', () => clearTimeout(timer));
   }
 
-  /** Connects upstream and splices the two sockets; the tunnel closes if the policy changes. */
+  /** Opens a tunnel and tracks it, so that a policy change can close it. */
   private tunnel(client: Client, host: string, port: number, address: string, socket: Duplex, head: Buffer, greeting: string | undefined): void {
-    const upstream = connect({ host: address, port, timeout: this.options.connectTimeoutMs ?? 10_000 });
-    const tunnel: Tunnel = { host, port, close: () => { upstream.destroy(); socket.destroy(); } };
-    let connected = false;
-    client.tunnels.add(tunnel);
-    this.sockets.add(upstream);
-    upstream.once('close', () => {
-      this.sockets.delete(upstream);
-      client.tunnels.delete(tunnel);
-      if (connected || greeting === undefined) socket.destroy();
-    });
-    socket.once('close', () => upstream.destroy());
-    upstream.once('timeout', () => upstream.destroy(new Error('connect timed out')));
-    upstream.once('error', (error) => {
-      if (!connected && greeting !== undefined) {
-        endRaw(socket, 502, { code: 'EGRESS_UPSTREAM_FAILED', message: `${host}:${port} failed: ${error.message}` });
-      } else if (socket instanceof Socket) {
-        socket.resetAndDestroy();
-      } else {
-        socket.destroy();
-      }
-    });
-    upstream.once('connect', () => {
-      connected = true;
-      upstream.setTimeout(0);
-      upstream.pipe(socket); // the server may speak first (SSH, SMTP)
-      if (greeting === undefined) {
-        if (head.length > 0) upstream.write(head);
-        socket.pipe(upstream);
-        socket.resume();
-        return;
-      }
-      socket.write(greeting);
-      this.checkTunnelSni(client, host, port, socket, upstream, head);
-    });
-  }
-
-  /**
-   * Inside a CONNECT tunnel, a TLS ClientHello naming another server than the CONNECT target
-   * (domain fronting through an allowed host) is held to the policy too: its name must be
-   * allowed. Anything that is not TLS passes unchanged.
-   */
-  private checkTunnelSni(client: Client, host: string, port: number, socket: Duplex, upstream: Socket, head: Buffer): void {
-    let buffered = head;
-    const decide = (): boolean => {
-      const hello = parseClientHello(buffered);
-      if (hello.kind === 'incomplete' && buffered.length < MAX_HELLO_BYTES) return false;
-      const name = hello.kind === 'hello' ? hello.serverName : undefined;
-      const denial = name && name !== host ? client.policy.checkName(name, port) : undefined;
-      if (denial) {
+    const opened = openTunnel({
+      address, port, socket, head, greeting,
+      connectTimeoutMs: this.options.connectTimeoutMs ?? 10_000,
+      // Inside CONNECT, a ClientHello naming another server than the target (domain fronting
+      // through an allowed host) must name an allowed one too; anything not TLS passes.
+      admitHello: (hello) => {
+        const name = hello.kind === 'hello' ? hello.serverName : undefined;
+        const denial = name && name !== host ? client.policy.checkName(name, port) : undefined;
+        if (!denial) return true;
         this.report(client, 'blocked', 'connect', `${name}:${port}`, {
           code: denial.code,
           rule: `tls-server-name:${denial.rule}`,
           message: `the TLS server name ${name} inside a tunnel to ${host}:${port} is not allowed: ${denial.message}`,
         });
-        upstream.destroy();
-        if (socket instanceof Socket) socket.resetAndDestroy();
-        else socket.destroy();
-        return true;
-      }
-      socket.off('data', onData);
-      upstream.write(buffered);
-      socket.pipe(upstream);
-      return true;
-    };
-    const onData = (chunk: Buffer): void => {
-      buffered = Buffer.concat([buffered, chunk]);
-      decide();
-    };
-    if (buffered.length > 0 && decide()) return;
-    socket.on('data', onData);
-    socket.resume();
+        return false;
+      },
+    });
+    const tracked: TrackedConnection = { host, port, close: () => opened.close() };
+    client.tunnels.add(tracked);
+    this.sockets.add(opened.upstream);
+    opened.upstream.once('close', () => {
+      this.sockets.delete(opened.upstream);
+      client.tunnels.delete(tracked);
+    });
   }
-}
-
-function sendJson(res: ServerResponse, status: number, body: object): void {
-  const text = JSON.stringify(body);
-  res.writeHead(status, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(text), connection: 'close' });
-  res.end(text);
-}
-
-function endRaw(socket: Duplex, status: number, body: object): void {
-  const text = JSON.stringify(body);
-  const reason = status === 403 ? 'Forbidden' : status === 429 ? 'Too Many Requests' : status === 400 ? 'Bad Request' : 'Bad Gateway';
-  socket.end(`HTTP/1.1 ${status} ${reason}\r\ncontent-type: application/json\r\ncontent-length: ${Buffer.byteLength(text)}\r\nconnection: close\r\n\r\n${text}`);
 }
