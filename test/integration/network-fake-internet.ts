@@ -41,6 +41,8 @@ export class FakeInternet {
   readonly link: string;
   /** PEM of the self-signed certificate (clients in sandboxes trust it explicitly). */
   certPem = '';
+  keyPem = '';
+  certFile = '';
   private pid: number | undefined;
   private dir = '';
 
@@ -55,9 +57,11 @@ export class FakeInternet {
     this.dir = await mkdtemp(join(tmpdir(), 'capsule-fake-'));
     const [certFile, keyFile, script] = ['cert.pem', 'key.pem', 'server.cjs'].map((f) => join(this.dir, f)) as [string, string, string];
     run(['openssl', 'req', '-x509', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:prime256v1', '-nodes', '-days', '2',
-      '-subj', '/CN=allowed.test', '-addext', 'subjectAltName=DNS:allowed.test,DNS:other.test,DNS:www.allowed.test',
+      '-subj', '/CN=allowed.test', '-addext', 'subjectAltName=DNS:allowed.test,DNS:other.test,DNS:www.allowed.test,IP:127.0.0.1',
       '-keyout', keyFile, '-out', certFile]);
     this.certPem = spawnSync('cat', [certFile]).stdout.toString();
+    this.keyPem = spawnSync('cat', [keyFile]).stdout.toString();
+    this.certFile = certFile;
     await writeFile(script, SERVER);
     // Leftovers of an interrupted run with the same names would make the route or link clash.
     spawnSync('ip', ['link', 'del', this.link]);

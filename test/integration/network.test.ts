@@ -1,5 +1,6 @@
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { createServer, type IncomingHttpHeaders, type Server } from 'node:http';
+import { createServer as createHttpsServer } from 'node:https';
 import { writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import type { AddressInfo } from 'node:net';
@@ -34,6 +35,7 @@ let fake: FakeInternet;
 let network: EgressNetwork;
 let backend: NamespaceBackend;
 let upstream: Server;
+let tlsUpstream: Server;
 
 beforeAll(async () => {
   await host.ensure();
@@ -71,10 +73,19 @@ beforeAll(async () => {
   await broker.registerHandle({ ...handle, name: 'docs.read', methods: ['GET'], pathPrefixes: ['/docs', '/echo', '/leak', '/big'] });
   await broker.registerHandle({ ...handle, name: 'admin', methods: ['GET', 'POST'], pathPrefixes: ['/'] });
   await broker.registerHandle({ ...handle, name: 'down', upstream: 'http://127.0.0.1:1/v1', methods: ['GET'], pathPrefixes: ['/'] });
+  // The same upstream over TLS, with its own CA (the fake internet's self-signed certificate).
+  tlsUpstream = createHttpsServer({ cert: fake.certPem, key: fake.keyPem }, (req, res) => {
+    upstreamSeen.push(req.headers);
+    res.end(`tls docs ${req.method} ${req.url}`);
+  });
+  await new Promise<void>((resolve) => tlsUpstream.listen(0, '127.0.0.1', resolve));
+  const tlsBase = `https://127.0.0.1:${(tlsUpstream.address() as AddressInfo).port}/v1`;
+  await broker.registerHandle({ ...handle, name: 'docs.tls', upstream: tlsBase, caFile: fake.certFile, methods: ['GET'], pathPrefixes: ['/docs'] });
 });
 
 afterAll(async () => {
   await backend?.close();
+  await new Promise((resolve) => tlsUpstream?.close(resolve));
   await fake?.stop();
   await new Promise((resolve) => upstream?.close(resolve));
   // close() leaves no namespace, veth, nft table or listener of this instance behind.
@@ -362,6 +373,15 @@ describe('credential broker', () => {
       ].join('\n'));
       expect(r.stdout, show(r)).toMatch(/^HTTP\/1\.1 200 OK\r\n[\s\S]*x-capsule-handle: docs.read\r\n[\s\S]*\r\n\r\ndocs GET \/v1\/docs\/intro\?x=1\ndocs GET \/v1\/docs\/node\n$/i);
       expect(upstreamSeen.map((h) => h.authorization)).toEqual([`Bearer ${SECRET}`, `Bearer ${SECRET}`]);
+    });
+  });
+
+  it('reaches an https upstream (operator CA) with the credential; the sandbox speaks plain HTTP to the broker', async () => {
+    await inSandbox({ mode: 'allowlist', allow: [], handles: ['docs.tls'] }, async (sandbox) => {
+      upstreamSeen.length = 0;
+      const r = await sh(sandbox, 'curl -sS http://broker.capsule/docs.tls/docs/a');
+      expect(r.stdout, show(r)).toBe('tls docs GET /v1/docs/a');
+      expect(upstreamSeen.map((h) => h.authorization)).toEqual([`Bearer ${SECRET}`]);
     });
   });
 

@@ -20,6 +20,8 @@ export interface BrokerHandle {
   headers: Record<string, string>;
   /** Response bytes passed back; the rest is dropped and `X-Capsule-Truncated: true` is set. */
   maxResponseBytes: number;
+  /** PEM file of the CA that signs an `https:` upstream's certificate, when not a public one. */
+  caFile?: string;
 }
 
 export type BrokerCode = 'BROKER_UNKNOWN_HANDLE' | 'BROKER_METHOD_NOT_ALLOWED' | 'BROKER_PATH_NOT_ALLOWED' | 'BROKER_UPSTREAM_FAILED' | 'BROKER_BAD_REQUEST';
@@ -183,7 +185,7 @@ export class CredentialBroker {
     }
   }
 
-  private forward(handle: BrokerHandle, method: string, path: string, req: IncomingMessage, injected: readonly (readonly [string, string])[]): Promise<IncomingMessage> {
+  private async forward(handle: BrokerHandle, method: string, path: string, req: IncomingMessage, injected: readonly (readonly [string, string])[]): Promise<IncomingMessage> {
     const base = new URL(handle.upstream);
     const headers: Record<string, string> = { 'accept-encoding': 'identity' };
     for (const name of FORWARDED_REQUEST_HEADERS) {
@@ -192,6 +194,7 @@ export class CredentialBroker {
     }
     for (const [name, value] of injected) headers[name] = value;
     const send = base.protocol === 'https:' ? httpsRequest : httpRequest;
+    const ca = handle.caFile ? await readFile(handle.caFile) : undefined;
     return new Promise((resolve, reject) => {
       const upstream = send(
         {
@@ -203,6 +206,7 @@ export class CredentialBroker {
           headers,
           timeout: this.upstreamTimeoutMs,
           agent: false,
+          ...(ca ? { ca } : {}),
         },
         resolve,
       );
