@@ -312,6 +312,11 @@ describe('memory limit', () => {
       const after = await interpreters.runCode('print(globals().get("before", "fresh")); 1 + 1', { contextId: id });
       expect(after.stdout.join(''), describeExecution(sandbox, after)).toBe('fresh\n');
       expect(mainText(after)).toBe('2');
+      const kernels = await interpreters.runCode(
+        'import os\nsum(1 for p in os.listdir("/proc") if p.isdigit() and b"ipykernel_launcher" in open(f"/proc/{p}/cmdline", "rb").read())',
+        { contextId: id },
+      );
+      expect(mainText(kernels), describeExecution(sandbox, kernels)).toBe('1');
 
       // The same for a JavaScript context: the OOM killer ends its Node process.
       const js = await interpreters.createContext({ language: 'js' });

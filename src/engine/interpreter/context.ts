@@ -112,9 +112,18 @@ export class InterpreterContext {
     const old = this.driver;
     this.driver = undefined;
     const previous = this.starting;
+    const generation = this.generation;
     // Runs queued behind the restart wait for this and then use the fresh interpreter.
     this.starting = (async () => {
       await previous?.catch(() => undefined);
+      // A live Python driver restarts its kernel in place; anything else gets a new driver.
+      if (old && (await old.restartInterpreter(options.timeoutMs ?? DEFAULT_START_TIMEOUT_MS))) {
+        if (!this.isClosed && generation === this.generation) {
+          this.driver = old;
+          this.deadReason = undefined;
+          return;
+        }
+      }
       if (old) await old.stop(STOP_GRACE_MS);
       await this.launch(options);
     })();
@@ -150,7 +159,7 @@ export class InterpreterContext {
     const running = this.current;
     if (running !== undefined && event.type === 'fatal') running.builder.output('stderr', `capsule: interpreter driver: ${event.message}\n`);
     if (running === undefined || !('id' in event) || event.id !== running.id) return;
-    if (event.type === 'end') running.settle(event.outcome === 'died' ? { how: 'died' } : { how: 'end' });
+    if (event.type === 'end') running.settle(event.outcome === 'died' || event.outcome === 'restarted' ? { how: 'died' } : { how: 'end' });
     else running.builder.apply(event);
   }
 

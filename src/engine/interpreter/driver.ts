@@ -104,8 +104,41 @@ export class DriverProcess {
     return this.tail;
   }
 
-  onEvent(listener: (event: DriverEvent) => void): void {
+  /** Calls `listener` for every event; returns a function that removes it. */
+  onEvent(listener: (event: DriverEvent) => void): () => void {
     this.listeners.push(listener);
+    return () => {
+      const index = this.listeners.indexOf(listener);
+      if (index >= 0) this.listeners.splice(index, 1);
+    };
+  }
+
+  /**
+   * Python only: restarts the kernel inside this driver (cheaper than a new driver). Resolves
+   * false when the driver reports a failure, exits or does not answer within `timeoutMs`.
+   */
+  async restartInterpreter(timeoutMs: number): Promise<boolean> {
+    if (this.language !== 'python') return false;
+    let timer: NodeJS.Timeout | undefined;
+    let unsubscribe = (): void => undefined;
+    try {
+      return await new Promise<boolean>((resolve) => {
+        unsubscribe = this.onEvent((event) => {
+          if (event.type === 'restarted') resolve(true);
+          if (event.type === 'fatal') resolve(false);
+        });
+        void this.process.exited.then(() => resolve(false));
+        timer = setTimeout(() => resolve(false), timeoutMs);
+        try {
+          this.send({ op: 'restart' });
+        } catch {
+          resolve(false);
+        }
+      });
+    } finally {
+      clearTimeout(timer);
+      unsubscribe();
+    }
   }
 
   /** Text the driver's process tree wrote to fds 1/2 outside the protocol. */
