@@ -1,13 +1,15 @@
 import { SandboxError } from '../errors/index.js';
 import { DEFAULT_MAXIMA, parseSpec, type OperatorMaxima, type BackendName } from '../spec/index.js';
 import type { Backend, BackendSandbox } from '../backends/backend.js';
-import { NamespaceBackend } from '../backends/namespace/namespace-backend.host.js';
+import { createBackends } from '../backends/registry.js';
 import { baseEnv } from '../backends/namespace/bwrap-args.js';
 import { HostEnvironment } from '../host/host-env.host.js';
 import { assertEnforceable } from './capabilities.js';
 import { newSandboxId } from './ids.js';
 import { ManagedProcess } from './managed-process.js';
 import { superviseExec } from './supervise.js';
+import { OutputBuffer } from './output-buffer.js';
+import type { AgentProcess } from '../backends/agent/index.js';
 import type { ExecResult } from './result.js';
 import type {
   CreateSandboxCommand,
@@ -98,7 +100,7 @@ export class SandboxManager implements SandboxEngine {
   /** Prepares the host, reconciles it with the store, and recovers sandboxes a crash left. */
   static async open(options: SandboxManagerOptions): Promise<SandboxManager> {
     const host = new HostEnvironment({ dataDir: options.dataDir });
-    const backends = options.backends ?? [new NamespaceBackend({ host })];
+    const backends = options.backends ?? createBackends(host);
     const manager = new SandboxManager(options, backends);
     manager.host = host;
     await manager.reconcile();
@@ -123,9 +125,19 @@ export class SandboxManager implements SandboxEngine {
     const backend = this.backends.get(record.spec.backend);
     try {
       if (!backend) throw new SandboxError('BACKEND_UNAVAILABLE', `backend ${record.spec.backend} is not configured`);
+      if (record.state === 'paused' && record.pause?.survivesRestart && backend.restore) {
+        // Paused to disk (gVisor checkpoint): it stays paused, with its processes, until resumed.
+        const sandbox = await backend.restore(record.sandboxId, record.spec);
+        this.attach(entry, sandbox);
+        this.save(entry);
+        this.schedule(entry);
+        this.onEvent({ type: 'sandbox.recovered', sandbox: this.snapshot(entry) });
+        return;
+      }
       const sandbox = await backend.create(record.spec, { id: record.sandboxId, reuseWorkspace: true });
       this.attach(entry, sandbox);
       entry.info.state = 'running';
+      delete entry.info.pause;
       this.save(entry);
       this.schedule(entry);
       this.onEvent({ type: 'sandbox.recovered', sandbox: this.snapshot(entry) });
@@ -219,30 +231,91 @@ export class SandboxManager implements SandboxEngine {
   }
 
   /**
-   * Stops every process of the sandbox where it is (a frozen cgroup: memory stays in RAM and does
-   * not survive a server restart — the answer says so). The TTL keeps running.
+   * Stops the sandbox's work until resumed. `keepMemory` (default true) keeps processes and their
+   * memory: on gVisor a checkpoint on disk that survives a server restart; on the namespace backend
+   * a frozen cgroup in RAM that does not. `keepMemory: false` ends the processes and keeps files.
+   * The answer's `pause` says which.
    */
-  async pause(tenantId: string, sandboxId: string): Promise<SandboxInfo & { pause: { keepsMemory: boolean; survivesRestart: boolean } }> {
+  async pause(tenantId: string, sandboxId: string, options: { keepMemory?: boolean } = {}): Promise<SandboxInfo> {
     const entry = this.find(tenantId, sandboxId);
     if (entry.info.state === 'paused') {
       throw new SandboxError('CONFLICT', `sandbox ${sandboxId} is already paused`, { details: { sandboxId }, hint: 'Resume it first.' });
     }
     const live = this.findRunning(tenantId, sandboxId);
-    await live.sandbox!.freeze();
-    live.info.state = 'paused';
-    this.save(live);
-    return { ...this.snapshot(live), pause: { keepsMemory: true, survivesRestart: false } };
+    await this.pauseEntry(live, options.keepMemory ?? true);
+    return this.snapshot(live);
+  }
+
+  private async pauseEntry(entry: Live, keepMemory: boolean): Promise<void> {
+    const sandbox = entry.sandbox!;
+    let result: { keepsMemory: boolean; survivesRestart: boolean };
+    if (sandbox.pause) result = await sandbox.pause({ keepMemory });
+    else if (keepMemory) {
+      await sandbox.freeze();
+      result = { keepsMemory: true, survivesRestart: false };
+    } else {
+      throw new SandboxError('BACKEND_CANNOT_ENFORCE', `backend ${entry.info.backend} cannot pause without memory`, {
+        hint: 'Pause with keepMemory: true.',
+      });
+    }
+    entry.info.state = 'paused';
+    entry.info.pause = { ...result, pausedAt: new Date(this.now()).toISOString() };
+    // With onTimeout 'pause' the TTL is suspended while paused; with 'kill' it still applies.
+    if (entry.info.spec.onTimeout === 'pause') clearTimeout(entry.timer);
+    this.save(entry);
   }
 
   /** Continues a paused sandbox; resuming a running one is a no-op. */
   async resume(tenantId: string, sandboxId: string): Promise<SandboxInfo> {
     const entry = this.findLive(tenantId, sandboxId);
     if (entry.info.state === 'paused') {
-      await entry.sandbox!.thaw();
+      const sandbox = entry.sandbox!;
+      if (sandbox.resume) await sandbox.resume();
+      else await sandbox.thaw();
+      for (const agent of sandbox.processes?.() ?? []) {
+        if (!entry.processes.has(agent.pid)) this.adoptProcess(entry, agent);
+      }
       entry.info.state = 'running';
+      delete entry.info.pause;
+      if (entry.info.spec.onTimeout === 'pause') entry.info.expiresAt = new Date(this.now() + entry.info.spec.ttlMs).toISOString();
       this.save(entry);
+      this.schedule(entry);
     }
     return this.snapshot(entry);
+  }
+
+  /** A process a previous Capsule process started (restored from a checkpoint): events from now on. */
+  private adoptProcess(entry: Live, agent: AgentProcess): void {
+    const spec = entry.info.spec;
+    const stdout = new OutputBuffer(spec.limits.stdoutBytes);
+    const stderr = new OutputBuffer(spec.limits.stderrBytes);
+    const started = this.now();
+    const result = agent.exited.then((exit): ExecResult => ({
+      outcome: exit.lost ? 'error' : exit.exitCode === 0 ? 'ok' : 'exit_nonzero',
+      exitCode: exit.exitCode,
+      signal: exit.signal,
+      stdout: stdout.text(),
+      stderr: stderr.text(),
+      stdoutTruncated: stdout.truncated,
+      stderrTruncated: stderr.truncated,
+      stdoutBytes: stdout.total,
+      stderrBytes: stderr.total,
+      durationMs: this.now() - started,
+      usage: { memoryPeakBytes: 0, cpuTimeMs: 0, cpuThrottledMs: 0, diskUsedBytes: null },
+      warnings: [],
+      ...(exit.lost ? { error: { code: 'SANDBOX_CRASHED', message: `sandbox ${entry.info.sandboxId} stopped while the process ran` } } : {}),
+    }));
+    const managed = new ManagedProcess({ argv: ['(restored)'], cwd: spec.cwd, startedAt: new Date(started).toISOString() }, spec.limits, result);
+    managed.started(agent);
+    agent.onStdout((chunk) => {
+      stdout.push(chunk);
+      managed.output('stdout', chunk);
+    });
+    agent.onStderr((chunk) => {
+      stderr.push(chunk);
+      managed.output('stderr', chunk);
+    });
+    entry.processes.set(agent.pid, managed);
   }
 
   async startProcess(tenantId: string, sandboxId: string, command: StartProcessCommand): Promise<ProcessHandle> {
@@ -345,10 +418,15 @@ export class SandboxManager implements SandboxEngine {
 
   private schedule(entry: Live): void {
     clearTimeout(entry.timer);
+    if (entry.info.state === 'paused' && entry.info.spec.onTimeout === 'pause') return;
     const delay = Math.max(0, Date.parse(entry.info.expiresAt) - this.now());
     // Node timers hold at most ~24.8 days; a longer TTL re-arms when the first one fires.
     entry.timer = setTimeout(() => {
       if (Date.parse(entry.info.expiresAt) > this.now()) return this.schedule(entry);
+      if (entry.info.spec.onTimeout === 'pause' && entry.info.state === 'running') {
+        void this.pauseEntry(entry, true).catch(() => this.end(entry, 'expired', 'ttl expired; pausing failed'));
+        return;
+      }
       void this.end(entry, 'expired', 'ttl expired');
     }, Math.min(delay, 2 ** 31 - 1));
     entry.timer.unref();

@@ -21,6 +21,8 @@ export interface SandboxInfo {
   endedAt?: string;
   /** Why it ended: `killed`, `expired`, `crashed: ...`, `server restarted`. */
   endReason?: string;
+  /** Set while paused: what the pause kept, so callers know what a resume will find. */
+  pause?: { keepsMemory: boolean; survivesRestart: boolean; pausedAt: string };
 }
 
 export interface CreateSandboxCommand {

@@ -110,8 +110,10 @@ export class SandboxCgroup {
     await writeFile(join(this.dir('memory'), 'memory.max_usage_in_bytes'), '0').catch(() => undefined);
   }
 
-  async freeze(frozen: boolean): Promise<void> {
+  /** Freezes or thaws every process at once; returns when the kernel reports it done. */
+  async freeze(frozen: boolean, timeoutMs = 5000): Promise<void> {
     await writeFile(join(this.dir('unified'), 'cgroup.freeze'), frozen ? '1' : '0');
+    await waitForEvent(join(this.dir('unified'), 'cgroup.events'), 'frozen', frozen ? 1 : 0, timeoutMs);
   }
 
   async isPopulated(): Promise<boolean> {
@@ -181,17 +183,24 @@ async function writeFileIfExists(path: string, value: string): Promise<void> {
   }
 }
 
-/** Waits for `populated 0` in cgroup.events; the kernel signals changes of that file to inotify. */
 async function waitUntilEmpty(eventsFile: string, timeoutMs: number): Promise<void> {
+  await waitForEvent(eventsFile, 'populated', 0, timeoutMs);
+}
+
+/**
+ * Waits until `key` in cgroup.events has `value`; the kernel signals changes of that file to
+ * inotify. A group that is gone counts as empty and thawed.
+ */
+async function waitForEvent(eventsFile: string, key: string, value: number, timeoutMs: number): Promise<void> {
   const populated = async (): Promise<boolean> => {
-    const text = await readFile(eventsFile, 'utf8').catch(() => 'populated 0');
-    return keyed(text, 'populated') === 1;
+    const text = await readFile(eventsFile, 'utf8').catch(() => 'populated 0\nfrozen 0');
+    return keyed(text, key) !== value;
   };
   if (!(await populated())) return;
   await new Promise<void>((resolve, reject) => {
     let settled = false;
     const watcher = watch(eventsFile, () => void check());
-    const timer = setTimeout(() => finish(new SandboxError('INTERNAL', `cgroup did not empty within ${timeoutMs} ms: ${eventsFile}`)), timeoutMs);
+    const timer = setTimeout(() => finish(new SandboxError('INTERNAL', `cgroup did not reach ${key} ${value} within ${timeoutMs} ms: ${eventsFile}`)), timeoutMs);
     function finish(error?: Error): void {
       if (settled) return;
       settled = true;

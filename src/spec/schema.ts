@@ -131,6 +131,11 @@ export const SandboxSpecSchema = z.strictObject({
   cwd: absolutePath.default('/workspace'),
   /** Time to live of a durable sandbox. @default 300000 */
   ttlMs: z.number().int().positive().default(300_000),
+  /**
+   * What the end of the TTL does: `kill` destroys the sandbox; `pause` pauses it keeping memory
+   * (its TTL is then suspended until it is resumed). @default 'kill'
+   */
+  onTimeout: z.enum(['kill', 'pause']).default('kill'),
 });
 
 export type SandboxSpecInput = z.input<typeof SandboxSpecSchema>;

@@ -5,7 +5,7 @@ import { createBackends } from '../../src/backends/registry.js';
 import { GvisorBackend } from '../../src/backends/gvisor/gvisor-backend.host.js';
 import { InterpreterService } from '../../src/engine/interpreter/index.js';
 import { parseSpec } from '../../src/spec/index.js';
-import { SandboxManager } from '../../src/engine/sandbox-manager.js';
+import { MemoryRecordStore, SandboxManager } from '../../src/engine/sandbox-manager.js';
 import type { ProcessHandle } from '../../src/engine/types.js';
 import { HostEnvironment } from '../../src/host/host-env.host.js';
 import { expectNoLeaks, testDataDir } from '../helpers/sandbox.js';
@@ -122,6 +122,38 @@ describe('interpreter contexts on gVisor', () => {
     } finally {
       await interpreters.close();
       await sandbox.destroy();
+    }
+  });
+});
+
+describe('pause to disk survives an engine restart (gVisor)', () => {
+  it('restores a paused sandbox in a new engine: the in-memory variable and the counter continue', async () => {
+    const store = new MemoryRecordStore();
+    const dataDir = testDataDir();
+    // The first engine is dropped without close(), as a crashed server would be.
+    const before = await SandboxManager.open({ dataDir, store, backends: createBackends(new HostEnvironment({ dataDir })) });
+    const info = await before.create({ tenantId: T, spec: { backend: 'gvisor', ttlMs: 120_000, limits: { wallClockMs: 120_000 } } });
+    const proc = await before.startProcess(T, info.sandboxId, { argv: ['python3', '-c', STATEFUL], stdin: true });
+    const secret = (await lineStartingWith(proc, 'secret')).line.split(' ')[1];
+    await before.startProcess(T, info.sandboxId, { argv: ['sh', '-c', COUNTER] });
+    const workspace = before.backendSandbox(T, info.sandboxId).workspaceDir;
+    const count = async (): Promise<number> => Number((await readFile(join(workspace, 'n'), 'utf8').catch(() => '0')).trim() || 0);
+    await countAbove(count, 3);
+    const paused = await before.pause(T, info.sandboxId);
+    expect(paused.pause).toMatchObject({ keepsMemory: true, survivesRestart: true });
+    const atPause = await count();
+
+    const after = await SandboxManager.open({ dataDir, store, backends: createBackends(new HostEnvironment({ dataDir })) });
+    try {
+      expect(after.get(T, info.sandboxId).state).toBe('paused');
+      expect((await after.resume(T, info.sandboxId)).state).toBe('running');
+      await countAbove(count, atPause + 3);
+      const restored = after.getProcess(T, info.sandboxId, proc.pid);
+      restored.writeStdin('show\n');
+      const shown = await lineStartingWith(restored, 'show');
+      expect(shown.line.split(' ')[1]).toBe(secret);
+    } finally {
+      await after.close();
     }
   });
 });

@@ -144,7 +144,7 @@ describe('pause and resume (namespace backend: freeze)', () => {
     const whilePaused = await readFile(join(workspace, 'n'), 'utf8');
     expect(await readFile(join(workspace, 'n'), 'utf8')).toBe(whilePaused);
     expect(paused.state).toBe('paused');
-    expect(paused.pause).toEqual({ keepsMemory: true, survivesRestart: false });
+    expect(paused.pause).toMatchObject({ keepsMemory: true, survivesRestart: false });
     await expect(engine.startProcess(T, s.sandboxId, { argv: ['true'] })).rejects.toMatchObject({ code: 'SANDBOX_NOT_RUNNING' });
     await expect(engine.pause(T, s.sandboxId)).rejects.toMatchObject({ code: 'CONFLICT' });
     expect((await engine.resume(T, s.sandboxId)).state).toBe('running');
