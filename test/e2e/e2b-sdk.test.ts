@@ -110,6 +110,24 @@ describe('e2b SDK 2.51 against Capsule', () => {
       expect(sums.stdout.trim()).toBe('1');
     }));
 
+  it('serves signed upload and download URLs (no routing headers, no token)', () =>
+    withSandbox(async (sbx) => {
+      const upload = await sbx.uploadUrl('signed/up.txt', { useSignatureExpiration: 60_000 });
+      expect(upload.startsWith(`${server.url}/files?`)).toBe(true);
+      const form = new FormData();
+      form.append('file', new Blob(['signed bytes']), 'up.txt');
+      const posted = await fetch(upload, { method: 'POST', body: form });
+      expect(posted.status).toBe(200);
+      expect(await posted.json()).toEqual([{ path: '/home/user/signed/up.txt', name: 'up.txt', type: 'file' }]);
+      const download = await sbx.downloadUrl('signed/up.txt');
+      expect(await (await fetch(download)).text()).toBe('signed bytes');
+      // The signature binds the path and the operation.
+      const other = new URL(download);
+      other.searchParams.set('path', 'signed/other.txt');
+      expect((await fetch(other)).status).toBe(401);
+      expect((await fetch(download, { method: 'POST', body: form })).status).toBe(401);
+    }));
+
   it('watches a directory', () =>
     withSandbox(async (sbx) => {
       await sbx.files.makeDir('watched');

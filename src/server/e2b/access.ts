@@ -1,4 +1,4 @@
-import { createHmac, randomBytes, timingSafeEqual } from 'node:crypto';
+import { createHash, createHmac, randomBytes, timingSafeEqual } from 'node:crypto';
 import type { FastifyRequest } from 'fastify';
 import { SandboxError } from '../../errors/index.js';
 import type { ApiKeyStore } from '../../store/index.js';
@@ -36,6 +36,14 @@ export interface SandboxAccess {
   sandboxId: string;
 }
 
+/** The query of an envd `/files` call, signed or not. */
+export interface SignedQuery {
+  path?: string;
+  username?: string;
+  signature?: string;
+  signature_expiration?: string;
+}
+
 /**
  * envd access tokens (`envdAccessToken`, sent back as `X-Access-Token`): `<tenant>.<hmac>` over
  * the tenant and sandbox id. They carry the tenant so data-plane calls need no lookup, and they
@@ -68,6 +76,27 @@ export class EnvdTokens {
       if (given.length === expected.length && timingSafeEqual(given, expected)) return { tenantId, sandboxId };
     }
     throw new ConnectError('unauthenticated', `no valid access token for sandbox ${sandboxId}; call Sandbox.connect(sandboxId) to get a fresh one`);
+  }
+
+  /**
+   * The sandbox a signed file URL (`sandbox.uploadUrl()` / `downloadUrl()`) was made for. The
+   * signature is `v1_` + base64(sha256("path:operation:user:token[:expiration]")), so only a
+   * holder of the sandbox's token can make one; the URL names no sandbox, so the candidates
+   * (the live sandboxes, or the one in `E2b-Sandbox-Id`) are tried in turn.
+   */
+  verifySignature(query: SignedQuery, operation: 'read' | 'write', candidates: SandboxAccess[], nowMs = Date.now()): SandboxAccess {
+    const expiration = query.signature_expiration;
+    if (expiration !== undefined && !(Number(expiration) * 1000 > nowMs)) {
+      throw new ConnectError('unauthenticated', 'the signed URL has expired; make a new one with uploadUrl()/downloadUrl()');
+    }
+    const given = Buffer.from(query.signature ?? '');
+    for (const candidate of candidates) {
+      const token = this.issue(candidate.tenantId, candidate.sandboxId);
+      const raw = [query.path ?? '', operation, query.username ?? '', token, ...(expiration !== undefined ? [expiration] : [])].join(':');
+      const expected = Buffer.from(`v1_${createHash('sha256').update(raw).digest('base64').replace(/=+$/, '')}`);
+      if (given.length === expected.length && timingSafeEqual(given, expected)) return candidate;
+    }
+    throw new ConnectError('unauthenticated', `the ${operation} signature does not match any live sandbox's access token for this path`);
   }
 
   private tokenOf(request: FastifyRequest): string | undefined {

@@ -18,6 +18,8 @@ export interface E2bFacadeDeps {
   keys: ApiKeyStore;
   /** Records create/kill/pause/connect/timeout like the v1 routes do. */
   audit?: AuditLog;
+  /** Every tenant's live sandboxes: the candidates for a signed file URL, which names none. */
+  records?: { listLive(): SandboxInfo[] };
   /** Concurrent sandboxes per tenant, shared with the v1 routes. */
   quota?: TenantQuota;
   /** HMAC key of envd access tokens. @default random per server start */

@@ -1,6 +1,7 @@
 import { Readable } from 'node:stream';
 import { createGunzip } from 'node:zlib';
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
+import type { SandboxAccess, SignedQuery } from './access.js';
 import { isSandboxError } from '../../errors/index.js';
 import type { FileEntry } from '../../engine/types.js';
 import { audited } from './audit.js';
@@ -10,7 +11,7 @@ import { checkUser, toE2bPath, toSandboxPath } from './paths.js';
 
 /** envd's plain HTTP endpoints: `GET/POST /files` and `GET /health`. */
 
-type FilesRequest = FastifyRequest<{ Querystring: { path?: string; username?: string } }>;
+type FilesRequest = FastifyRequest<{ Querystring: SignedQuery }>;
 
 /** envd's REST errors: `{code, message}` with the status the SDK maps (404 → FileNotFoundError). */
 function sendRestError(request: FastifyRequest, reply: FastifyReply, error: unknown): FastifyReply {
@@ -36,25 +37,31 @@ function written(entry: FileEntry): object {
 
 export function registerEnvdFilesRest(app: FastifyInstance, ctx: E2bContext, constraints: PortConstraint): void {
   const { engine, tokens } = ctx;
-  const filesOf = (request: FastifyRequest) => {
-    const access = tokens.verify(request);
+  /** The access token, or else a signed URL's signature (`uploadUrl()`/`downloadUrl()`). */
+  const accessOf = (request: FilesRequest, operation: 'read' | 'write'): SandboxAccess => {
     checkUser(request);
-    return engine.files(access.tenantId, access.sandboxId);
+    if (request.query.signature === undefined || request.headers['x-access-token'] !== undefined) return tokens.verify(request);
+    const named = request.headers['e2b-sandbox-id'];
+    const candidates = (ctx.records?.listLive() ?? [])
+      .filter((info) => typeof named !== 'string' || info.sandboxId === named)
+      .map((info) => ({ tenantId: info.tenantId, sandboxId: info.sandboxId }));
+    return tokens.verifySignature(request.query, operation, candidates);
   };
 
-  app.get('/files', { constraints }, async (request: FilesRequest, reply) => {
+  const read = async (request: FilesRequest, reply: FastifyReply) => {
     try {
-      const stream = await filesOf(request).read(toSandboxPath(request.query.path));
+      const access = accessOf(request, 'read');
+      const stream = await engine.files(access.tenantId, access.sandboxId).read(toSandboxPath(request.query.path));
       return await reply.code(200).type('application/octet-stream').send(stream);
     } catch (error) {
       return sendRestError(request, reply, error);
     }
-  });
+  };
 
-  app.post('/files', { constraints }, async (request: FilesRequest, reply) => {
+  const upload = async (request: FilesRequest, reply: FastifyReply) => {
     try {
-      const files = filesOf(request);
-      const access = tokens.verify(request);
+      const access = accessOf(request, 'write');
+      const files = engine.files(access.tenantId, access.sandboxId);
       const write = (path: string, data: Readable) => audited(ctx, request, access, 'files.write', { subject: path }, () => files.write(path, data));
       const entries: object[] = [];
       if (request.isMultipart()) {
@@ -77,7 +84,13 @@ export function registerEnvdFilesRest(app: FastifyInstance, ctx: E2bContext, con
     } catch (error) {
       return sendRestError(request, reply, error);
     }
-  });
+  };
+
+  app.get('/files', { constraints }, read);
+  app.post('/files', { constraints }, upload);
+  // Signed URLs carry no routing headers (the SDK builds them from sandboxUrl alone).
+  app.get('/files', read);
+  app.post('/files', upload);
 
   /** 204 while the sandbox runs; 502 (what E2B's proxy answers) when it is paused or gone. */
   app.get('/health', { constraints }, async (request, reply) => {
