@@ -119,7 +119,7 @@ describe('nftables rulesets', () => {
     const text = sandboxRuleset('10.213.7.1', DEFAULT_EGRESS_PORTS);
     expect(text).toContain('tcp dport 80 dnat ip to 10.213.7.1:3129');
     expect(text).toContain('tcp dport 443 dnat ip to 10.213.7.1:3130');
-    expect(text).toContain('udp dport 53 dnat ip to 10.213.7.1:53');
+    expect(text).toContain('udp dport 53 dnat ip to 10.213.7.1:3153');
     expect(text).toContain('meta l4proto tcp reject with tcp reset');
     expect(text).toMatch(/hook output priority 0; policy drop;/);
   });

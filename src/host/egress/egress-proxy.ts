@@ -17,7 +17,8 @@ export interface EgressPorts {
   tls: number;
   dns: number;
 }
-export const DEFAULT_EGRESS_PORTS: EgressPorts = { proxy: 3128, http: 3129, tls: 3130, dns: 53 };
+/** DNS is served on a high port (no clash with a host resolver on *:53); nftables maps port 53 to it. */
+export const DEFAULT_EGRESS_PORTS: EgressPorts = { proxy: 3128, http: 3129, tls: 3130, dns: 3153 };
 
 export type EgressProtocol = 'http' | 'connect' | 'tls' | 'dns';
 
