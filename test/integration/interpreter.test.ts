@@ -17,12 +17,11 @@ import { PassThrough } from 'node:stream';
 
 const MiB = 1024 * 1024;
 
-function newBackend(): NamespaceBackend {
-  return new NamespaceBackend({ host: new HostEnvironment({ dataDir: testDataDir() }) });
-}
+/** One backend (and host environment, which holds the volume open) for the whole file. */
+const backend = new NamespaceBackend({ host: new HostEnvironment({ dataDir: testDataDir() }) });
 
 async function createSandbox(spec: SandboxSpecInput): Promise<BackendSandbox> {
-  return newBackend().create(parseSpec(spec), { id: newSandboxId() });
+  return backend.create(parseSpec(spec), { id: newSandboxId() });
 }
 
 /** One sandbox and its interpreters for a describe block; failures name the sandbox. */
