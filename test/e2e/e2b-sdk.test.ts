@@ -169,11 +169,14 @@ describe('e2b SDK 2.51 against Capsule', () => {
       await again.commands.kill(counter.pid);
     }));
 
-  it('shortens the timeout: the sandbox ends when it passes', () =>
+  it('shortens the timeout: the sandbox ends when it passes; metrics sample it before', () =>
     withSandbox(async (sbx) => {
       await sbx.setTimeout(1000);
       const info = await sbx.getInfo();
       expect(info.endAt.getTime() - Date.now()).toBeLessThan(2000);
+      const [metrics] = await sbx.getMetrics();
+      expect(metrics).toMatchObject({ cpuCount: 2, memTotal: 512 * 1024 * 1024, diskTotal: 1024 * 1024 * 1024 });
+      expect(metrics?.memUsed).toBeGreaterThan(0);
       await waitFor(async () => ((await sbx.isRunning()) ? undefined : true), { timeoutMs: 15_000, what: 'the sandbox to expire' });
       await expect(Sandbox.connect(sbx.sandboxId, server.opts)).rejects.toBeInstanceOf(SandboxNotFoundError);
     }));

@@ -284,10 +284,32 @@ export function registerControlPlane(app: FastifyInstance, ctx: E2bContext): voi
     return reply.code(204).send();
   });
 
-  // Capsule keeps no time series of sandbox usage yet: the list is empty, never invented.
-  app.get('/sandboxes/:id/metrics', (request: FastifyRequest<{ Params: { id: string } }>, reply) => {
+  // Capsule keeps no time series: the answer is one sample taken now, its CPU share averaged
+  // since the previous sample (or the sandbox's start). A paused sandbox has none.
+  const lastCpu = new WeakMap<object, { atMs: number; usec: number }>();
+  app.get('/sandboxes/:id/metrics', async (request: FastifyRequest<{ Params: { id: string } }>) => {
     const principal = e2bPrincipal(request, ctx.keys);
-    live(principal.tenantId, request.params.id);
-    return reply.send([]);
+    const info = live(principal.tenantId, request.params.id);
+    if (info.state !== 'running' || !engine.backendSandbox) return [];
+    const sandbox = engine.backendSandbox(principal.tenantId, info.sandboxId);
+    const [counters, diskUsed] = await Promise.all([sandbox.counters(), sandbox.diskUsedBytes()]);
+    const now = Date.now();
+    const previous = lastCpu.get(sandbox) ?? { atMs: Date.parse(info.createdAt), usec: 0 };
+    lastCpu.set(sandbox, { atMs: now, usec: counters.cpuUsageUsec });
+    const cpus = info.spec.limits.cpus;
+    const cpuUsedPct = ((counters.cpuUsageUsec - previous.usec) / 1000 / Math.max(1, now - previous.atMs) / cpus) * 100;
+    return [
+      {
+        timestamp: new Date(now).toISOString(),
+        timestampUnix: Math.floor(now / 1000),
+        cpuCount: Math.ceil(cpus),
+        cpuUsedPct: Math.round(Math.min(100, Math.max(0, cpuUsedPct)) * 100) / 100,
+        memUsed: counters.memoryUsageBytes,
+        memTotal: info.spec.limits.memoryBytes,
+        memCache: 0,
+        diskUsed: diskUsed ?? 0,
+        diskTotal: info.spec.limits.diskBytes,
+      },
+    ];
   });
 }
