@@ -3,7 +3,7 @@ import { chown, mkdir, stat } from 'node:fs/promises';
 import { SandboxError } from '../errors/index.js';
 import { parseSpec, type OperatorMaxima, type SandboxSpecInput } from '../spec/index.js';
 import type { Backend, BackendSandbox } from '../backends/backend.js';
-import { NamespaceBackend } from '../backends/namespace/namespace-backend.host.js';
+import { createBackends } from '../backends/registry.js';
 import { HostEnvironment, type HostEnvironmentOptions } from '../host/host-env.host.js';
 import { copyOut, type CopyOutReport } from '../host/copy-out.host.js';
 import { baseEnv } from '../backends/namespace/bwrap-args.js';
@@ -76,7 +76,7 @@ export class Runner {
     this.host = new HostEnvironment(options);
     this.maxima = options.maxima;
     this.artifactStore = options.artifactStore;
-    this.backends = new Map([['namespace', new NamespaceBackend({ host: this.host })]]);
+    this.backends = new Map(createBackends(this.host).map((backend) => [backend.name, backend]));
     const namespace = this.backends.get('namespace');
     if (options.warmPool && namespace) {
       this.pool = new WarmPool({ backend: namespace, spec: parseSpec({}, this.maxima), size: options.warmPool });

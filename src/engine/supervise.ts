@@ -100,7 +100,9 @@ export async function superviseExec(
   const durationMs = Math.round(performance.now() - started);
 
   const after = await sandbox.counters().catch(() => before);
-  const diskUsedBytes = (await sandbox.diskUsedBytes().catch(() => undefined)) ?? null;
+  // Disk usage only tells a failure apart (a full workspace); reading it costs a spawn the first
+  // time per sandbox, so a clean exit skips it.
+  const diskUsedBytes = exit.exitCode === 0 ? null : ((await sandbox.diskUsedBytes().catch(() => undefined)) ?? null);
   const usage = {
     memoryPeakBytes: after.memoryPeakBytes,
     cpuTimeMs: Math.round((after.cpuUsageUsec - before.cpuUsageUsec) / 1000),
