@@ -2,7 +2,7 @@ import { constants } from 'node:os';
 import { resolve } from 'node:path';
 import { Command, Option } from 'commander';
 import { formatBytes } from '../../spec/index.js';
-import { Runner, type RunResult } from '../../engine/runner.js';
+import type { RunResult } from '../../engine/runner.js';
 import type { SandboxSpecInput } from '../../spec/index.js';
 import { bytesOption, collect, durationOption, numberOption, parseEnvPairs } from '../options.js';
 import { EXIT_COMMAND_NOT_FOUND, EXIT_INTERNAL, LIMIT_EXIT_CODES } from '../exit-codes.js';
@@ -65,6 +65,8 @@ Exit status: the command's own (128+N when signal N ended it), or
         network: { mode: flags.network, allow: flags.allow ?? [], handles: flags.handle ?? [] },
         env: parseEnvPairs(flags.env ?? []),
       };
+      // Loaded here, not at start-up: other commands need none of the engine.
+      const { Runner } = await import('../../engine/runner.js');
       const runner = new Runner({ dataDir: flags.dataDir });
       const json = flags.json === true;
       const result = await runner.run(command, {
