@@ -1,5 +1,5 @@
 import { Command, Option } from 'commander';
-import { runCodeOnce, type RunCodeOnceResult } from '../../engine/interpreter/index.js';
+import type { RunCodeOnceResult } from '../../engine/interpreter/run-once.js';
 import { INTERPRETER_LANGUAGES, type InterpreterLanguage, type Result } from '../../engine/interpreter/types.js';
 import { bytesOption, durationOption } from '../options.js';
 import { LIMIT_EXIT_CODES } from '../exit-codes.js';
@@ -39,6 +39,8 @@ Exit status: 0, or 1 when the code raised an exception, or
       const source = code === '-' ? await readStdin() : code;
       const json = flags.json === true;
       const event = (value: object): void => void context.stdout.write(`${JSON.stringify(value)}\n`);
+      // The engine (and its host code) loads only when the command runs, like `capsule run`.
+      const { runCodeOnce } = await import('../../engine/interpreter/run-once.js');
       const result = await runCodeOnce(source, {
         language: flags.language,
         dataDir: flags.dataDir,
