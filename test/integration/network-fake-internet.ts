@@ -34,6 +34,9 @@ for (const ip of ['198.51.100.10', '198.51.100.11']) {
   ready.push(new Promise((r) => udp.bind(9999, ip, r)));
 }
 Promise.all(ready).then(() => console.log(String(process.pid)));
+// When the test process is gone (even killed), we go too.
+const owner = Number(process.argv[4]);
+setInterval(() => { try { process.kill(owner, 0); } catch { process.exit(0); } }, 500);
 `;
 
 export class FakeInternet {
@@ -66,6 +69,7 @@ export class FakeInternet {
     // Leftovers of an interrupted run with the same names would make the route or link clash.
     spawnSync('ip', ['link', 'del', this.link]);
     spawnSync('ip', ['netns', 'del', this.netns]);
+    spawnSync('ip', ['route', 'del', '198.51.100.0/24']);
     run(['ip', 'netns', 'add', this.netns]);
     run(['ip', '-b', '-'], `link add ${this.link} type veth peer name eth0 netns ${this.netns}\naddr add ${HOST_SIDE}/32 dev ${this.link}\nlink set ${this.link} up\n`);
     run(['ip', '-n', this.netns, '-b', '-'],
@@ -73,7 +77,7 @@ export class FakeInternet {
     run(['ip', 'route', 'add', '198.51.100.0/24', 'dev', this.link, 'src', HOST_SIDE]);
     // setsid --fork: the server is not a descendant of the test process (the leak check counts
     // those); it is ended by its pid in stop().
-    const child = spawn('setsid', ['--fork', 'nsenter', `--net=/run/netns/${this.netns}`, process.execPath, script, certFile, keyFile], {
+    const child = spawn('setsid', ['--fork', 'nsenter', `--net=/run/netns/${this.netns}`, process.execPath, script, certFile, keyFile, String(process.pid)], {
       stdio: ['ignore', 'pipe', 'inherit'],
     });
     const line = await new Promise<string>((resolve, reject) => {
