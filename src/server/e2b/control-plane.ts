@@ -218,18 +218,23 @@ export function registerControlPlane(app: FastifyInstance, ctx: E2bContext): voi
       if (state !== 'running' && state !== 'paused') throw new SandboxError('INVALID_ARGUMENT', `state "${state}" is not one of running, paused`);
     }
     const metadata = Object.fromEntries(new URLSearchParams(query.metadata ?? ''));
+    // Sorted by start, then id. The page token is the key of the last item sent: the next page
+    // starts after it, even if that sandbox has ended since.
+    const key = (info: SandboxInfo) => `${info.createdAt}|${info.sandboxId}`;
     const wanted = new Set<SandboxState>(states.includes('running') ? [...(states as SandboxState[]), 'starting'] : (states as SandboxState[]));
     let all = engine
       .list({ tenantId: principal.tenantId, states: [...wanted], metadata })
       .filter((info) => !query.template || (info.metadata[TEMPLATE_KEY] ?? 'base') === query.template)
       .filter((info) => !query.startedAfter || info.createdAt > query.startedAfter)
-      .sort((a, b) => a.createdAt.localeCompare(b.createdAt) || a.sandboxId.localeCompare(b.sandboxId));
-    if (query.order === 'desc') all = all.reverse();
-    const start = query.nextToken ? all.findIndex((info) => info.sandboxId === Buffer.from(query.nextToken ?? '', 'base64url').toString()) + 1 : 0;
+      .sort((a, b) => (key(a) < key(b) ? -1 : key(a) > key(b) ? 1 : 0));
+    const descending = query.order === 'desc';
+    if (descending) all = all.reverse();
+    const after = query.nextToken ? Buffer.from(query.nextToken, 'base64url').toString() : undefined;
+    const rest = after === undefined ? all : all.filter((info) => (descending ? key(info) < after : key(info) > after));
     const limit = Math.min(Math.max(Number(query.limit) || 100, 1), 1000);
-    const page = all.slice(start, start + limit);
+    const page = rest.slice(0, limit);
     const last = page[page.length - 1];
-    if (last && start + limit < all.length) reply.header('x-next-token', Buffer.from(last.sandboxId).toString('base64url'));
+    if (last && rest.length > limit) reply.header('x-next-token', Buffer.from(key(last)).toString('base64url'));
     return page.map(listed);
   };
   app.get('/v2/sandboxes', (request: FastifyRequest<{ Querystring: Record<string, string | undefined> }>, reply) =>
