@@ -196,6 +196,14 @@ describe('everything else is denied, fast and with a clear reason', () => {
     });
   });
 
+  it('decides every request on a reused proxy connection on its own', async () => {
+    await inSandbox(ALLOW, async (sandbox) => {
+      const r = await sh(sandbox, 'curl -sS -w "\\n" http://allowed.test/a http://other.test/b 2>&1; echo "exit=$?"');
+      expect(r.stdout, show(r)).toMatch(/^hello from allowed.test via 198\.51\.100\.10\n\n\{"code":"EGRESS_NOT_ALLOWED".*"destination":"other.test:80"\}\nexit=0\n$/);
+      expect(network.stats(sandbox.id)).toMatchObject({ connections: 1, blocked: 1 });
+    });
+  });
+
   it('holds the TLS server name inside a CONNECT tunnel to the policy (no domain fronting)', async () => {
     await inSandbox(ALLOW, async (sandbox) => {
       const r = await sh(sandbox, [
