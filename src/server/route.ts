@@ -1,4 +1,4 @@
-import { Readable } from 'node:stream';
+import { PassThrough, Readable } from 'node:stream';
 import type { FastifyBaseLogger, FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import type { z } from 'zod';
 import { SandboxError } from '../errors/index.js';
@@ -141,6 +141,8 @@ async function serve(services: SeamServices, route: AnyRoute, request: FastifyRe
     trail.failed(error);
     idempotency?.fail(error, request.id);
     throw error;
+  } finally {
+    if (route.rawBody) drainUnread(request.body, reply);
   }
   return sendResult(reply, result, trail, idempotency, request.id, request.log, route);
 }
@@ -256,13 +258,46 @@ function jsonBody(body: unknown, expected: boolean): unknown {
   return expected || !isEmptyObject ? body : undefined;
 }
 
+/** Bytes of an abandoned upload read and dropped so the client can read the answer. */
+const DRAIN_LIMIT_BYTES = 64 * 1024 * 1024;
+
+/**
+ * The route reads a copy of the request stream: when it gives up early (a file over its limit)
+ * and destroys what it reads, the request itself survives.
+ */
 function rawBody(body: unknown): Readable {
-  if (body instanceof Readable) return body;
+  if (body instanceof Readable) {
+    const copy = new PassThrough();
+    body.pipe(copy);
+    // pipe() does not pass on a client that went away mid-upload: the reader must see it.
+    body.once('error', (error) => copy.destroy(error));
+    body.once('close', () => {
+      if (!body.readableEnded) copy.destroy(new SandboxError('ABORTED', 'the client stopped sending the body before its end'));
+    });
+    return copy;
+  }
   if (body === undefined || body === null) return Readable.from([]);
   throw new SandboxError('INVALID_ARGUMENT', 'the body must be raw bytes', {
     details: { field: 'content-type' },
     hint: 'Send the bytes with Content-Type: application/octet-stream.',
   });
+}
+
+/**
+ * An upload the route stopped reading is drained (up to a bound) and the connection closed after
+ * the answer: otherwise the client, still sending, sees a reset instead of the error.
+ */
+function drainUnread(body: unknown, reply: FastifyReply): void {
+  if (!(body instanceof Readable) || body.readableEnded || body.destroyed) return;
+  if ((body as Readable & { complete?: boolean }).complete === true) return;
+  body.unpipe();
+  reply.header('connection', 'close');
+  let left = DRAIN_LIMIT_BYTES;
+  body.on('data', (chunk: Buffer) => {
+    left -= chunk.length;
+    if (left < 0) body.destroy();
+  });
+  body.resume();
 }
 
 function requestSignal(reply: FastifyReply, closeSignal: AbortSignal): AbortSignal {

@@ -236,6 +236,49 @@ describe('files over HTTP', () => {
     expect(actual.digest('hex')).toBe(expected.digest('hex'));
   });
 
+  it('bounds an upload by the sandbox file-size limit, leaving no partial file', async () => {
+    const s = await create({ spec: { limits: { fileSizeBytes: 1024 * 1024 } } });
+    const r = await t.json('PUT', `/v1/sandboxes/${s.sandboxId}/files?path=big.bin`, { raw: Buffer.alloc(3 * 1024 * 1024) });
+    expect(r.status, JSON.stringify(r.body)).toBe(413);
+    expectError(r.body, 'FILE_TOO_LARGE');
+    expectError((await t.json('GET', `/v1/sandboxes/${s.sandboxId}/files/stat?path=big.bin`)).body, 'FILE_NOT_FOUND');
+  });
+
+  it('leaves no file behind when the client gives up mid-upload', async () => {
+    const s = await create();
+    const controller = new AbortController();
+    let sent = 0;
+    const upload = new ReadableStream<Uint8Array>({
+      async pull(stream) {
+        if (sent === 4) {
+          controller.abort();
+          return;
+        }
+        sent++;
+        stream.enqueue(new Uint8Array(512 * 1024));
+        await Promise.resolve();
+      },
+    });
+    await expect(
+      fetch(`${t.url}/v1/sandboxes/${s.sandboxId}/files?path=partial.bin`, {
+        method: 'PUT',
+        headers: { authorization: `Bearer ${t.apiKey}`, 'content-type': 'application/octet-stream' },
+        body: upload,
+        duplex: 'half',
+        signal: controller.signal,
+      }),
+    ).rejects.toThrow();
+    await waitFor(async () => {
+      const r = await t.json<{ code?: string }>('GET', `/v1/sandboxes/${s.sandboxId}/files/stat?path=partial.bin`);
+      return r.body.code === 'FILE_NOT_FOUND' ? true : undefined;
+    }, { timeoutMs: 10_000, what: 'no partial file' });
+    // The file service removes its temporary upload file too.
+    await waitFor(async () => {
+      const listed = await t.json<{ entries: { name: string }[] }>('GET', `/v1/sandboxes/${s.sandboxId}/files/list?path=/workspace`);
+      return listed.body.entries.length === 0 ? true : undefined;
+    }, { timeoutMs: 10_000, what: 'the temporary upload file to be removed' });
+  });
+
   it('lists, stats, makes directories, moves, removes, and names missing files', async () => {
     const s = await create();
     const base = `/v1/sandboxes/${s.sandboxId}/files`;
