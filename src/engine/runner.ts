@@ -86,6 +86,8 @@ export class Runner {
   /** Releases the workspace volume when no sandbox of this data dir is left on it. */
   async close(): Promise<void> {
     await this.pool?.close();
+    // Networked runs leave the egress proxy, its anchor and ready namespaces to their backend.
+    for (const backend of this.backends.values()) await backend.close?.();
     await this.host.volume.releaseIfIdle();
   }
 

@@ -404,6 +404,7 @@ export class SandboxManager implements SandboxEngine {
     const live = [...this.sandboxes.values()].filter((e) => LIVE_STATES.has(e.info.state));
     await Promise.all(live.map((e) => this.end(e, 'killed', 'server shut down')));
     await Promise.all([...this.sandboxes.values()].flatMap((e) => (e.ending ? [e.ending] : [])));
+    for (const backend of this.backends.values()) await backend.close?.();
     await this.host?.volume.releaseIfIdle();
   }
 

@@ -2,6 +2,7 @@ import { isSandboxError, SandboxError } from '../errors/index.js';
 import type { BackendSandbox, ExecRequest, SandboxCounters } from '../backends/backend.js';
 import type { AgentProcess } from '../backends/agent/index.js';
 import { classifyLimit, memoryWarningMessage } from './classify.js';
+import { egressLimitHit } from './network-limit.js';
 import { OutputBuffer } from './output-buffer.js';
 import { diagnose, TailBuffer, type ExecResult, type Warning } from './result.js';
 
@@ -122,9 +123,9 @@ export async function superviseExec(
     usage,
     warnings,
   };
-  const limit = classifyLimit({
-    limits, timeoutMs, timedOut, durationMs, exitCode: exit.exitCode, signal: exit.signal, before, after, diskUsedBytes,
-  });
+  const limit =
+    classifyLimit({ limits, timeoutMs, timedOut, durationMs, exitCode: exit.exitCode, signal: exit.signal, before, after, diskUsedBytes }) ??
+    egressLimitHit(before, after, sandbox.spec.network.maxConnections, exit.exitCode !== 0);
   const done = (result: ExecResult): ExecResult => {
     const diagnostic = diagnose(result, request, stderrTail.lines());
     return diagnostic === undefined ? result : { ...result, diagnostic };
