@@ -149,8 +149,13 @@ describe('E2B wire protocol', () => {
       // My token does not open their sandbox.
       const health = await fetch(`${server.url}/health`, { headers: envd({ ...theirs, envdAccessToken: mine.envdAccessToken }) });
       expect(health.status).toBe(502);
+      // Without an E2B key the caller is not an E2B client: Capsule's error shape.
       const noKey = await fetch(`${server.url}/v2/sandboxes`, { method: 'GET' });
-      expect([noKey.status, await noKey.json()]).toEqual([401, { code: 401, message: expect.stringContaining('no API key') as unknown }]);
+      expect([noKey.status, await noKey.json()]).toEqual([401, expect.objectContaining({ code: 'UNAUTHENTICATED', requestId: expect.any(String) as unknown }) as unknown]);
+      const capKey = await fetch(`${server.url}/v2/sandboxes`, { headers: { 'x-api-key': server.apiKey } });
+      expect(capKey.status).toBe(401);
+      const unsigned = await fetch(`${server.url}/files?path=a.txt`);
+      expect([unsigned.status, ((await unsigned.json()) as { code: string }).code]).toEqual([404, 'NOT_FOUND']);
     } finally {
       expect(await kill(mine.sandboxID)).toBe(204);
       expect(await kill(theirs.sandboxID, otherKey)).toBe(204);

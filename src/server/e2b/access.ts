@@ -9,20 +9,29 @@ import { ConnectError } from './connect-protocol.js';
 const E2B_KEY = /^e2b_([0-9a-f]{40})$/;
 
 /**
+ * Whether a control-plane call comes from an E2B client: E2B's SDKs always send
+ * `X-API-KEY: e2b_…` (they refuse to run without a key). Only such calls get E2B's error shape;
+ * anything else that reaches these paths is answered in Capsule's.
+ */
+export function isE2bCaller(request: FastifyRequest): boolean {
+  const header = request.headers['x-api-key'];
+  return typeof header === 'string' && header.trim().startsWith('e2b_');
+}
+
+/**
  * The tenant of a control-plane call. E2B's SDK sends `X-API-KEY: e2b_<hex>`; Capsule keys are
  * `cap_<hex>`, so an E2B key is a Capsule key under E2B's prefix (the store is unchanged, and a
  * tenant's E2B key is minted with `POST /v1/keys` like any other).
  */
 export function e2bPrincipal(request: FastifyRequest, keys: ApiKeyStore): Principal {
   const header = request.headers['x-api-key'];
-  const presented = typeof header === 'string' ? header.trim() : undefined;
-  if (!presented) {
-    throw new SandboxError('UNAUTHENTICATED', 'no API key was sent', {
+  const match = E2B_KEY.exec(typeof header === 'string' ? header.trim() : '');
+  if (!match) {
+    throw new SandboxError('UNAUTHENTICATED', 'the E2B API takes an E2B key in X-API-KEY', {
       hint: 'Set E2B_API_KEY to e2b_ followed by the 40 hex digits of a Capsule key (cap_<hex> → e2b_<hex>).',
     });
   }
-  const match = E2B_KEY.exec(presented);
-  const record = keys.verify(match ? `cap_${match[1]}` : presented);
+  const record = keys.verify(`cap_${match[1]}`);
   if (!record) {
     throw new SandboxError('UNAUTHENTICATED', 'the API key is not valid', {
       hint: 'Use e2b_ followed by the 40 hex digits of a Capsule key (cap_<hex> → e2b_<hex>).',

@@ -5,7 +5,8 @@ import type { CreateSandboxCommand, SandboxInfo, SandboxState } from '../../engi
 import type { SandboxSpecInput } from '../../spec/index.js';
 import { AuditTrail } from '../audit-trail.js';
 import type { Principal } from '../auth.js';
-import { e2bPrincipal } from './access.js';
+import { sendError } from '../errors.js';
+import { e2bPrincipal, isE2bCaller } from './access.js';
 import { ENVD_VERSION, lenientJson, type E2bContext, type E2bEngine } from './deps.js';
 import { E2B_HOME, E2B_USER } from './paths.js';
 
@@ -31,8 +32,9 @@ const ConnectBody = z.object({ timeout: z.number().int().positive().optional() }
 const TimeoutBody = z.object({ timeout: z.number().int().min(0) }).loose();
 const RefreshBody = z.object({ duration: z.number().int().min(0).optional() }).loose();
 
-/** Errors as E2B's API sends them: `{ code: <HTTP status>, message }`. */
+/** Errors as E2B's API sends them, `{ code: <HTTP status>, message }`, to E2B clients. */
 function sendE2bError(request: FastifyRequest, reply: FastifyReply, error: unknown): FastifyReply {
+  if (!isE2bCaller(request)) return sendError(request, reply, error);
   const status = isSandboxError(error) ? error.status : (error as { statusCode?: number }).statusCode ?? 500;
   let message = isSandboxError(error) ? [error.message, error.hint].filter(Boolean).join('. ') : 'internal error';
   if (!isSandboxError(error) && status < 500) message = (error as Error).message;

@@ -2,7 +2,8 @@ import { Readable } from 'node:stream';
 import { createGunzip } from 'node:zlib';
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import type { SandboxAccess, SignedQuery } from './access.js';
-import { isSandboxError } from '../../errors/index.js';
+import { SandboxError, isSandboxError } from '../../errors/index.js';
+import { sendError } from '../errors.js';
 import type { FileEntry } from '../../engine/types.js';
 import { audited } from './audit.js';
 import { ConnectError, connectStatus } from './connect-protocol.js';
@@ -48,7 +49,15 @@ export function registerEnvdFilesRest(app: FastifyInstance, ctx: E2bContext, con
     return tokens.verifySignature(request.query, operation, candidates);
   };
 
+  /** Without routing headers only a signed URL is an envd call; anything else has no route here. */
+  const unrouted = (request: FilesRequest, reply: FastifyReply): FastifyReply | undefined => {
+    if (request.headers['e2b-sandbox-port'] !== undefined || request.query.signature !== undefined) return undefined;
+    return sendError(request, reply, new SandboxError('NOT_FOUND', `no route ${request.method} /files`, { hint: 'See GET /openapi.json for the routes.' }));
+  };
+
   const read = async (request: FilesRequest, reply: FastifyReply) => {
+    const answered = unrouted(request, reply);
+    if (answered) return answered;
     try {
       const access = accessOf(request, 'read');
       const stream = await engine.files(access.tenantId, access.sandboxId).read(toSandboxPath(request.query.path));
@@ -59,6 +68,8 @@ export function registerEnvdFilesRest(app: FastifyInstance, ctx: E2bContext, con
   };
 
   const upload = async (request: FilesRequest, reply: FastifyReply) => {
+    const answered = unrouted(request, reply);
+    if (answered) return answered;
     try {
       const access = accessOf(request, 'write');
       const files = engine.files(access.tenantId, access.sandboxId);
