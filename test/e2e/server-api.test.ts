@@ -1,4 +1,5 @@
 import { createHash, randomBytes } from 'node:crypto';
+import { connect } from 'node:net';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { expectNoLeaks } from '../helpers/sandbox.js';
 import { expectError, readNdjson, startTestServer, waitFor, type TestServer } from './server-helpers.js';
@@ -139,6 +140,19 @@ describe('sandboxes over HTTP', () => {
     expectError((await t.json('GET', '/v1/sandboxes?state=sleeping')).body, 'INVALID_ARGUMENT');
     expectError((await t.json('GET', '/v1/sandboxes?cursor=zzz')).body, 'INVALID_ARGUMENT');
     expectError((await t.json('GET', '/v1/nothing')).body, 'NOT_FOUND');
+    expectError((await t.json('GET', '/%zz')).body, 'INVALID_ARGUMENT');
+
+    // A request Node's HTTP parser refuses still gets the error shape.
+    const { port, hostname } = new URL(t.url);
+    const raw = await new Promise<string>((resolve, reject) => {
+      const socket = connect(Number(port), hostname, () => socket.write('GET /healthz HTTP/1.1\r\nHost: x\r\nBad Header\r\n\r\n'));
+      let text = '';
+      socket.on('data', (d: Buffer) => (text += d.toString()));
+      socket.on('end', () => resolve(text));
+      socket.on('error', reject);
+    });
+    expect(raw).toMatch(/^HTTP\/1\.1 400/);
+    expectError(JSON.parse(raw.slice(raw.indexOf('\r\n\r\n') + 4)), 'INVALID_ARGUMENT');
   });
 });
 
