@@ -37,11 +37,14 @@ export function serveCommand(context: CliContext): Command {
       context.stdout.write(`URL: ${server.url}\n`);
       const keyLine =
         server.apiKeySource === 'generated'
-          ? `${server.generatedApiKey} (shown once; keep it)`
+          ? String(server.generatedApiKey)
           : server.apiKeySource === 'env'
             ? '(from CAPSULE_API_KEY)'
             : '(the one printed at the first start; set CAPSULE_API_KEY to use another)';
       context.stdout.write(`API key: ${keyLine}\n`);
+      if (server.apiKeySource === 'generated') {
+        context.stderr.write('capsule: the API key above is shown once (it is stored hashed); keep it, or set CAPSULE_API_KEY\n');
+      }
       await new Promise<void>((resolve) => {
         const stop = () => {
           process.off('SIGTERM', stop);
