@@ -2,6 +2,7 @@ import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { ApiKeyStore } from '../../src/store/index.js';
 import { expectNoLeaks } from '../helpers/sandbox.js';
 import { startE2bServer, type E2bTestServer } from './e2b-harness.js';
+import { waitFor } from './server-helpers.js';
 
 /**
  * The E2B wire protocol below the SDKs, over raw fetch on loopback: header dispatch, Connect
@@ -132,6 +133,35 @@ describe('E2B wire protocol', () => {
       expect([badToken.status, ((await badToken.json()) as { code: string }).code]).toEqual([401, 'unauthenticated']);
       const stream = await start({ ...sbx, envdAccessToken: 'nope' }, 'true');
       expect((await frames(stream)).at(-1)).toEqual([2, { error: { code: 'unauthenticated', message: expect.any(String) as unknown } }]);
+    } finally {
+      await kill(sbx.sandboxID);
+    }
+  });
+
+  it('serves the polled watchers of the Python SDK (CreateWatcher / GetWatcherEvents / RemoveWatcher)', async () => {
+    const sbx = await create();
+    try {
+      const call = async (method: string, body: object) => {
+        const response = await fetch(`${server.url}/filesystem.Filesystem/${method}`, {
+          method: 'POST',
+          headers: { ...envd(sbx), 'content-type': 'application/json' },
+          body: JSON.stringify(body),
+        });
+        return { status: response.status, body: (await response.json()) as Record<string, unknown> };
+      };
+      await call('MakeDir', { path: 'polled' });
+      const created = await call('CreateWatcher', { path: '/home/user/polled', recursive: false });
+      const watcherId = created.body.watcherId as string;
+      expect(watcherId).toMatch(/^w-/);
+      await fetch(`${server.url}/files?path=polled/f.txt`, { method: 'POST', headers: { ...envd(sbx), 'content-type': 'application/octet-stream' }, body: 'x' });
+      const seen = await waitFor(async () => {
+        const polled = await call('GetWatcherEvents', { watcher_id: watcherId });
+        const events = polled.body.events as { name: string; type: string }[];
+        return events.some((e) => e.name === 'f.txt') ? events : undefined;
+      }, { what: 'a polled event for f.txt' });
+      expect(seen).toContainEqual({ name: 'f.txt', type: 'EVENT_TYPE_CREATE' });
+      expect((await call('RemoveWatcher', { watcherId })).status).toBe(200);
+      expect(await call('GetWatcherEvents', { watcherId })).toMatchObject({ status: 404, body: { code: 'not_found' } });
     } finally {
       await kill(sbx.sandboxID);
     }

@@ -1,9 +1,9 @@
-import { posix } from 'node:path';
 import type { FastifyInstance, FastifyRequest } from 'fastify';
-import type { FileEntry, SandboxFiles, WatchEvent } from '../../engine/types.js';
+import type { FileEntry, SandboxFiles } from '../../engine/types.js';
 import { audited } from './audit.js';
-import { ConnectError, readEnvelope, serverStream, unary, unaryBody } from './connect-protocol.js';
+import { readEnvelope, serverStream, unary, unaryBody } from './connect-protocol.js';
 import type { E2bContext, PortConstraint } from './deps.js';
+import { WATCH_EVENT_TYPES, registerEnvdWatchers, watchEventName } from './envd-watchers.js';
 import { E2B_USER, checkUser, toE2bPath, toSandboxPath } from './paths.js';
 
 /** envd's `filesystem.Filesystem` service over the engine's file service. */
@@ -13,14 +13,6 @@ const FILE_TYPES: Record<FileEntry['type'], string> = {
   dir: 'FILE_TYPE_DIRECTORY',
   symlink: 'FILE_TYPE_SYMLINK',
   other: 'FILE_TYPE_UNSPECIFIED',
-};
-
-const EVENT_TYPES: Record<WatchEvent['type'], string> = {
-  create: 'EVENT_TYPE_CREATE',
-  write: 'EVENT_TYPE_WRITE',
-  remove: 'EVENT_TYPE_REMOVE',
-  rename: 'EVENT_TYPE_RENAME',
-  chmod: 'EVENT_TYPE_CHMOD',
 };
 
 /** `-rw-r--r--` from the type and permission bits, as Go's fs.FileMode prints them. */
@@ -102,27 +94,20 @@ export function registerEnvdFilesystem(app: FastifyInstance, ctx: E2bContext, co
     }),
   );
 
-  app.post('/filesystem.Filesystem/WatchDir', { constraints }, (request, reply) => {
-    const controller = new AbortController();
-    ctx.closeSignal?.addEventListener('abort', () => controller.abort(), { once: true });
-    return serverStream(request, reply, { keepalive: { keepalive: {} }, controller }, async function* (signal) {
+  app.post('/filesystem.Filesystem/WatchDir', { constraints }, (request, reply) =>
+    serverStream(request, reply, { keepalive: { keepalive: {} }, controller: new AbortController() }, async function* (clientGone) {
       const files = filesOf(request);
       const message = await readEnvelope(request);
       const root = toSandboxPath(message.path);
+      // A watch never ends by itself: it ends with the client, or when the server closes.
+      const signal = ctx.closeSignal ? AbortSignal.any([clientGone, ctx.closeSignal]) : clientGone;
       const watch = files.watch(root, { recursive: message.recursive === true, signal });
       // The SDK's watchDir resolves on `start`: changes after it must be reported.
       if ('ready' in watch) await (watch as { ready: Promise<void> }).ready;
       yield { start: {} };
-      for await (const event of watch) {
-        const name = posix.relative(root, event.path) || posix.basename(event.path);
-        yield { filesystem: { name, type: EVENT_TYPES[event.type] } };
-      }
-    });
-  });
+      for await (const event of watch) yield { filesystem: { name: watchEventName(root, event.path), type: WATCH_EVENT_TYPES[event.type] } };
+    }),
+  );
 
-  for (const method of ['CreateWatcher', 'GetWatcherEvents', 'RemoveWatcher']) {
-    app.post(`/filesystem.Filesystem/${method}`, { constraints }, (request, reply) =>
-      unary(request, reply, () => Promise.reject(new ConnectError('unimplemented', `${method} is not implemented; the JS SDK uses WatchDir`))),
-    );
-  }
+  registerEnvdWatchers(app, ctx, constraints);
 }

@@ -1,0 +1,105 @@
+import { randomBytes } from 'node:crypto';
+import { posix } from 'node:path';
+import type { FastifyInstance } from 'fastify';
+import type { WatchEvent } from '../../engine/types.js';
+import type { SandboxAccess } from './access.js';
+import { ConnectError, unary, unaryBody } from './connect-protocol.js';
+import type { E2bContext, PortConstraint } from './deps.js';
+import { checkUser, toSandboxPath } from './paths.js';
+
+/**
+ * envd's polled watchers (CreateWatcher / GetWatcherEvents / RemoveWatcher), which E2B's
+ * synchronous Python SDK uses instead of the WatchDir stream. Each is the engine's watch with
+ * its events queued until the next poll.
+ */
+
+/** Events kept per watcher between polls; past it the oldest are dropped. */
+const MAX_QUEUED_EVENTS = 10_000;
+const MAX_WATCHERS = 1000;
+
+interface Watcher {
+  access: SandboxAccess;
+  events: object[];
+  controller: AbortController;
+  failure?: Error;
+}
+
+export const WATCH_EVENT_TYPES: Record<WatchEvent['type'], string> = {
+  create: 'EVENT_TYPE_CREATE',
+  write: 'EVENT_TYPE_WRITE',
+  remove: 'EVENT_TYPE_REMOVE',
+  rename: 'EVENT_TYPE_RENAME',
+  chmod: 'EVENT_TYPE_CHMOD',
+};
+
+/** The event name envd reports: the path relative to the watched directory. */
+export function watchEventName(root: string, path: string): string {
+  return posix.relative(root, path) || posix.basename(path);
+}
+
+export function registerEnvdWatchers(app: FastifyInstance, ctx: E2bContext, constraints: PortConstraint): void {
+  const { engine, tokens } = ctx;
+  const watchers = new Map<string, Watcher>();
+  ctx.closeSignal?.addEventListener('abort', () => {
+    for (const watcher of watchers.values()) watcher.controller.abort();
+    watchers.clear();
+  }, { once: true });
+
+  const watcherOf = (access: SandboxAccess, body: Record<string, unknown>): [string, Watcher] => {
+    const id = body.watcherId ?? body.watcher_id;
+    const watcher = typeof id === 'string' ? watchers.get(id) : undefined;
+    if (!watcher || watcher.access.sandboxId !== access.sandboxId || watcher.access.tenantId !== access.tenantId) {
+      throw new ConnectError('not_found', `watcher ${String(id)} not found in this sandbox`);
+    }
+    return [id as string, watcher];
+  };
+
+  app.post('/filesystem.Filesystem/CreateWatcher', { constraints }, (request, reply) =>
+    unary(request, reply, async () => {
+      const access = tokens.verify(request);
+      checkUser(request);
+      for (const [id, ended] of watchers) if (ended.failure !== undefined && watchers.size >= MAX_WATCHERS) watchers.delete(id);
+      if (watchers.size >= MAX_WATCHERS) throw new ConnectError('resource_exhausted', `at most ${MAX_WATCHERS} watchers at once; remove some with RemoveWatcher`);
+      const body = unaryBody(request);
+      const root = toSandboxPath(body.path);
+      const watcher: Watcher = { access, events: [], controller: new AbortController() };
+      const watch = engine.files(access.tenantId, access.sandboxId).watch(root, { recursive: body.recursive === true, signal: watcher.controller.signal });
+      if ('ready' in watch) await (watch as { ready: Promise<void> }).ready;
+      const id = `w-${randomBytes(8).toString('hex')}`;
+      watchers.set(id, watcher);
+      void (async () => {
+        try {
+          for await (const event of watch) {
+            watcher.events.push({ name: watchEventName(root, event.path), type: WATCH_EVENT_TYPES[event.type] });
+            if (watcher.events.length > MAX_QUEUED_EVENTS) watcher.events.shift();
+          }
+          watcher.failure = new ConnectError('not_found', 'the watcher ended: the sandbox stopped or the directory went away');
+        } catch (error) {
+          watcher.failure = error instanceof Error ? error : new Error(String(error));
+        }
+      })();
+      return { watcherId: id };
+    }),
+  );
+
+  app.post('/filesystem.Filesystem/GetWatcherEvents', { constraints }, (request, reply) =>
+    unary(request, reply, () => {
+      const [id, watcher] = watcherOf(tokens.verify(request), unaryBody(request));
+      const events = watcher.events.splice(0);
+      if (events.length === 0 && watcher.failure !== undefined) {
+        watchers.delete(id);
+        throw watcher.failure;
+      }
+      return { events };
+    }),
+  );
+
+  app.post('/filesystem.Filesystem/RemoveWatcher', { constraints }, (request, reply) =>
+    unary(request, reply, () => {
+      const [id, watcher] = watcherOf(tokens.verify(request), unaryBody(request));
+      watcher.controller.abort();
+      watchers.delete(id);
+      return {};
+    }),
+  );
+}
