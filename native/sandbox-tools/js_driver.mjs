@@ -1,11 +1,12 @@
 // Capsule's JavaScript interpreter driver: one persistent REPL context, driven over NDJSON.
 //
-// Runs inside the sandbox, started by the host through the agent as
-//   sh -c 'exec node /.capsule/js_driver.mjs "$@" 3>&1 1>&2' js --context ID
-// so that the protocol owns fd 3 (the agent's stdout pipe) and anything written to fd 1 or 2 by
-// code we do not control (a child process with inherited stdio) arrives on the agent's stderr.
+// Runs inside the sandbox, started by the host through the agent (a small python3 parent puts it
+// in its own process group, see src/engine/interpreter/driver.ts) as
+//   node /.capsule/js_driver.mjs --context ID   with fd 3 = the agent's stdout, fds 1, 2 = its stderr
+// so that the protocol owns fd 3 and anything written to fd 1 or 2 by code we do not control (a
+// child process with inherited stdio) arrives on the agent's stderr.
 //
-//   stdin  (host -> driver): {"id", "op": "execute", "code", "envVars"?}, {"op": "interrupt"},
+//   stdin  (host -> driver): {"id", "op": "execute", "code", "envVars"?}, {"op": "interrupt", "id"?},
 //                            {"op": "shutdown"}   ("restart" is done by the host: a new driver)
 //   fd 3   (driver -> host): {"type": "ready"}, {"type": "fatal", "message"}, and per execution
 //                            (with its "id"): stdout, stderr, result, error, executionCount, end.
@@ -76,10 +77,11 @@ const server = repl.start({
 Object.defineProperty(server.context, 'console', { value: console, writable: true, configurable: true });
 server.on('exit', () => undefined); // `.exit` is never typed here; the host ends the driver
 
-// SIGINT while an await is pending (or while idle) abandons the execution. While the REPL runs
-// code synchronously this handler is removed: with a JS handler present, vm's breakOnSigint
-// watchdog does not break the loop.
-const onSigint = () => abandon?.(interrupted());
+// SIGINT breaks synchronous code (the REPL's breakOnSigint watchdog); the host sends it only
+// while the driver does not answer. Outside the code it must not end the driver, so a listener
+// ignores it; while the REPL runs code the listener is removed (with one present, the watchdog
+// lets the signal end the process). A pending await is abandoned by the interrupt request.
+const onSigint = () => undefined;
 process.on('SIGINT', onSigint);
 // The REPL runs its evaluator inside a domain and sends thrown errors (sync or from the awaited
 // promise) to the domain instead of the callback: take them from there first.
@@ -111,7 +113,7 @@ function evaluate(code, id) {
 
 function describeError(error) {
   if (error instanceof repl.Recoverable) error = error.err; // incomplete input is a syntax error here
-  if (error?.code === 'ERR_SCRIPT_EXECUTION_INTERRUPTED') return interrupted().error && describeError(interrupted().error);
+  if (error?.code === 'ERR_SCRIPT_EXECUTION_INTERRUPTED') error = interrupted().error; // SIGINT broke sync code
   if (error !== null && typeof error === 'object' && 'message' in error) {
     const name = String(error.name ?? 'Error');
     return { name, value: String(error.message), traceback: userFrames(String(error.stack ?? `${name}: ${error.message}`)) };
@@ -207,7 +209,10 @@ process.stdin.on('data', (chunk) => {
       emit({ type: 'fatal', message: `bad request line: ${error.message}` });
       continue;
     }
-    if (request.op === 'interrupt') abandon?.(interrupted());
+    if (request.op === 'interrupt') {
+      // A late request for an execution that already ended must not end the next one.
+      if (request.id === undefined || request.id === currentId) abandon?.(interrupted());
+    }
     else if (request.op === 'shutdown') process.exit(0); // at once, even while code awaits
     else if (request.op === 'execute') queue.push(request);
     else emit({ type: 'fatal', message: `unknown op ${JSON.stringify(request.op)}` });

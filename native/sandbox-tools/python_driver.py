@@ -8,7 +8,7 @@ Runs inside the sandbox, started by the host through the agent:
 It starts an ipykernel (jupyter_client KernelManager, TCP on the sandbox's own loopback) and
 speaks one JSON object per line:
 
-  stdin  (host -> driver): {"id", "op": "execute", "code", "envVars"?}, {"op": "interrupt"},
+  stdin  (host -> driver): {"id", "op": "execute", "code", "envVars"?}, {"op": "interrupt", "id"?},
                            {"op": "restart"}, {"op": "shutdown"}
   stdout (driver -> host): {"type": "ready"}, {"type": "restarted"}, {"type": "fatal", "message"},
                            and per execution (with its "id"): stdout, stderr, result, error,
@@ -293,7 +293,7 @@ class Driver:
             control = self.take_control()
             if control is not None:
                 op = control["op"]
-                if op == "interrupt":
+                if op == "interrupt" and control.get("id") in (None, rid):
                     self.km.interrupt_kernel()
                 elif op == "restart":
                     self.restart_and_report()

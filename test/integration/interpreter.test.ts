@@ -258,7 +258,8 @@ describe('javascript and typescript contexts', () => {
       onStdout: () => controller.abort(),
     });
     await expect(aborted).rejects.toSatisfy((e) => isSandboxError(e, 'ABORTED'));
-    expect((await interpreters.runCode('kept', { contextId: id })).results[0]?.text).toBe('1');
+    const kept = await interpreters.runCode('kept', { contextId: id });
+    expect(kept.results[0]?.text, describeExecution(shared.sandbox(), kept)).toBe('1');
 
     let markStarted = (): void => undefined;
     const started = new Promise<void>((resolve) => (markStarted = resolve));

@@ -47,7 +47,10 @@ describe('interpreter driver protocol', () => {
 
   it('starts drivers from the read-only tools directory', () => {
     expect(driverArgv('python', 'py-1', '/workspace')).toEqual(['python3', '/.capsule/python_driver.py', '--context', 'py-1', '--cwd', '/workspace']);
-    expect(driverArgv('ts', 'ts-1', '/tmp')).toEqual(['/bin/sh', '-c', 'exec node /.capsule/js_driver.mjs "$@" 3>&1 1>&2', 'js_driver', '--context', 'ts-1']);
+    const js = driverArgv('ts', 'ts-1', '/tmp');
+    expect([js[0], js[1], ...js.slice(3)]).toEqual(['python3', '-c', '--context', 'ts-1']);
+    expect(js[2]).toContain('os.setpgid(0, 0)');
+    expect(js[2]).toContain('"/.capsule/js_driver.mjs"');
   });
 
   it('names the context, the limit and what to do in limit messages', () => {

@@ -9,6 +9,8 @@ import type { ContextInfo, Execution, RunCodeOptions } from './types.js';
 
 /** How long interrupted code has to stop before the driver is killed and the context restarted. */
 export const INTERRUPT_GRACE_MS = 2000;
+/** How long a JavaScript driver has to answer an interrupt request before SIGINT breaks its sync code. */
+const BREAK_SYNC_DELAY_MS = 200;
 const STOP_GRACE_MS = 2000;
 /** How long an unexplained driver exit waits to learn whether the whole sandbox went away. */
 const SANDBOX_LOST_WAIT_MS = 250;
@@ -212,9 +214,11 @@ export class InterpreterContext {
     let aborted = false;
     let escalated = false;
     let graceTimer: NodeJS.Timeout | undefined;
+    let breakTimer: NodeJS.Timeout | undefined;
     const interrupt = (): void => {
       if (graceTimer !== undefined) return;
-      driver.interrupt();
+      driver.interrupt(id);
+      breakTimer = setTimeout(() => driver.breakSync(), BREAK_SYNC_DELAY_MS);
       graceTimer = setTimeout(() => {
         escalated = true;
         void driver.kill();
@@ -236,7 +240,10 @@ export class InterpreterContext {
     }
     const outcome = await settled;
     clearTimeout(timer);
+    clearTimeout(breakTimer);
     clearTimeout(graceTimer);
+    // A SIGINT that reached Node outside the code (a rare race) ended the driver: as if killed.
+    if (graceTimer !== undefined && outcome.how === 'exited' && outcome.exit.signal === 'SIGINT') escalated = true;
     options.signal?.removeEventListener('abort', onAbort);
     this.current = undefined;
     const durationMs = Math.round(performance.now() - started);

@@ -8,14 +8,40 @@ import type { InterpreterLanguage } from './types.js';
 const STDERR_TAIL_CHARS = 4096;
 
 /**
- * The argv that starts a context's driver inside the sandbox. The JavaScript driver gets the
- * protocol on fd 3 and its fds 1 and 2 on the agent's stderr (a constant shell line, no input in it).
+ * Starts Node for a JavaScript context (a constant program; the context id is an argument). The
+ * driver gets the protocol on fd 3 and its fds 1 and 2 on the agent's stderr. Node runs in its own
+ * process group under this small parent that ignores SIGINT: the agent signals the leader's group
+ * and then each process of its session, so a session leader would get every SIGINT twice, and a
+ * second one landing between two executions would end Node or break the next execution.
  */
+const JS_LAUNCHER = `
+import os, signal, sys
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+pid = os.fork()
+if pid == 0:
+    os.setpgid(0, 0)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    os.dup2(1, 3)
+    os.dup2(2, 1)
+    os.execvp("node", ["node", "${TOOLS_DIR}/js_driver.mjs"] + sys.argv[1:])
+while True:
+    try:
+        _, status = os.waitpid(pid, 0)
+        break
+    except InterruptedError:
+        pass
+if os.WIFSIGNALED(status):
+    signal.signal(os.WTERMSIG(status), signal.SIG_DFL)
+    os.kill(os.getpid(), os.WTERMSIG(status))
+sys.exit(os.WEXITSTATUS(status))
+`;
+
+/** The argv that starts a context's driver inside the sandbox. */
 export function driverArgv(language: InterpreterLanguage, contextId: string, cwd: string): string[] {
   if (language === 'python') {
     return ['python3', `${TOOLS_DIR}/python_driver.py`, '--context', contextId, '--cwd', cwd];
   }
-  return ['/bin/sh', '-c', `exec node ${TOOLS_DIR}/js_driver.mjs "$@" 3>&1 1>&2`, 'js_driver', '--context', contextId];
+  return ['python3', '-c', JS_LAUNCHER, '--context', contextId];
 }
 
 export interface DriverStartOptions {
@@ -150,13 +176,21 @@ export class DriverProcess {
     this.process.write(`${JSON.stringify(request)}\n`);
   }
 
-  /** Interrupts running code: the Python driver interrupts its kernel, Node breaks on SIGINT. */
-  interrupt(): void {
+  /** Asks the driver to interrupt: Python interrupts its kernel; Node abandons a pending await. */
+  interrupt(executionId: string): void {
     try {
-      this.send({ op: 'interrupt' });
+      this.send({ op: 'interrupt', id: executionId });
     } catch {
-      return; // already gone: its exit settles whatever ran
+      // already gone: its exit settles whatever ran
     }
+  }
+
+  /**
+   * Node only: SIGINT breaks synchronous code (vm breakOnSigint). Sent only while the driver does
+   * not answer, i.e. its event loop is blocked in the code: outside that, a SIGINT in the instant
+   * before the REPL arms its watchdog would end the driver.
+   */
+  breakSync(): void {
     if (this.language !== 'python') this.process.signal('SIGINT');
   }
 

@@ -7,7 +7,8 @@ import type { Execution, ExecutionError, Result } from './types.js';
 
 export type DriverRequest =
   | { op: 'execute'; id: string; code: string; envVars?: Record<string, string> }
-  | { op: 'interrupt' }
+  /** With `id`, only that execution is interrupted (a late request must not hit the next one). */
+  | { op: 'interrupt'; id?: string }
   | { op: 'restart' }
   | { op: 'shutdown' };
 
