@@ -11,7 +11,8 @@ import { parseSpec, type SandboxSpecInput } from '../../src/spec/index.js';
 import { newSandboxId } from '../../src/engine/ids.js';
 import { isSandboxError } from '../../src/errors/index.js';
 import { InterpreterService, type Execution } from '../../src/engine/interpreter/index.js';
-import { main } from '../../src/cli/main.js';
+import { runCodeCommand } from '../../src/cli/commands/run-code.js';
+import type { CliContext } from '../../src/cli/context.js';
 import { expectNoLeaks, testDataDir } from '../helpers/sandbox.js';
 import { PassThrough } from 'node:stream';
 
@@ -366,8 +367,10 @@ describe('capsule run-code (one-shot)', () => {
     let err = '';
     stdout.on('data', (chunk: Buffer) => (out += chunk.toString()));
     stderr.on('data', (chunk: Buffer) => (err += chunk.toString()));
-    const code = await main(['node', 'capsule', 'run-code', '--data-dir', testDataDir(), ...argv], { stdout, stderr });
-    return { code, stdout: out, stderr: err };
+    // The command itself (main() would also load every other command, the server's included).
+    const context: CliContext = { stdout, stderr, env: {}, exitCode: 0 };
+    await runCodeCommand(context).exitOverride().parseAsync(['node', 'run-code', '--data-dir', testDataDir(), ...argv]);
+    return { code: context.exitCode, stdout: out, stderr: err };
   }
 
   it('prints output and the result, and NDJSON events with --json', async () => {
