@@ -1,9 +1,11 @@
 import type { HostEnvironment } from '../host/host-env.host.js';
 import type { Backend } from './backend.js';
 import { GvisorBackend, type GvisorBackendOptions } from './gvisor/gvisor-backend.host.js';
-import { NamespaceBackend } from './namespace/namespace-backend.host.js';
+import { NamespaceBackend, type NamespaceBackendOptions } from './namespace/namespace-backend.host.js';
 
 export interface BackendRegistryOptions {
+  /** Options of the namespace backend beyond the host (the operator's egress network). */
+  namespace?: Omit<NamespaceBackendOptions, 'host'>;
   /** Options of the gvisor backend beyond the host (debug logs, network namespaces). */
   gvisor?: Omit<GvisorBackendOptions, 'host'>;
 }
@@ -13,5 +15,5 @@ export interface BackendRegistryOptions {
  * whether it is available here and what it enforces; callers refuse specs it cannot honour.
  */
 export function createBackends(host: HostEnvironment, options: BackendRegistryOptions = {}): Backend[] {
-  return [new NamespaceBackend({ host }), new GvisorBackend({ host, ...options.gvisor })];
+  return [new NamespaceBackend({ host, ...options.namespace }), new GvisorBackend({ host, ...options.gvisor })];
 }

@@ -1,5 +1,6 @@
 import { SandboxError } from '../errors/index.js';
-import { DEFAULT_MAXIMA, parseSpec, type OperatorMaxima, type BackendName } from '../spec/index.js';
+import type { z } from 'zod';
+import { DEFAULT_MAXIMA, parseSpec, type OperatorMaxima, type BackendName, type NetworkPolicySchema } from '../spec/index.js';
 import type { Backend, BackendSandbox } from '../backends/backend.js';
 import { createBackends } from '../backends/registry.js';
 import { baseEnv } from '../backends/namespace/bwrap-args.js';
@@ -58,6 +59,9 @@ export interface SandboxManagerOptions {
   /** Builds the file service of a live sandbox (src/engine/files). */
   filesFactory?: (sandbox: BackendSandbox) => SandboxFiles;
 }
+
+/** A network policy as a caller writes it (defaults filled by the spec's schema). */
+export type NetworkPolicyInput = z.input<typeof NetworkPolicySchema>;
 
 const LIVE_STATES: ReadonlySet<SandboxState> = new Set(['starting', 'running', 'paused']);
 /** Ended processes kept per sandbox for late reattach. */
@@ -228,6 +232,26 @@ export class SandboxManager implements SandboxEngine {
   keepAlive(tenantId: string, sandboxId: string): SandboxInfo {
     const entry = this.findLive(tenantId, sandboxId);
     return this.setTimeout(tenantId, sandboxId, Math.min(entry.info.spec.ttlMs, this.maxima.ttlMs));
+  }
+
+  /**
+   * Replaces the network policy of a running sandbox (file and process policy stay fixed): new
+   * connections follow it at once; open ones the new policy would not allow are closed. A sandbox
+   * created with `network.mode: none` has no network to change (BACKEND_CANNOT_ENFORCE).
+   */
+  async setNetworkPolicy(tenantId: string, sandboxId: string, policy: NetworkPolicyInput): Promise<SandboxInfo> {
+    const entry = this.findRunning(tenantId, sandboxId);
+    const spec = parseSpec({ ...entry.info.spec, network: policy }, this.maxima);
+    if (entry.info.spec.network.mode === 'none' || !entry.sandbox?.setNetworkPolicy) {
+      throw new SandboxError('BACKEND_CANNOT_ENFORCE', `sandbox ${sandboxId} was created without a network and cannot gain one`, {
+        details: { sandboxId, backend: entry.info.backend, mode: spec.network.mode },
+        hint: 'Create the sandbox with network.mode "allowlist" (an empty allow list reaches nothing) to change its policy later.',
+      });
+    }
+    await entry.sandbox.setNetworkPolicy(spec.network);
+    entry.info.spec.network = spec.network;
+    this.save(entry);
+    return this.snapshot(entry);
   }
 
   /**

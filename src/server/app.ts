@@ -11,6 +11,8 @@ import { buildOpenApi } from './openapi.js';
 import { TenantQuota } from './quota.js';
 import { defineRoute, registerRoute, type AnyRoute } from './route.js';
 import { fileRoutes } from './routes/files.js';
+import { networkRoutes } from './routes/network.js';
+import { pauseRoutes } from './routes/pause.js';
 import { operatorRoutes } from './routes/operators.js';
 import { processRoutes } from './routes/processes.js';
 import { sandboxRoutes } from './routes/sandboxes.js';
@@ -95,6 +97,8 @@ export class CapsuleApp {
     });
     this.routes = [
       ...sandboxRoutes(this.services),
+      ...pauseRoutes(this.services),
+      ...networkRoutes(this.services),
       ...processRoutes(this.services),
       ...fileRoutes(this.services),
       ...operatorRoutes(this.services),

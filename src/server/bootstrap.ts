@@ -2,6 +2,10 @@ import type { FastifyServerOptions } from 'fastify';
 import { SandboxError } from '../errors/index.js';
 import { createSandboxFiles } from '../engine/files/index.js';
 import { SandboxManager, type EngineEvent } from '../engine/sandbox-manager.js';
+import { createBackends } from '../backends/registry.js';
+import { HostEnvironment } from '../host/host-env.host.js';
+import { EgressNetwork } from '../host/netns-network.host.js';
+import type { EgressEvent } from '../host/egress/egress-proxy.js';
 import type { OperatorMaxima } from '../spec/index.js';
 import { API_KEY_PATTERN, ApiKeyStore, AuditLog, OperationStore, SqliteSandboxRecords, openDatabase, type SqliteDatabase } from '../store/index.js';
 import { CapsuleApp, type CapsuleAppOptions } from './app.js';
@@ -23,6 +27,16 @@ export interface StartServerOptions {
   maxima?: OperatorMaxima;
   /** @default false */
   logger?: FastifyServerOptions['logger'];
+  /**
+   * Operator deny list (`capsule serve --deny`): domains (with their subdomains) and CIDRs no
+   * sandbox may reach, whatever its allow list says. @default []
+   */
+  operatorDeny?: readonly string[];
+  /**
+   * Tests only: the egress proxy resolves names from this map and nothing else (no query leaves
+   * the machine). Not a CLI flag. @default the system resolver
+   */
+  egressHosts?: Readonly<Record<string, readonly string[]>>;
   /** Extra routes (E2B facade, metrics); see CapsuleAppOptions.extensions. */
   extensions?: CapsuleAppOptions['extensions'];
 }
@@ -54,14 +68,30 @@ export async function startServer(options: StartServerOptions): Promise<RunningS
     const audit = new AuditLog(db);
     const { source, generated } = ensureOperatorKey(new ApiKeyStore(db), options.env ?? process.env);
     new OperationStore(db).settleInterrupted('startup');
+    // Sandbox networking with the operator's settings; started only when a sandbox asks for a
+    // network. The broker reads <dataDir>/broker (handles.json, secrets/); docs/api.md.
+    let egressLog = (event: EgressEvent): void => void process.stderr.write(`${JSON.stringify({ egress: event })}\n`);
+    const host = new HostEnvironment({ dataDir: options.dataDir });
+    const network = new EgressNetwork({
+      host,
+      operatorDeny: options.operatorDeny,
+      ...(options.egressHosts ? { hosts: options.egressHosts, hostsOnly: true } : {}),
+      log: (event) => egressLog(event),
+    });
     const engine = await SandboxManager.open({
       dataDir: options.dataDir,
+      backends: createBackends(host, { namespace: { network } }),
       store: records,
       maxima: options.maxima,
       onEvent: (event) => auditEvent(audit, event),
       filesFactory: (sandbox) => createSandboxFiles(sandbox),
     });
     const app = new CapsuleApp({ engine, db, maxSandboxesPerTenant: options.maxSandboxesPerTenant, logger: options.logger, extensions: options.extensions });
+    egressLog = (event) => app.app.log.warn({ egress: event }, 'egress denied');
+    // egress_blocked_total (services.metrics is optional: absent, nothing is counted).
+    network.proxy.onEvent((event) => {
+      if (event.kind === 'blocked') (app.services as { metrics?: { recordEgressBlocked(): void } }).metrics?.recordEgressBlocked();
+    });
     let url: string;
     try {
       url = await app.listen(options.port ?? 7070, options.host ?? '127.0.0.1');

@@ -1,7 +1,7 @@
 import { Command } from 'commander';
 import { DEFAULT_DATA_DIR } from '../../host/host-env.host.js';
 import { startServer } from '../../server/bootstrap.js';
-import { numberOption } from '../options.js';
+import { collect, numberOption } from '../options.js';
 import type { CliContext } from '../context.js';
 
 interface ServeFlags {
@@ -10,6 +10,7 @@ interface ServeFlags {
   dataDir: string;
   maxSandboxes: number;
   logLevel: string;
+  deny?: string[];
 }
 
 /**
@@ -24,7 +25,12 @@ export function serveCommand(context: CliContext): Command {
     .option('--data-dir <dir>', 'Capsule data directory', DEFAULT_DATA_DIR)
     .option('--max-sandboxes <n>', 'concurrent sandboxes per tenant', numberOption('--max-sandboxes'), 20)
     .option('--log-level <level>', 'fatal, error, warn, info, debug', 'info')
-    .addHelpText('after', '\nThe operator key comes from CAPSULE_API_KEY (cap_ + 40 hex); without it one is generated at the first start and printed once.')
+    .option('--deny <domain-or-cidr>', 'operator deny list: no sandbox reaches it, whatever its allow list (repeatable; a domain covers its subdomains; also $CAPSULE_EGRESS_DENY, comma-separated)', collect)
+    .addHelpText(
+      'after',
+      '\nThe operator key comes from CAPSULE_API_KEY (cap_ + 40 hex); without it one is generated at the first start and printed once.' +
+        '\nCredential-broker handles and secrets live in DATA_DIR/broker (handles.json, secrets/NAME, mode 0600); see docs/api.md.',
+    )
     .action(async (flags: ServeFlags) => {
       const server = await startServer({
         dataDir: flags.dataDir,
@@ -32,6 +38,7 @@ export function serveCommand(context: CliContext): Command {
         host: flags.host,
         env: context.env,
         maxSandboxesPerTenant: flags.maxSandboxes,
+        operatorDeny: [...(flags.deny ?? []), ...(context.env.CAPSULE_EGRESS_DENY ?? '').split(',').map((e) => e.trim()).filter((e) => e !== '')],
         logger: { level: flags.logLevel, stream: context.stderr },
       });
       context.stdout.write(`URL: ${server.url}\n`);

@@ -1,0 +1,54 @@
+import { z } from 'zod';
+import { SandboxError } from '../../errors/index.js';
+import type { NetworkPolicyInput } from '../../engine/sandbox-manager.js';
+import type { SandboxEngine, SandboxInfo } from '../../engine/types.js';
+import { NetworkPolicySchema } from '../../spec/index.js';
+import { defineRoute, type AnyRoute } from '../route.js';
+import { ErrorBodySchema, SandboxIdParams, SandboxInfoSchema } from '../schemas.js';
+import { requireSandbox, type ServerServices } from '../services.js';
+
+/** The engine's run-time network change (SandboxManager has it). */
+interface NetworkEngine extends SandboxEngine {
+  setNetworkPolicy?(tenantId: string, sandboxId: string, policy: NetworkPolicyInput): Promise<SandboxInfo>;
+}
+
+/** Any JSON object: the engine validates it with the spec's schema (INVALID_SPEC names the field). */
+const NetworkBody = z.record(z.string(), z.unknown());
+
+/** What the audit log records of a policy change: the whole new policy (handle names, never secrets). */
+export function networkPolicyOf(body: unknown): Record<string, unknown> | null {
+  const parsed = NetworkPolicySchema.safeParse(body ?? {});
+  if (!parsed.success) return null; // the call fails with INVALID_SPEC; nothing is opened
+  const { mode, allow, handles, maxConnections } = parsed.data;
+  return { network: { mode, allow, handles, maxConnections } };
+}
+
+/** `PUT /v1/sandboxes/{id}/network`: replaces a running sandbox's network policy. */
+export function networkRoutes(services: ServerServices): AnyRoute[] {
+  const engine = services.engine as NetworkEngine;
+  return [
+    defineRoute({
+      name: 'sandboxes.setNetwork',
+      method: 'PUT',
+      url: '/v1/sandboxes/:sandboxId/network',
+      summary: 'Replace the network policy of a running sandbox; new connections follow it at once',
+      auth: 'tenant',
+      params: SandboxIdParams,
+      body: NetworkBody,
+      bodyDoc: NetworkPolicySchema,
+      responses: {
+        200: { description: 'The sandbox with its new spec.network', schema: SandboxInfoSchema },
+        404: { description: 'No such sandbox', schema: ErrorBodySchema },
+        409: { description: 'The sandbox is not running (paused or ended)', schema: ErrorBodySchema },
+        422: { description: 'Invalid policy, or a sandbox created without a network (BACKEND_CANNOT_ENFORCE)', schema: ErrorBodySchema },
+      },
+      audit: ({ params, body }) => ({ sandboxId: params.sandboxId, policy: networkPolicyOf(body) }),
+      async handler({ params, body, principal }) {
+        requireSandbox(services, principal.tenantId, params.sandboxId);
+        if (!engine.setNetworkPolicy) throw new SandboxError('UNIMPLEMENTED', 'this engine cannot change network policies');
+        const info = await engine.setNetworkPolicy(principal.tenantId, params.sandboxId, body as NetworkPolicyInput);
+        return { kind: 'json', status: 200, body: info };
+      },
+    }),
+  ];
+}
