@@ -58,6 +58,26 @@ export interface SandboxManagerOptions {
   backends?: Backend[];
   /** Builds the file service of a live sandbox (src/engine/files). */
   filesFactory?: (sandbox: BackendSandbox) => SandboxFiles;
+  /** Observes each process started through `startProcess` (metrics, output logs). Must not throw. */
+  processObserver?: ProcessObserver;
+}
+
+/** Which process a `ProcessObserver` call is about. */
+export interface ObservedProcess {
+  tenantId: string;
+  sandboxId: string;
+  backend: string;
+  pid: number;
+}
+
+/**
+ * Hooks on the processes of `startProcess`: its start, its full output (not capped like the
+ * replayable event log) and its settled result. Called synchronously; errors are the observer's.
+ */
+export interface ProcessObserver {
+  onProcessStart?(process: ObservedProcess): void;
+  onProcessOutput?(process: ObservedProcess, stream: 'stdout' | 'stderr', data: Buffer): void;
+  onExecResult?(process: ObservedProcess, result: ExecResult): void;
 }
 
 /** A network policy as a caller writes it (defaults filled by the spec's schema). */
@@ -89,6 +109,7 @@ export class SandboxManager implements SandboxEngine {
   private readonly now: () => number;
   private readonly onEvent: (event: EngineEvent) => void;
   private readonly filesFactory: ((sandbox: BackendSandbox) => SandboxFiles) | undefined;
+  private readonly observer: ProcessObserver;
   private closed = false;
   private host: HostEnvironment | undefined;
 
@@ -99,6 +120,7 @@ export class SandboxManager implements SandboxEngine {
     this.now = options.now ?? Date.now;
     this.onEvent = options.onEvent ?? (() => undefined);
     this.filesFactory = options.filesFactory;
+    this.observer = options.processObserver ?? {};
   }
 
   /** Prepares the host, reconciles it with the store, and recovers sandboxes a crash left. */
@@ -360,6 +382,7 @@ export class SandboxManager implements SandboxEngine {
       spec.limits,
       settled,
     );
+    const observed = (): ObservedProcess => ({ tenantId, sandboxId, backend: entry.info.backend, pid: managed.pid });
     const result = superviseExec(
       sandbox,
       {
@@ -375,14 +398,23 @@ export class SandboxManager implements SandboxEngine {
           managed.started(agent);
           entry.processes.set(agent.pid, managed);
           this.trimEnded(entry);
+          this.observer.onProcessStart?.(observed());
           resolveStarted?.();
         },
-        onStdout: (chunk) => managed.output('stdout', chunk),
-        onStderr: (chunk) => managed.output('stderr', chunk),
+        onStdout: (chunk) => {
+          managed.output('stdout', chunk);
+          this.observer.onProcessOutput?.(observed(), 'stdout', chunk);
+        },
+        onStderr: (chunk) => {
+          managed.output('stderr', chunk);
+          this.observer.onProcessOutput?.(observed(), 'stderr', chunk);
+        },
         onWarning: (warning) => managed.push({ type: 'warning', warning }),
       },
     );
     settle?.(result);
+    // Observer hook: where a process's result settles (also for programs that never started).
+    void result.then((r) => this.observer.onExecResult?.(observed(), r), () => undefined);
     const outcome = await Promise.race([started.then(() => undefined), result]);
     if (outcome !== undefined && outcome.error?.code === 'EXEC_FAILED') {
       throw new SandboxError('EXEC_FAILED', outcome.error.message, {

@@ -13,9 +13,12 @@ import { defineRoute, registerRoute, type AnyRoute } from './route.js';
 import { fileRoutes } from './routes/files.js';
 import { networkRoutes } from './routes/network.js';
 import { pauseRoutes } from './routes/pause.js';
+import { artifactRoutes } from './routes/artifacts.js';
+import { metricsRoutes, recordRequests } from './routes/metrics.js';
 import { operatorRoutes } from './routes/operators.js';
 import { processRoutes } from './routes/processes.js';
 import { sandboxRoutes } from './routes/sandboxes.js';
+import { usageRoutes } from './routes/usage.js';
 import type { ServerServices } from './services.js';
 
 export const API_VERSION = '0.1.0';
@@ -35,6 +38,8 @@ export interface CapsuleAppOptions {
    * registered, with the same services. They share the error handler and the raw-body parsers.
    */
   extensions?: ((app: FastifyInstance, services: ServerServices) => void)[];
+  /** Metrics, artifacts, usage samples and output logs; each adds its routes when present. */
+  observability?: Pick<ServerServices, 'metrics' | 'artifacts' | 'usage' | 'processLogs'>;
 }
 
 /** A request Node's HTTP parser refused (bad headers, too large): answered on the socket. */
@@ -79,6 +84,7 @@ export class CapsuleApp {
       audit: new AuditLog(options.db, now),
       quota: new TenantQuota(options.maxSandboxesPerTenant ?? 20, (tenantId) => records.countLive(tenantId)),
       closeSignal: this.closeController.signal,
+      ...options.observability,
     };
     this.app = Fastify({
       logger: options.logger ?? false,
@@ -102,6 +108,9 @@ export class CapsuleApp {
       ...processRoutes(this.services),
       ...fileRoutes(this.services),
       ...operatorRoutes(this.services),
+      ...artifactRoutes(this.services),
+      ...usageRoutes(this.services),
+      ...metricsRoutes(this.services),
     ];
     let openapi: object | undefined;
     this.routes.push(
@@ -115,7 +124,6 @@ export class CapsuleApp {
         handler: () => ({ kind: 'json', status: 200, body: (openapi ??= buildOpenApi(this.routes, API_VERSION)) }),
       }),
     );
-    // TODO(metrics): GET /metrics is served by src/metrics/ (loopback only) through `extensions`.
     this.configure();
     for (const extend of options.extensions ?? []) extend(this.app, this.services);
   }
@@ -132,6 +140,7 @@ export class CapsuleApp {
       this.inFlight.add(done);
       void done.then(() => this.inFlight.delete(done));
     });
+    if (this.services.metrics) recordRequests(app, this.services.metrics);
     app.setErrorHandler((error, request, reply) => sendError(request, reply, error));
     app.setNotFoundHandler((request, reply) =>
       sendError(

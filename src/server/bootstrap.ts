@@ -10,6 +10,7 @@ import type { OperatorMaxima } from '../spec/index.js';
 import { API_KEY_PATTERN, ApiKeyStore, AuditLog, OperationStore, SqliteSandboxRecords, openDatabase, type SqliteDatabase } from '../store/index.js';
 import { CapsuleApp, type CapsuleAppOptions } from './app.js';
 import { InstanceLock } from './instance-lock.js';
+import { Observability } from './observability.js';
 
 export interface StartServerOptions {
   /** Capsule's data directory (workspaces, cgroup names, the state database). */
@@ -62,12 +63,15 @@ export interface RunningServer {
 export async function startServer(options: StartServerOptions): Promise<RunningServer> {
   const lock = InstanceLock.acquire(options.dataDir);
   let db: SqliteDatabase | undefined;
+  let observed: Observability | undefined;
   try {
     db = openDatabase(options.databaseDir ?? options.dataDir);
     const records = new SqliteSandboxRecords(db);
     const audit = new AuditLog(db);
     const { source, generated } = ensureOperatorKey(new ApiKeyStore(db), options.env ?? process.env);
     new OperationStore(db).settleInterrupted('startup');
+    // Metrics, usage samples, output logs and the artifact store (docs/operations.md).
+    const observability = (observed = await Observability.open({ dataDir: options.dataDir, records }));
     // Sandbox networking with the operator's settings; started only when a sandbox asks for a
     // network. The broker reads <dataDir>/broker (handles.json, secrets/); docs/api.md.
     let egressLog = (event: EgressEvent): void => void process.stderr.write(`${JSON.stringify({ egress: event })}\n`);
@@ -83,10 +87,15 @@ export async function startServer(options: StartServerOptions): Promise<RunningS
       backends: createBackends(host, { namespace: { network } }),
       store: records,
       maxima: options.maxima,
-      onEvent: (event) => auditEvent(audit, event),
+      onEvent: (event) => {
+        auditEvent(audit, event);
+        observability.onEvent(event);
+      },
+      processObserver: observability.processObserver,
       filesFactory: (sandbox) => createSandboxFiles(sandbox),
     });
-    const app = new CapsuleApp({ engine, db, maxSandboxesPerTenant: options.maxSandboxesPerTenant, logger: options.logger, extensions: options.extensions });
+    const app = new CapsuleApp({ engine, db, maxSandboxesPerTenant: options.maxSandboxesPerTenant, logger: options.logger, extensions: options.extensions, observability: observability.services });
+    observability.attach(engine);
     egressLog = (event) => app.app.log.warn({ egress: event }, 'egress denied');
     // egress_blocked_total (services.metrics is optional: absent, nothing is counted).
     network.proxy.onEvent((event) => {
@@ -111,6 +120,7 @@ export async function startServer(options: StartServerOptions): Promise<RunningS
         (closing ??= (async () => {
           try {
             await app.close();
+            await observability.close();
             app.app.log.info({ auditHead: audit.head() }, 'capsule server stopped');
           } finally {
             db?.close();
@@ -119,6 +129,7 @@ export async function startServer(options: StartServerOptions): Promise<RunningS
         })()),
     };
   } catch (error) {
+    await observed?.close().catch(() => undefined);
     if (db?.open) db.close();
     lock.release();
     throw error;

@@ -82,6 +82,8 @@ export const StartProcessBody = z.strictObject({
   background: z.boolean().optional(),
   tag: z.string().max(256).optional(),
   pty: z.strictObject({ cols: z.number().int().min(1).max(1000), rows: z.number().int().min(1).max(1000) }).optional(),
+  /** After the exit, collect this directory: the foreground exit result carries `artifacts`. */
+  collectArtifacts: z.strictObject({ dir: z.string().min(1).max(MAX_PATH_LENGTH).optional() }).optional(),
 });
 
 export const SIGNALS = ['SIGTERM', 'SIGKILL', 'SIGINT', 'SIGHUP', 'SIGQUIT', 'SIGUSR1', 'SIGUSR2', 'SIGSTOP', 'SIGCONT', 'SIGWINCH'] as const;
@@ -120,6 +122,11 @@ export const ExecResultSchema = z.object({
   limit: LimitHitSchema.optional(),
   warnings: z.array(WarningSchema),
   error: z.object({ code: z.string(), message: z.string() }).optional(),
+  /** With `collectArtifacts`: the references collected after the exit (see POST .../artifacts). */
+  artifacts: z.array(z.record(z.string(), z.unknown())).optional(),
+  artifactsTruncated: z.boolean().optional(),
+  /** With `collectArtifacts`: why the collection failed (the exec's own outcome stands). */
+  artifactsError: z.object({ code: z.string(), message: z.string() }).optional(),
 });
 
 /** One NDJSON line of a process stream; stdout/stderr data is base64. */

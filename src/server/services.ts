@@ -1,4 +1,8 @@
 import type { SandboxEngine, SandboxInfo } from '../engine/types.js';
+import type { UsageSampler } from '../engine/usage-sampler.js';
+import type { CapsuleMetrics } from '../metrics/metrics.js';
+import type { ArtifactStore } from '../store/artifacts/index.js';
+import type { ProcessLogs } from './process-logs.js';
 import { SandboxError } from '../errors/index.js';
 import type { ApiKeyStore, AuditLog, OperationStore, SqliteSandboxRecords } from '../store/index.js';
 import type { TenantQuota } from './quota.js';
@@ -12,6 +16,14 @@ export interface ServerServices {
   audit: AuditLog;
   quota: TenantQuota;
   closeSignal: AbortSignal;
+  /** Prometheus metrics (GET /metrics); record at the seams, e.g. `metrics.recordEgressBlocked()`. */
+  metrics?: CapsuleMetrics;
+  /** Where collected artifacts go (/v1/artifacts). */
+  artifacts?: ArtifactStore;
+  /** Per-sandbox usage over time (GET /v1/sandboxes/{id}/metrics). */
+  usage?: UsageSampler;
+  /** Full output of processes (GET /v1/sandboxes/{id}/processes/{pid}/log). */
+  processLogs?: ProcessLogs;
 }
 
 /** The tenant's record of a sandbox; a foreign or unknown id is SANDBOX_NOT_FOUND (never 403). */

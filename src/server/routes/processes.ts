@@ -13,6 +13,19 @@ import {
   StartProcessBody,
 } from '../schemas.js';
 import { requireSandbox, type ServerServices } from '../services.js';
+import { checkCollectOptions } from '../../engine/artifacts.js';
+import { collectFor } from './artifacts.js';
+
+/** The artifacts of a foreground exec; a failed collection is reported beside the exec's result. */
+async function collectAfterExit(services: ServerServices, tenantId: string, sandboxId: string, dir: string | undefined): Promise<object> {
+  try {
+    const { artifacts, truncated } = await collectFor(services, tenantId, sandboxId, { dir });
+    return { artifacts, artifactsTruncated: truncated };
+  } catch (error) {
+    const wire = error instanceof SandboxError ? error : new SandboxError('INTERNAL', (error as Error).message);
+    return { artifacts: [], artifactsError: { code: wire.code, message: wire.message } };
+  }
+}
 
 /** Bytes one stdin request may carry (the agent buffers what the process has not read yet). */
 export const MAX_STDIN_BYTES = 8 * 1024 * 1024;
@@ -50,7 +63,8 @@ export function processRoutes(services: ServerServices): AnyRoute[] {
       audit: ({ params, body }) => ({ sandboxId: params.sandboxId, subject: JSON.stringify(body.argv) }),
       async handler({ params, body, principal, signal }) {
         requireSandbox(services, principal.tenantId, params.sandboxId);
-        const { background, ...command } = body;
+        const { background, collectArtifacts, ...command } = body;
+        if (collectArtifacts) checkCollectOptions(collectArtifacts);
         const handle = await engine.startProcess(principal.tenantId, params.sandboxId, command);
         if (background === true) return { kind: 'json', status: 201, body: { pid: handle.pid } };
         // The process outlives a client that goes away (docs/decisions/002): it can reattach by pid.
@@ -58,7 +72,10 @@ export function processRoutes(services: ServerServices): AnyRoute[] {
           kind: 'ndjson',
           status: 200,
           events: wireEvents(handle.events(signal)),
-          final: handle.result.then((result) => ({ type: 'exit', result })),
+          final: handle.result.then(async (result) => ({
+            type: 'exit',
+            result: collectArtifacts ? { ...result, ...(await collectAfterExit(services, principal.tenantId, params.sandboxId, collectArtifacts.dir)) } : result,
+          })),
         };
       },
     }),

@@ -1,0 +1,125 @@
+import { readdir } from 'node:fs/promises';
+import { join } from 'node:path';
+import { DEFAULT_OUTPUT_LOG_BYTES, OutputLogWriter, removeOutputLogs, type OutputStream } from '../engine/output-log.js';
+import type { ObservedProcess } from '../engine/sandbox-manager.js';
+
+interface OpenLog {
+  /** Settles with the writer, or undefined when it could not be opened (counted in `failures`). */
+  writer: Promise<OutputLogWriter | undefined>;
+}
+
+/**
+ * The full output of every process, written to `<dataDir>/logs/<sandboxId>/<pid>.ndjson`
+ * (bounded per process, see OutputLogWriter) from the engine's process observer. A log that
+ * cannot be written is counted and reported on stderr, never silently dropped.
+ */
+export class ProcessLogs {
+  private readonly open = new Map<string, OpenLog>();
+  private readonly pending = new Set<Promise<unknown>>();
+  /** Sandboxes that ended, and when their logs go. */
+  private readonly removals = new Map<string, number>();
+  failures = 0;
+
+  /** `retentionMs`: how long the logs of an ended sandbox are kept. @default 1 hour */
+  constructor(
+    readonly dataDir: string,
+    private readonly options: { maxBytes?: number; retentionMs?: number; now?: () => number } = {},
+  ) {}
+
+  /** The sandbox ended: its logs are removed by the sweep after the retention. */
+  sandboxEnded(sandboxId: string): void {
+    const now = this.options.now ?? Date.now;
+    this.removals.set(sandboxId, now() + (this.options.retentionMs ?? 60 * 60 * 1000));
+  }
+
+  /** Removes the logs whose retention ended; returns how many sandboxes' logs went. */
+  async sweep(nowMs: number = (this.options.now ?? Date.now)()): Promise<number> {
+    let removed = 0;
+    for (const [sandboxId, due] of this.removals) {
+      if (due > nowMs) continue;
+      this.removals.delete(sandboxId);
+      await this.remove(sandboxId);
+      removed++;
+    }
+    return removed;
+  }
+
+  /** At start: logs of sandboxes that are no longer live belong to a previous run; they go. */
+  async removeAllExcept(liveIds: ReadonlySet<string>): Promise<void> {
+    const names = await readdir(join(this.dataDir, 'logs')).catch(() => [] as string[]);
+    for (const name of names) if (!liveIds.has(name)) await this.remove(name).catch(() => undefined);
+  }
+
+  started(process: ObservedProcess): void {
+    this.logOf(process);
+  }
+
+  output(process: ObservedProcess, stream: OutputStream, data: Buffer): void {
+    const log = this.logOf(process);
+    // OutputLogWriter queues writes in order; only the open is awaited here.
+    void log.writer.then((writer) => writer?.write(stream, data));
+  }
+
+  /** The process ended: flush and close its log. */
+  ended(process: ObservedProcess): void {
+    const key = keyOf(process);
+    const log = this.open.get(key);
+    if (!log) return;
+    this.open.delete(key);
+    this.track(
+      log.writer.then((writer) => writer?.close()).catch((error: unknown) => this.fail(process, error)),
+    );
+  }
+
+  /** Waits for queued writes (a reader wants the whole log so far). */
+  async flushed(): Promise<void> {
+    await Promise.all([...this.pending]);
+  }
+
+  /** Removes every log of a sandbox once its processes' logs are closed. */
+  async remove(sandboxId: string): Promise<void> {
+    await this.flushed();
+    await removeOutputLogs(this.dataDir, sandboxId);
+  }
+
+  async close(): Promise<void> {
+    for (const [key, log] of this.open) {
+      this.open.delete(key);
+      this.track(log.writer.then((writer) => writer?.close()).catch(() => undefined));
+    }
+    await this.flushed();
+  }
+
+  private logOf(process: ObservedProcess): OpenLog {
+    const key = keyOf(process);
+    let log = this.open.get(key);
+    if (!log) {
+      const writer = OutputLogWriter.open({ dataDir: this.dataDir, sandboxId: process.sandboxId, pid: process.pid, maxBytes: this.options.maxBytes ?? DEFAULT_OUTPUT_LOG_BYTES }).catch((error: unknown) => {
+        this.fail(process, error);
+        return undefined;
+      });
+      log = { writer };
+      this.open.set(key, log);
+      this.track(writer);
+    }
+    return log;
+  }
+
+  private track(promise: Promise<unknown>): void {
+    this.pending.add(promise);
+    void promise.finally(() => this.pending.delete(promise));
+  }
+
+  private fail(process: ObservedProcess, error: unknown): void {
+    this.failures++;
+    writeStderr(`capsule: output log of process ${process.pid} in ${process.sandboxId} failed: ${(error as Error).message}\n`);
+  }
+}
+
+function keyOf(process: ObservedProcess): string {
+  return `${process.sandboxId}/${process.pid}`;
+}
+
+function writeStderr(line: string): void {
+  process.stderr.write(line);
+}

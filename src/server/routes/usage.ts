@@ -1,0 +1,77 @@
+import { z } from 'zod';
+import { outputLogInfo, readOutputLog, type OutputLogEntry } from '../../engine/output-log.js';
+import type { BackendSandbox } from '../../backends/backend.js';
+import { SandboxError } from '../../errors/index.js';
+import { defineRoute, type AnyRoute } from '../route.js';
+import { ErrorBodySchema, ProcessParams, SandboxIdParams } from '../schemas.js';
+import { requireSandbox, type ServerServices } from '../services.js';
+
+const error = (description: string) => ({ description, schema: ErrorBodySchema });
+
+const UsageSampleSchema = z.object({
+  timestamp: z.string(),
+  cpuUsedPct: z.number(),
+  cpuTimeMs: z.number(),
+  memoryBytes: z.number(),
+  memoryPeakBytes: z.number(),
+  diskBytes: z.number().nullable(),
+});
+const LogLineSchema = z.object({ t: z.number(), stream: z.enum(['stdout', 'stderr']), data: z.string().meta({ description: 'base64' }) });
+
+async function* wireLog(entries: AsyncIterable<OutputLogEntry>): AsyncGenerator<object> {
+  for await (const entry of entries) yield { t: entry.t, stream: entry.stream, data: entry.data.toString('base64') };
+}
+
+/** Per-sandbox usage over time and the full output log of a process. */
+export function usageRoutes(services: ServerServices): AnyRoute[] {
+  const routes: AnyRoute[] = [];
+  const { usage, processLogs } = services;
+  if (usage) {
+    routes.push(
+      defineRoute({
+        name: 'sandboxes.metrics',
+        method: 'GET',
+        url: '/v1/sandboxes/:sandboxId/metrics',
+        summary: 'CPU, memory and disk use over time (a sample every 5 s, the last 120, plus one taken now)',
+        auth: 'tenant',
+        params: SandboxIdParams,
+        responses: { 200: { description: 'Samples, oldest first', schema: z.object({ samples: z.array(UsageSampleSchema) }) }, 404: error('No such sandbox') },
+        async handler({ params, principal }) {
+          const record = requireSandbox(services, principal.tenantId, params.sandboxId);
+          const engine = services.engine as { backendSandbox?(tenantId: string, sandboxId: string): BackendSandbox };
+          const live = record.state === 'running' ? engine.backendSandbox?.(principal.tenantId, params.sandboxId) : undefined;
+          return { kind: 'json', status: 200, body: { samples: await usage.samples(params.sandboxId, live) } };
+        },
+      }),
+    );
+  }
+  if (processLogs) {
+    routes.push(
+      defineRoute({
+        name: 'processes.log',
+        method: 'GET',
+        url: '/v1/sandboxes/:sandboxId/processes/:pid/log',
+        summary: 'The full output of a process as NDJSON lines {t, stream, data (base64)} (bounded; oldest dropped first)',
+        auth: 'tenant',
+        params: ProcessParams,
+        responses: {
+          200: { description: 'NDJSON log lines', schema: LogLineSchema, contentType: 'application/x-ndjson' },
+          404: error('No such process, or its log was removed'),
+        },
+        async handler({ params, principal, signal }) {
+          requireSandbox(services, principal.tenantId, params.sandboxId);
+          await processLogs.flushed();
+          const where = { dataDir: processLogs.dataDir, sandboxId: params.sandboxId, pid: params.pid };
+          if (!(await outputLogInfo(where)).exists) {
+            throw new SandboxError('PROCESS_NOT_FOUND', `process ${params.pid} of sandbox ${params.sandboxId} has no output log`, {
+              details: { sandboxId: params.sandboxId, pid: params.pid },
+              hint: 'List the processes of the sandbox; logs are kept while it lives and for an hour after it ends.',
+            });
+          }
+          return { kind: 'ndjson', status: 200, events: wireLog(readOutputLog({ ...where, signal })) };
+        },
+      }),
+    );
+  }
+  return routes;
+}
