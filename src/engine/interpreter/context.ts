@@ -64,10 +64,6 @@ export class InterpreterContext {
     this.stripper = options.stripper;
   }
 
-  get isAlive(): boolean {
-    return !this.isClosed && this.deadReason === undefined;
-  }
-
   /** Starts the interpreter; resolves when it is ready for code. */
   start(options: StartOptions = {}): Promise<void> {
     this.starting = this.launch(options);
