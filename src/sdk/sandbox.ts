@@ -2,7 +2,7 @@ import { Commands } from './commands.js';
 import { resolveConfig, type ConnectionOptions } from './config.js';
 import { Files } from './files.js';
 import { callOptions, HttpClient } from './http.js';
-import type { CallOptions, SandboxInfo, SandboxSpecInput, SandboxState } from './types.js';
+import type { CallOptions, NetworkPolicyInput, SandboxInfo, SandboxSpecInput, SandboxState } from './types.js';
 
 export interface CreateOptions extends ConnectionOptions {
   /** Free-form labels to find the sandbox by later (`Sandbox.list({ metadata })`). */
@@ -120,6 +120,29 @@ export class Sandbox {
   /** Extends the sandbox's life by its spec's `ttlMs` from now. */
   async keepAlive(options: CallOptions = {}): Promise<SandboxInfo> {
     return this.remember(await this.http.json<SandboxInfo>({ method: 'POST', path: `${this.path}/keepalive`, ...callOptions(options) }));
+  }
+
+  /**
+   * Replaces the sandbox's network policy (fields left out take their defaults: mode `none`, no
+   * allow list, no handles). New connections follow it at once. A sandbox created with mode
+   * `none` cannot gain a network: `InvalidSpecError` with code `BACKEND_CANNOT_ENFORCE`.
+   */
+  async setNetwork(policy: NetworkPolicyInput, options: CallOptions = {}): Promise<SandboxInfo> {
+    return this.remember(await this.http.json<SandboxInfo>({ method: 'PUT', path: `${this.path}/network`, json: policy, ...callOptions(options) }));
+  }
+
+  /**
+   * Pauses the sandbox. `keepMemory` (@default true) keeps processes and their memory; the
+   * answer's `pause` says whether it survives a server restart (gVisor: yes; namespace: no).
+   */
+  async pause(options: CallOptions & { keepMemory?: boolean } = {}): Promise<SandboxInfo> {
+    const json = options.keepMemory === undefined ? {} : { keepMemory: options.keepMemory };
+    return this.remember(await this.http.json<SandboxInfo>({ method: 'POST', path: `${this.path}/pause`, json, ...callOptions(options) }));
+  }
+
+  /** Continues a paused sandbox (processes too, when its pause kept memory). */
+  async resume(options: CallOptions = {}): Promise<SandboxInfo> {
+    return this.remember(await this.http.json<SandboxInfo>({ method: 'POST', path: `${this.path}/resume`, ...callOptions(options) }));
   }
 
   private get path(): string {

@@ -12,6 +12,7 @@ export type {
 } from '../engine/types.js';
 export type { ExecResult, LimitHit, LimitResource, Outcome, Usage, Warning } from '../engine/result.js';
 export type { SandboxSpec, SandboxSpecInput } from '../spec/index.js';
+export type { NetworkPolicyInput } from '../engine/sandbox-manager.js';
 
 import type { ExecResult, Warning } from '../engine/result.js';
 

@@ -56,9 +56,17 @@ interface CreateFlags extends ClientFlags {
   disk?: number;
   network: 'none' | 'allowlist' | 'internet';
   allow?: string[];
+  handle?: string[];
   env?: string[];
   metadata?: string[];
   cwd?: string;
+}
+
+interface NetworkFlags extends ClientFlags {
+  network: 'none' | 'allowlist' | 'internet';
+  allow?: string[];
+  handle?: string[];
+  maxConnections?: number;
 }
 
 interface ListFlags extends ClientFlags {
@@ -75,7 +83,7 @@ interface ExecFlags extends ClientFlags {
   background?: boolean;
 }
 
-/** `capsule sandbox create|get|list|exec|ps|kill|timeout|keepalive`: durable sandboxes on a server. */
+/** `capsule sandbox create|get|list|exec|ps|kill|timeout|keepalive|network|pause|resume`: durable sandboxes on a server. */
 export function sandboxCommand(context: CliContext): Command {
   const sandbox = new Command('sandbox').description('Create and drive sandboxes on a Capsule server (capsule serve)');
 
@@ -89,6 +97,7 @@ export function sandboxCommand(context: CliContext): Command {
       .option('--disk <size>', 'workspace disk limit (default 512MiB)', bytesOption('--disk'))
       .addOption(new Option('--network <mode>', 'network access').choices(['none', 'allowlist', 'internet']).default('none'))
       .option('--allow <domain-or-cidr>', 'allowed destination (repeatable, with --network allowlist)', collect)
+      .option('--handle <name>', 'credential-broker handle the sandbox may use (repeatable; needs a network)', collect)
       .option('--env <KEY=VALUE>', 'environment variable of every process (repeatable)', collect)
       .option('--metadata <key=value>', 'label to find the sandbox by (repeatable)', collect)
       .option('--cwd <dir>', 'working directory of processes (default /workspace)')
@@ -101,7 +110,7 @@ export function sandboxCommand(context: CliContext): Command {
             ...(flags.pids !== undefined && { pids: flags.pids }),
             ...(flags.disk !== undefined && { diskBytes: flags.disk }),
           },
-          network: { mode: flags.network, allow: flags.allow ?? [] },
+          network: { mode: flags.network, allow: flags.allow ?? [], handles: flags.handle ?? [] },
           env: parsePairs('--env', flags.env ?? []),
           ...(flags.timeout !== undefined && { ttlMs: flags.timeout }),
           ...(flags.cwd !== undefined && { cwd: flags.cwd }),
@@ -237,6 +246,46 @@ export function sandboxCommand(context: CliContext): Command {
       }),
   );
 
+  sandbox.addCommand(
+    clientCommand('network', "Replace a running sandbox's network policy (new connections follow it at once)")
+      .argument('<id>', 'sandbox id')
+      .addOption(new Option('--network <mode>', 'network access').choices(['none', 'allowlist', 'internet']).makeOptionMandatory())
+      .option('--allow <domain-or-cidr>', 'allowed destination (repeatable, with --network allowlist)', collect)
+      .option('--handle <name>', 'credential-broker handle the sandbox may use (repeatable)', collect)
+      .option('--max-connections <n>', 'outbound connections over its lifetime (default 4096)', numberOption('--max-connections'))
+      .action(async (id: string, flags: NetworkFlags) => {
+        const target = await Sandbox.connect(id, connection(flags, context));
+        const info = await target.setNetwork({
+          mode: flags.network,
+          allow: flags.allow ?? [],
+          handles: flags.handle ?? [],
+          ...(flags.maxConnections !== undefined && { maxConnections: flags.maxConnections }),
+        });
+        if (flags.json) return printJson(context, info);
+        const { mode, allow, handles } = info.spec.network;
+        context.stdout.write(`network   ${mode}${allow.length > 0 ? ` allow ${allow.join(',')}` : ''}${handles.length > 0 ? ` handles ${handles.join(',')}` : ''}\n`);
+      }),
+  );
+
+  sandbox.addCommand(
+    clientCommand('pause', 'Pause a sandbox (keeps memory unless --no-memory); says whether it survives a server restart')
+      .argument('<id>', 'sandbox id')
+      .option('--no-memory', 'end the processes and keep only the files')
+      .action(async (id: string, flags: ClientFlags & { memory: boolean }) => {
+        const target = await Sandbox.connect(id, connection(flags, context));
+        printInfo(context, flags, await target.pause({ keepMemory: flags.memory }));
+      }),
+  );
+
+  sandbox.addCommand(
+    clientCommand('resume', 'Continue a paused sandbox')
+      .argument('<id>', 'sandbox id')
+      .action(async (id: string, flags: ClientFlags) => {
+        const target = await Sandbox.connect(id, connection(flags, context));
+        printInfo(context, flags, await target.resume());
+      }),
+  );
+
   return inheritOutput(sandbox, context);
 }
 
@@ -248,6 +297,9 @@ function printInfo(context: CliContext, flags: ClientFlags, info: SandboxInfo): 
     `backend   ${info.backend}`,
     `created   ${info.createdAt}`,
     `expires   ${info.expiresAt}`,
+    ...(info.pause
+      ? [`paused    ${info.pause.keepsMemory ? 'memory kept' : 'files only'}, ${info.pause.survivesRestart ? 'survives a server restart' : 'lost if the server restarts'}`]
+      : []),
     ...Object.entries(info.metadata).map(([k, v]) => `metadata  ${k}=${v}`),
   ];
   context.stdout.write(`${lines.join('\n')}\n`);

@@ -46,7 +46,7 @@ export function networkRoutes(services: ServerServices): AnyRoute[] {
       async handler({ params, body, principal }) {
         requireSandbox(services, principal.tenantId, params.sandboxId);
         if (!engine.setNetworkPolicy) throw new SandboxError('UNIMPLEMENTED', 'this engine cannot change network policies');
-        const info = await engine.setNetworkPolicy(principal.tenantId, params.sandboxId, body as NetworkPolicyInput);
+        const info = await engine.setNetworkPolicy(principal.tenantId, params.sandboxId, body);
         return { kind: 'json', status: 200, body: info };
       },
     }),
