@@ -4,6 +4,17 @@
  */
 export { Sandbox, type CreateOptions, type ListOptions, type SandboxPage } from './sandbox.js';
 export { Commands, CommandHandle, type ConnectOptions, type OutputCallbacks, type RunOptions } from './commands.js';
+export {
+  Artifacts,
+  type ArtifactCollection,
+  type ArtifactRef,
+  type CollectOptions,
+  type DeliveredArtifact,
+  type DownloadOptions,
+  type SkippedArtifact,
+  type StoredArtifact,
+  type UsageSample,
+} from './artifacts.js';
 export { Files, type ReadFormat, type ReadOptions, type WatchHandle, type WatchOptions, type WriteData } from './files.js';
 export { DEFAULT_REQUEST_TIMEOUT_MS, DEFAULT_URL, resolveConfig, type ConnectionOptions, type ResolvedConfig } from './config.js';
 export * from './errors.js';

@@ -1,3 +1,4 @@
+import { Artifacts, type UsageSample } from './artifacts.js';
 import { Commands } from './commands.js';
 import { resolveConfig, type ConnectionOptions } from './config.js';
 import { Files } from './files.js';
@@ -40,6 +41,8 @@ export class Sandbox {
   readonly sandboxId: string;
   readonly commands: Commands;
   readonly files: Files;
+  /** Files collected into the server's artifact store, by reference. */
+  readonly artifacts: Artifacts;
   private lastInfo: SandboxInfo;
 
   private constructor(
@@ -51,6 +54,7 @@ export class Sandbox {
     const base = `/v1/sandboxes/${encodeURIComponent(info.sandboxId)}`;
     this.commands = new Commands(http, base);
     this.files = new Files(http, base);
+    this.artifacts = new Artifacts(http, info.sandboxId);
   }
 
   /** Creates a sandbox from `spec` (safe defaults fill the rest) and returns once it runs. */
@@ -143,6 +147,11 @@ export class Sandbox {
   /** Continues a paused sandbox (processes too, when its pause kept memory). */
   async resume(options: CallOptions = {}): Promise<SandboxInfo> {
     return this.remember(await this.http.json<SandboxInfo>({ method: 'POST', path: `${this.path}/resume`, ...callOptions(options) }));
+  }
+
+  /** CPU, memory and disk use over time: a sample every 5 s (the last 120) plus one taken now. */
+  async getMetrics(options: CallOptions = {}): Promise<UsageSample[]> {
+    return (await this.http.json<{ samples: UsageSample[] }>({ method: 'GET', path: `${this.path}/metrics`, ...callOptions(options) })).samples;
   }
 
   private get path(): string {
