@@ -157,7 +157,10 @@ static void signal_tree(pid_t leader, int sig) {
     int ppid, pgrp, session;
     char state;
     if (p == NULL || sscanf(p + 1, " %c %d %d %d", &state, &ppid, &pgrp, &session) != 4) continue;
-    if (session == leader) (void)kill(pid, sig);
+    /* The group kill above already reached the leader's process group: signal only members of
+     * the session that moved to another group, so nobody gets the signal twice (a second SIGINT
+     * would end a REPL that handles the first). */
+    if (session == leader && pgrp != leader) (void)kill(pid, sig);
   }
   closedir(d);
 }

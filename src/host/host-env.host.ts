@@ -90,8 +90,8 @@ export class HostEnvironment {
     await copyIfNewer(join(this.nativeDir, 'capsule-agent'), join(binDir, 'capsule-agent'), 0o755);
     // In-sandbox scripts (interpreter drivers) ship as plain files under native/sandbox-tools/.
     const toolsSource = join(packageRoot(), 'native', 'sandbox-tools');
-    for (const name of await readdir(toolsSource).catch(() => [] as string[])) {
-      await copyIfNewer(join(toolsSource, name), join(binDir, name), 0o644);
+    for (const entry of await readdir(toolsSource, { withFileTypes: true }).catch(() => [])) {
+      if (entry.isFile()) await copyIfNewer(join(toolsSource, entry.name), join(binDir, entry.name), 0o644);
     }
 
     const seccompBpf = join(this.dataDir, 'seccomp.bpf');

@@ -1,4 +1,5 @@
-import { chown, mkdir, open, readFile, readdir, stat, type FileHandle } from 'node:fs/promises';
+import { closeSync, openSync } from 'node:fs';
+import { chown, mkdir, open, readFile, readdir, stat } from 'node:fs/promises';
 import { join } from 'node:path';
 import { SandboxError } from '../errors/index.js';
 import { runCommand } from './run-command.host.js';
@@ -24,8 +25,12 @@ export class WorkspaceVolume {
   readonly mountPoint: string;
   private readonly sizeBytes: number;
   private fsid: string | undefined;
-  /** An open directory on the mounted volume: while held, another process's umount gets EBUSY. */
-  private hold: FileHandle | undefined;
+  /**
+   * An open directory on the mounted volume: while held, another process's umount gets EBUSY. A
+   * plain fd, not a FileHandle: an instance dropped without release keeps it until the process
+   * exits instead of warning when the collector closes it.
+   */
+  private hold: number | undefined;
   /** Subvolume ids by workspace id, learned once per workspace. */
   private readonly subvolumeIds = new Map<string, number>();
 
@@ -62,13 +67,15 @@ export class WorkspaceVolume {
     await this.holdMount();
   }
 
-  private async holdMount(): Promise<void> {
-    this.hold ??= await open(this.mountPoint, 'r');
+  private holdMount(): Promise<void> {
+    this.hold ??= openSync(this.mountPoint, 'r');
+    return Promise.resolve();
   }
 
-  private async letGo(): Promise<void> {
-    await this.hold?.close();
+  private letGo(): Promise<void> {
+    if (this.hold !== undefined) closeSync(this.hold);
     this.hold = undefined;
+    return Promise.resolve();
   }
 
   async isMounted(): Promise<boolean> {
