@@ -170,28 +170,21 @@ describe('pause and resume over the HTTP API', () => {
       first.server.db.close();
       rmSync(join(testDataDir(), LOCK_FILE), { force: true });
 
-      second = await startTestServer({ databaseDir: dbDir, env: { CAPSULE_API_KEY: first.apiKey } });
-      const call = (method: string, path: string, body?: unknown) => fetch(`${second!.url}${path}`, {
-        method,
-        headers: { authorization: `Bearer ${first.apiKey}`, ...(body === undefined ? {} : { 'content-type': 'application/json' }) },
-        body: body === undefined ? undefined : JSON.stringify(body),
-      });
-      const record = (await (await call('GET', `/v1/sandboxes/${sandboxId}`)).json()) as SandboxInfo;
-      expect(record.state).toBe('paused');
+      // The same operator key: the sandbox belongs to its tenant.
+      const restarted = await startTestServer({ databaseDir: dbDir, env: { CAPSULE_API_KEY: first.apiKey } });
+      second = restarted;
+      const t: TestServer = { ...restarted, apiKey: first.apiKey, call: (m, p, o = {}) => restarted.call(m, p, { ...o, key: first.apiKey }) };
+      const record = await t.json<SandboxInfo>('GET', `/v1/sandboxes/${sandboxId}`, { key: first.apiKey });
+      expect(record.body.state).toBe('paused');
       expect(await count(sandboxId)).toBe(atPause);
-      const resumed = (await (await call('POST', `/v1/sandboxes/${sandboxId}/resume`)).json()) as SandboxInfo;
-      expect(resumed.state, JSON.stringify(resumed)).toBe('running');
+      const resumed = await t.json<SandboxInfo>('POST', `/v1/sandboxes/${sandboxId}/resume`, { key: first.apiKey });
+      expect(resumed.body.state, JSON.stringify(resumed.body)).toBe('running');
       await countAbove(sandboxId, atPause + 3);
       // The restored Python process still holds its variable.
-      const withKey: TestServer = { ...second, apiKey: first.apiKey, call: (m, p, o = {}) => second!.call(m, p, { ...o, key: first.apiKey }) };
-      const shown = stdoutLine(withKey, sandboxId, python, 'show');
-      expect((await fetch(`${second.url}/v1/sandboxes/${sandboxId}/processes/${python}/stdin`, {
-        method: 'POST',
-        headers: { authorization: `Bearer ${first.apiKey}`, 'content-type': 'application/octet-stream' },
-        body: 'show\n',
-      })).status).toBe(204);
+      const shown = stdoutLine(t, sandboxId, python, 'show');
+      expect((await t.call('POST', `/v1/sandboxes/${sandboxId}/processes/${python}/stdin`, { raw: 'show\n', headers: { 'content-type': 'application/octet-stream' } })).status).toBe(204);
       expect((await shown).split(' ')[1]).toBe(secret);
-      expect((await call('DELETE', `/v1/sandboxes/${sandboxId}`)).status).toBe(200);
+      expect((await t.call('DELETE', `/v1/sandboxes/${sandboxId}`)).status).toBe(200);
     } finally {
       await second?.server.close();
       if (!second) await first.server.close().catch(() => undefined);
