@@ -6,6 +6,7 @@ import { filesCommand } from './commands/files.js';
 import { sandboxCommand } from './commands/sandbox.js';
 import { serveCommand } from './commands/serve.js';
 import { auditCommand } from './commands/audit.js';
+import { artifactsCommand, sandboxMetricsCommand } from './commands/artifacts.js';
 import type { CliContext } from './context.js';
 import { EXIT_INTERNAL, EXIT_USAGE, exitCodeForError } from './exit-codes.js';
 
@@ -21,10 +22,11 @@ export function buildProgram(context: CliContext): Command {
     });
   program.addCommand(runCommand(context));
   program.addCommand(runCodeCommand(context));
-  program.addCommand(sandboxCommand(context));
+  program.addCommand(sandboxCommand(context).addCommand(sandboxMetricsCommand(context)));
   program.addCommand(filesCommand(context));
   program.addCommand(serveCommand(context));
   program.addCommand(auditCommand(context));
+  program.addCommand(artifactsCommand(context));
   for (const command of program.commands) command.exitOverride();
   return program;
 }
