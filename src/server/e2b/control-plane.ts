@@ -291,19 +291,33 @@ export function registerControlPlane(app: FastifyInstance, ctx: E2bContext): voi
     return reply.code(204).send();
   });
 
-  // Capsule keeps no time series: the answer is one sample taken now, its CPU share averaged
-  // since the previous sample (or the sandbox's start). A paused sandbox has none.
+  // With the server's usage sampler: its time series. Without: one sample taken now, its CPU
+  // share averaged since the previous sample (or the sandbox's start). A paused sandbox has none.
   const lastCpu = new WeakMap<object, { atMs: number; usec: number }>();
   app.get('/sandboxes/:id/metrics', async (request: FastifyRequest<{ Params: { id: string } }>) => {
     const principal = e2bPrincipal(request, ctx.keys);
     const info = live(principal.tenantId, request.params.id);
     if (info.state !== 'running' || !engine.backendSandbox) return [];
     const sandbox = engine.backendSandbox(principal.tenantId, info.sandboxId);
+    const cpus = info.spec.limits.cpus;
+    if (ctx.usage) {
+      // The server's sampler: a sample every 5 s since the sandbox started, plus one now.
+      return (await ctx.usage.samples(info.sandboxId, sandbox)).map((s) => ({
+        timestamp: s.timestamp,
+        timestampUnix: Math.floor(Date.parse(s.timestamp) / 1000),
+        cpuCount: Math.ceil(cpus),
+        cpuUsedPct: s.cpuUsedPct,
+        memUsed: s.memoryBytes,
+        memTotal: info.spec.limits.memoryBytes,
+        memCache: 0,
+        diskUsed: s.diskBytes ?? 0,
+        diskTotal: info.spec.limits.diskBytes,
+      }));
+    }
     const [counters, diskUsed] = await Promise.all([sandbox.counters(), sandbox.diskUsedBytes()]);
     const now = Date.now();
     const previous = lastCpu.get(sandbox) ?? { atMs: Date.parse(info.createdAt), usec: 0 };
     lastCpu.set(sandbox, { atMs: now, usec: counters.cpuUsageUsec });
-    const cpus = info.spec.limits.cpus;
     const cpuUsedPct = ((counters.cpuUsageUsec - previous.usec) / 1000 / Math.max(1, now - previous.atMs) / cpus) * 100;
     return [
       {

@@ -1,6 +1,7 @@
 import type { FastifyInstance } from 'fastify';
 import type { BackendSandbox } from '../../backends/backend.js';
 import type { SandboxEngine, SandboxInfo } from '../../engine/types.js';
+import type { UsageSampler } from '../../engine/usage-sampler.js';
 import type { ApiKeyStore, AuditLog } from '../../store/index.js';
 import type { TenantQuota } from '../quota.js';
 import type { EnvdTokens } from './access.js';
@@ -26,6 +27,8 @@ export interface E2bFacadeDeps {
   tokenSecret?: Buffer;
   /** Aborted when the server closes: ends streams that never end by themselves (watch). */
   closeSignal?: AbortSignal;
+  /** Per-sandbox usage over time (GET /sandboxes/{id}/metrics answers its samples). */
+  usage?: UsageSampler;
 }
 
 /** What the facade's resources share. */
