@@ -34,7 +34,7 @@ async function main(): Promise<void> {
   const dataDir = await mkdtemp(join(tmpdir(), 'capsule-bench-'));
   const ws = await mkdtemp(join(tmpdir(), 'capsule-bench-ws-'));
   const runner = new Runner({ dataDir, volumeBytes: 4 * 1024 ** 3 });
-  const warm = new Runner({ dataDir, volumeBytes: 4 * 1024 ** 3, warmPool: 2 });
+  const warm = new Runner({ dataDir, volumeBytes: 4 * 1024 ** 3, warmPool: 2, deferTeardown: true });
   const cli = join(import.meta.dirname, '..', '..', 'bin', 'capsule.js');
   const contenders: Record<string, () => Promise<unknown>> = {
     'plain spawn /bin/true': () => spawnWait('/bin/true', []),
@@ -43,7 +43,7 @@ async function main(): Promise<void> {
       const r = await runner.run(['/bin/true']);
       if (r.outcome !== 'ok') throw new Error(`run failed: ${JSON.stringify(r)}`);
     },
-    'capsule run() library, warm pool': async () => {
+    'capsule run() library, warm pool + deferred teardown': async () => {
       const r = await warm.run(['/bin/true']);
       if (r.outcome !== 'ok') throw new Error(`run failed: ${JSON.stringify(r)}`);
     },
@@ -73,7 +73,7 @@ async function main(): Promise<void> {
   if (json) console.log(JSON.stringify({ benchmark: 'isolation', n, summaries }, null, 2));
   else {
     console.log(table(rows));
-    for (const name of ['capsule run() library', 'capsule run() library, warm pool']) {
+    for (const name of ['capsule run() library', 'capsule run() library, warm pool + deferred teardown']) {
       const lib = summaries.find((s) => s.name === name)!;
       console.log(`${name} / raw bwrap p50: ${(lib.p50Ms / bwrap.p50Ms).toFixed(2)}x (target <= 2.5x)`);
     }

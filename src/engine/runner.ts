@@ -55,6 +55,11 @@ export interface RunnerOptions extends HostEnvironmentOptions {
    * default start-time limits). Each is used once. @default 0
    */
   warmPool?: number;
+  /**
+   * Return each result as soon as it is known and tear the sandbox down behind it; `close()`
+   * waits for every teardown. For long-lived callers that care about latency. @default false
+   */
+  deferTeardown?: boolean;
   /** Where collected artifacts go. @default a LocalArtifactStore at <dataDir>/artifacts, opened per run */
   artifactStore?: ArtifactStore;
 }
@@ -62,8 +67,8 @@ export interface RunnerOptions extends HostEnvironmentOptions {
 export const OUTPUT_DIR = '/workspace/output';
 
 /**
- * One-shot execution: a fresh sandbox per command, destroyed before the result is returned.
- * Long-lived callers keep one Runner; `run()` makes one per call.
+ * One-shot execution: a fresh sandbox per command, destroyed before the result is returned (or
+ * right after, with deferTeardown). Long-lived callers keep one Runner; `run()` makes one per call.
  */
 export class Runner {
   readonly host: HostEnvironment;
@@ -71,8 +76,11 @@ export class Runner {
   private readonly maxima: OperatorMaxima | undefined;
   private readonly artifactStore: ArtifactStore | undefined;
   private readonly pool: WarmPool | undefined;
+  private readonly deferTeardown: boolean;
+  private readonly teardowns = new Set<Promise<void>>();
 
   constructor(options: RunnerOptions = {}) {
+    this.deferTeardown = options.deferTeardown ?? false;
     this.host = new HostEnvironment(options);
     this.maxima = options.maxima;
     this.artifactStore = options.artifactStore;
@@ -85,6 +93,7 @@ export class Runner {
 
   /** Releases the workspace volume when no sandbox of this data dir is left on it. */
   async close(): Promise<void> {
+    await Promise.all([...this.teardowns]);
     await this.pool?.close();
     // Networked runs leave the egress proxy, its anchor and ready namespaces to their backend.
     for (const backend of this.backends.values()) await backend.close?.();
@@ -138,8 +147,15 @@ export class Runner {
         ...report,
       };
     } finally {
-      await sandbox.destroy();
+      await this.teardown(sandbox);
     }
+  }
+
+  private async teardown(sandbox: BackendSandbox): Promise<void> {
+    if (!this.deferTeardown) return sandbox.destroy();
+    // Failures surface at close(): it awaits every teardown.
+    const done: Promise<void> = sandbox.destroy().finally(() => this.teardowns.delete(done));
+    this.teardowns.add(done);
   }
 
   private async withStore<T>(fn: (store: ArtifactStore) => Promise<T>): Promise<T> {

@@ -36,7 +36,8 @@ export class WarmPool {
     this.refill();
     if (!sandbox?.adopt) return undefined;
     try {
-      await sandbox.adopt(spec);
+      // The pooled spec itself needs no change; anything else is re-limited in place.
+      if (JSON.stringify(spec) !== JSON.stringify(sandbox.spec)) await sandbox.adopt(spec);
       return sandbox;
     } catch (error) {
       this.options.onError?.(error);

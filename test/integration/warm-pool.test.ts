@@ -14,8 +14,8 @@ async function waitFor(check: () => boolean, timeoutMs: number): Promise<void> {
 }
 
 describe('warm pool (sandboxes started ahead, each used once)', () => {
-  it('serves runs from warm sandboxes, re-limited for each spec, never reused', async () => {
-    const runner = new Runner({ dataDir: testDataDir(), warmPool: 2 });
+  it('serves runs from warm sandboxes, re-limited for each spec, never reused; close() awaits deferred teardowns', async () => {
+    const runner = new Runner({ dataDir: testDataDir(), warmPool: 2, deferTeardown: true });
     try {
       const pool = (runner as unknown as { pool: { size: number } }).pool;
       await waitFor(() => pool.size === 2, 15_000);
