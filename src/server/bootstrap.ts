@@ -97,9 +97,9 @@ export async function startServer(options: StartServerOptions): Promise<RunningS
     const app = new CapsuleApp({ engine, db, maxSandboxesPerTenant: options.maxSandboxesPerTenant, logger: options.logger, extensions: options.extensions, observability: observability.services });
     observability.attach(engine);
     egressLog = (event) => app.app.log.warn({ egress: event }, 'egress denied');
-    // egress_blocked_total (services.metrics is optional: absent, nothing is counted).
+    // egress_blocked_total; a connection-limit hit ends the work and is counted with its exec.
     network.proxy.onEvent((event) => {
-      if (event.kind === 'blocked') (app.services as { metrics?: { recordEgressBlocked(): void } }).metrics?.recordEgressBlocked();
+      if (event.kind === 'blocked') app.services.metrics?.recordEgressBlocked();
     });
     let url: string;
     try {

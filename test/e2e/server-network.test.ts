@@ -77,6 +77,9 @@ describe('network policy over the HTTP API', () => {
       expect(JSON.parse(denied.stdout)).toMatchObject({ code: 'EGRESS_NOT_ALLOWED' });
       const banned = await sh(sandboxId, 'curl -sS http://operator-banned.test/');
       expect(JSON.parse(banned.stdout)).toMatchObject({ code: 'EGRESS_OPERATOR_DENY' });
+      // Each denial is counted for the operator.
+      const metrics = await (await fetch(`${t.url}/metrics`)).text();
+      expect(Number(/^capsule_egress_blocked_total (\d+)$/m.exec(metrics)?.[1]), metrics).toBeGreaterThanOrEqual(2);
     } finally {
       await kill(sandboxId);
     }
