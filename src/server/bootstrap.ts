@@ -1,3 +1,4 @@
+import { isIP } from 'node:net';
 import type { FastifyServerOptions } from 'fastify';
 import { SandboxError } from '../errors/index.js';
 import { createSandboxFiles } from '../engine/files/index.js';
@@ -61,6 +62,7 @@ export interface RunningServer {
  * sandboxes a crash left), makes sure an operator key exists, and listens.
  */
 export async function startServer(options: StartServerOptions): Promise<RunningServer> {
+  checkDenyEntries(options.operatorDeny ?? []);
   const lock = InstanceLock.acquire(options.dataDir);
   let db: SqliteDatabase | undefined;
   let observed: Observability | undefined;
@@ -133,6 +135,23 @@ export async function startServer(options: StartServerOptions): Promise<RunningS
     if (db?.open) db.close();
     lock.release();
     throw error;
+  }
+}
+
+/** A deny entry that matches nothing would weaken the operator's intent silently: refuse it. */
+function checkDenyEntries(entries: readonly string[]): void {
+  for (const entry of entries) {
+    const text = entry.trim().toLowerCase();
+    const [address = '', prefix, extra] = text.split('/');
+    const family = isIP(address);
+    const isCidr = prefix !== undefined && extra === undefined && family !== 0 && /^\d{1,3}$/.test(prefix) && Number(prefix) <= (family === 4 ? 32 : 128);
+    const isDomain = prefix === undefined && /^(\*\.)?[a-z0-9-]+(\.[a-z0-9-]+)*(:\d{1,5})?$/.test(text);
+    if (!isCidr && !isDomain) {
+      throw new SandboxError('INVALID_ARGUMENT', `operator deny entry "${entry}" is neither a domain nor a CIDR`, {
+        details: { field: 'operatorDeny', value: entry },
+        hint: 'Write a domain (example.com, which covers its subdomains) or a CIDR (203.0.113.0/24) per --deny.',
+      });
+    }
   }
 }
 

@@ -68,6 +68,12 @@ async function kill(sandboxId: string): Promise<void> {
 }
 
 describe('network policy over the HTTP API', () => {
+  it('the server refuses to start with an operator deny entry that would match nothing', async () => {
+    for (const entry of ['not a domain', '10.0.0.0/99', 'https://example.com/']) {
+      await expect(startTestServer({ operatorDeny: ['example.com', entry] })).rejects.toMatchObject({ code: 'INVALID_ARGUMENT' });
+    }
+  });
+
   it('an allowlist reaches the allowed host only; the operator deny list overrides it', async () => {
     const { sandboxId } = await create({ mode: 'allowlist', allow: ['allowed.test', 'operator-banned.test'] });
     try {
