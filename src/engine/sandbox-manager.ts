@@ -10,6 +10,7 @@ import { newSandboxId } from './ids.js';
 import { ManagedProcess } from './managed-process.js';
 import { superviseExec } from './supervise.js';
 import { OutputBuffer } from './output-buffer.js';
+import { InterpreterService } from './interpreter/service.js';
 import type { AgentProcess } from '../backends/agent/index.js';
 import type { ExecResult } from './result.js';
 import type {
@@ -454,6 +455,28 @@ export class SandboxManager implements SandboxEngine {
     return this.findRunning(tenantId, sandboxId).sandbox!;
   }
 
+  /** Interpreter contexts by sandbox id; a service lives as long as its sandbox runs. */
+  private readonly interpreters = new Map<string, InterpreterService>();
+
+  /**
+   * The interpreter contexts of a running sandbox (src/engine/interpreter), created on first use.
+   * Every surface (v1 routes, the E2B facade) shares this one service, so they see the same
+   * contexts. It is closed when the sandbox ends.
+   */
+  interpreter(tenantId: string, sandboxId: string): InterpreterService {
+    const entry = this.findRunning(tenantId, sandboxId);
+    let service = this.interpreters.get(sandboxId);
+    if (!service) this.interpreters.set(sandboxId, (service = new InterpreterService(entry.sandbox!)));
+    return service;
+  }
+
+  /** Shuts the sandbox's contexts down (alongside its destroy, so a busy kernel cannot delay it). */
+  private async closeInterpreter(sandboxId: string): Promise<void> {
+    const service = this.interpreters.get(sandboxId);
+    this.interpreters.delete(sandboxId);
+    await service?.close();
+  }
+
   /** Destroys every live sandbox; records say why. */
   async close(): Promise<void> {
     this.closed = true;
@@ -498,7 +521,7 @@ export class SandboxManager implements SandboxEngine {
     entry.info.endedAt = new Date(this.now()).toISOString();
     entry.ending = (async () => {
       try {
-        await entry.sandbox?.destroy();
+        await Promise.all([entry.sandbox?.destroy(), this.closeInterpreter(entry.info.sandboxId)]);
       } catch (error) {
         entry.info.endReason = `${reason}; cleanup failed: ${(error as Error).message}`;
       }

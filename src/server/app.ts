@@ -14,6 +14,7 @@ import { fileRoutes } from './routes/files.js';
 import { networkRoutes } from './routes/network.js';
 import { pauseRoutes } from './routes/pause.js';
 import { artifactRoutes } from './routes/artifacts.js';
+import { codeRoutes } from './routes/code.js';
 import { metricsRoutes, recordRequests } from './routes/metrics.js';
 import { operatorRoutes } from './routes/operators.js';
 import { processRoutes } from './routes/processes.js';
@@ -106,6 +107,7 @@ export class CapsuleApp {
       ...pauseRoutes(this.services),
       ...networkRoutes(this.services),
       ...processRoutes(this.services),
+      ...codeRoutes(this.services),
       ...fileRoutes(this.services),
       ...operatorRoutes(this.services),
       ...artifactRoutes(this.services),

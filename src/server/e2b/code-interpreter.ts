@@ -1,7 +1,6 @@
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import { SandboxError, isSandboxError } from '../../errors/index.js';
-import type { BackendSandbox } from '../../backends/backend.js';
-import { InterpreterService, type ContextInfo, type InterpreterLanguage, type Result } from '../../engine/interpreter/index.js';
+import type { InterpreterService, ContextInfo, InterpreterLanguage, Result } from '../../engine/interpreter/index.js';
 import type { SandboxAccess } from './access.js';
 import { audited } from './audit.js';
 import { ConnectError, connectStatus } from './connect-protocol.js';
@@ -69,14 +68,11 @@ const contextBody = (info: ContextInfo) => ({ id: info.id, language: info.langua
 
 export function registerCodeInterpreter(app: FastifyInstance, ctx: E2bContext, constraints: PortConstraint): void {
   const { engine, tokens } = ctx;
-  // One service per live sandbox; it goes with the sandbox object when that ends.
-  const services = new WeakMap<BackendSandbox, InterpreterService>();
+  // The engine's service of the sandbox: the v1 routes (/v1/sandboxes/{id}/code) see the same contexts.
   const interpreter = (access: SandboxAccess): InterpreterService => {
-    if (!engine.backendSandbox) throw new SandboxError('UNIMPLEMENTED', 'this engine has no interpreter contexts');
-    const sandbox = engine.backendSandbox(access.tenantId, access.sandboxId);
-    let service = services.get(sandbox);
-    if (!service) services.set(sandbox, (service = new InterpreterService(sandbox)));
-    return service;
+    const owner = engine as { interpreter?(tenantId: string, sandboxId: string): InterpreterService };
+    if (!owner.interpreter) throw new SandboxError('UNIMPLEMENTED', 'this engine has no interpreter contexts');
+    return owner.interpreter(access.tenantId, access.sandboxId);
   };
 
   lenientJson(app);
