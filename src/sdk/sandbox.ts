@@ -1,4 +1,5 @@
 import { Artifacts, type UsageSample } from './artifacts.js';
+import { Contexts, runCode, type Execution, type RunCodeOptions } from './code.js';
 import { Commands } from './commands.js';
 import { resolveConfig, type ConnectionOptions } from './config.js';
 import { Files } from './files.js';
@@ -43,6 +44,8 @@ export class Sandbox {
   readonly files: Files;
   /** Files collected into the server's artifact store, by reference. */
   readonly artifacts: Artifacts;
+  /** Interpreter contexts that keep state between `runCode` calls. */
+  readonly contexts: Contexts;
   private lastInfo: SandboxInfo;
 
   private constructor(
@@ -55,6 +58,7 @@ export class Sandbox {
     this.commands = new Commands(http, base);
     this.files = new Files(http, base);
     this.artifacts = new Artifacts(http, info.sandboxId);
+    this.contexts = new Contexts(http, base);
   }
 
   /** Creates a sandbox from `spec` (safe defaults fill the rest) and returns once it runs. */
@@ -152,6 +156,16 @@ export class Sandbox {
   /** CPU, memory and disk use over time: a sample every 5 s (the last 120) plus one taken now. */
   async getMetrics(options: CallOptions = {}): Promise<UsageSample[]> {
     return (await this.http.json<{ samples: UsageSample[] }>({ method: 'GET', path: `${this.path}/metrics`, ...callOptions(options) })).samples;
+  }
+
+  /**
+   * Runs code in an interpreter context that keeps its variables between calls (`contextId`, or
+   * the default context of `language`, python by default). Output and results reach the
+   * callbacks as they happen; the code's own exception is `execution.error`, a limit that ended
+   * it `execution.limit`.
+   */
+  runCode(code: string, options: RunCodeOptions = {}): Promise<Execution> {
+    return runCode(this.http, this.path, code, options);
   }
 
   private get path(): string {

@@ -1,0 +1,174 @@
+import { ConnectionError, errorFromStreamEvent } from './errors.js';
+import { callOptions, type HttpClient } from './http.js';
+import { readNdjson } from './ndjson.js';
+import type { LimitHit } from '../engine/result.js';
+import type { CallOptions } from './types.js';
+
+// The wire shapes of src/engine/interpreter/types.ts, restated: the SDK's import rule
+// (test/unit/sdk-imports.test.ts) lets it see only the engine's result.ts and types.ts.
+
+export type InterpreterLanguage = 'python' | 'js' | 'ts';
+
+/** One rich output: the last expression's value (`isMainResult`) or displayed data. Images are base64. */
+export interface Result {
+  isMainResult: boolean;
+  text?: string;
+  html?: string;
+  markdown?: string;
+  svg?: string;
+  /** Base64-encoded PNG. */
+  png?: string;
+  /** Base64-encoded JPEG. */
+  jpeg?: string;
+  json?: unknown;
+  latex?: string;
+  javascript?: string;
+  /** MIME types without a field of their own. */
+  extra?: Record<string, unknown>;
+}
+
+/** An exception the code raised, e.g. `ZeroDivisionError`. */
+export interface ExecutionError {
+  name: string;
+  value: string;
+  traceback: string;
+}
+
+/** What one `runCode` produced. The code's own exception is `error`; a limit that ended it is `limit`. */
+export interface Execution {
+  results: Result[];
+  /** Output in the chunks it arrived in. */
+  stdout: string[];
+  stderr: string[];
+  error?: ExecutionError;
+  executionCount?: number;
+  /** `wall_clock` (timeoutMs; the context keeps its state) or `memory` (the context must be restarted). */
+  limit?: LimitHit;
+  stdoutTruncated?: boolean;
+  stderrTruncated?: boolean;
+  /** The context the code ran in. */
+  contextId: string;
+}
+
+export interface ContextInfo {
+  id: string;
+  language: InterpreterLanguage;
+  /** Working directory inside the sandbox. */
+  cwd: string;
+}
+
+export interface RunCodeOptions {
+  /** The context to run in (`sandbox.contexts.create`). Without it, the default context of `language`. */
+  contextId?: string;
+  /** @default 'python' */
+  language?: InterpreterLanguage;
+  /** Environment variables for this call only: set before the code runs, restored after. */
+  envVars?: Record<string, string>;
+  /**
+   * Wall-clock limit of the code, enforced by the server: past it the code is interrupted, the
+   * context keeps its earlier state, and the execution has `limit.resource: 'wall_clock'`.
+   * @default spec.limits.wallClockMs
+   */
+  timeoutMs?: number;
+  onStdout?: (text: string) => void;
+  onStderr?: (text: string) => void;
+  /** A rich result: the last expression's value (`isMainResult`) or displayed data (a plot). */
+  onResult?: (result: Result) => void;
+  /** The exception the code raised. */
+  onError?: (error: ExecutionError) => void;
+  /** Aborting interrupts the code (the context keeps its state) and rejects with `AbortedError`. */
+  signal?: AbortSignal;
+  /** Deadline for the server to accept the call (not for the code). @default 60000 */
+  requestTimeoutMs?: number;
+}
+
+export interface CreateContextOptions extends CallOptions {
+  /** @default 'python' */
+  language?: InterpreterLanguage;
+  /** Working directory inside the sandbox. @default spec.cwd ('/workspace') */
+  cwd?: string;
+  /** Environment of the context for its whole life. */
+  envVars?: Record<string, string>;
+}
+
+/** One line of `POST /v1/sandboxes/{id}/code`. */
+type WireCodeEvent =
+  | { type: 'stdout' | 'stderr'; text: string }
+  | { type: 'result'; result: Result }
+  /** The code's exception, or (with `code`) the server failing mid-stream. */
+  | { type: 'error'; error: ExecutionError | { code: string; message: string } }
+  | { type: 'executionCount'; count: number }
+  | { type: 'end'; execution: Execution };
+
+/** Runs code in an interpreter context of the sandbox at `base`; see `Sandbox.runCode`. */
+export async function runCode(http: HttpClient, base: string, code: string, options: RunCodeOptions = {}): Promise<Execution> {
+  const open = await http.open({
+    method: 'POST',
+    path: `${base}/code`,
+    json: { code, contextId: options.contextId, language: options.language, envVars: options.envVars, timeoutMs: options.timeoutMs },
+    timeoutMs: options.requestTimeoutMs,
+    signal: options.signal,
+  });
+  try {
+    for await (const event of readNdjson<WireCodeEvent>(open.body)) {
+      switch (event.type) {
+        case 'stdout':
+          options.onStdout?.(event.text);
+          break;
+        case 'stderr':
+          options.onStderr?.(event.text);
+          break;
+        case 'result':
+          options.onResult?.(event.result);
+          break;
+        case 'error':
+          if ('code' in event.error) throw errorFromStreamEvent(event.error);
+          options.onError?.(event.error);
+          break;
+        case 'end':
+          return event.execution;
+        default:
+          break;
+      }
+    }
+  } finally {
+    open.close();
+  }
+  throw new ConnectionError('SERVER_UNREACHABLE', 'the code stream ended before its end event', {
+    hint: 'The connection broke or the server restarted; the context may have run the code. Check its state before running it again.',
+  });
+}
+
+/**
+ * The interpreter contexts of one sandbox. Each keeps its variables, imports and definitions
+ * between `runCode` calls; contexts do not share state.
+ */
+export class Contexts {
+  constructor(
+    private readonly http: HttpClient,
+    private readonly base: string,
+  ) {}
+
+  /** Starts a context (Python: an IPython kernel; js/ts: a Node REPL context). */
+  async create(options: CreateContextOptions = {}): Promise<ContextInfo> {
+    const json = { language: options.language, cwd: options.cwd, envVars: options.envVars };
+    return this.http.json<ContextInfo>({ method: 'POST', path: `${this.base}/contexts`, json, ...callOptions(options) });
+  }
+
+  async list(options: CallOptions = {}): Promise<ContextInfo[]> {
+    return (await this.http.json<{ contexts: ContextInfo[] }>({ method: 'GET', path: `${this.base}/contexts`, ...callOptions(options) })).contexts;
+  }
+
+  /** A fresh interpreter in the same context: its state is gone (also the way back after a memory limit). */
+  async restart(contextId: string, options: CallOptions = {}): Promise<void> {
+    await this.http.json({ method: 'POST', path: `${this.path(contextId)}/restart`, ...callOptions(options) });
+  }
+
+  async delete(contextId: string, options: CallOptions = {}): Promise<void> {
+    await this.http.json({ method: 'DELETE', path: this.path(contextId), ...callOptions(options) });
+  }
+
+  private path(contextId: string): string {
+    return `${this.base}/contexts/${encodeURIComponent(contextId)}`;
+  }
+}
