@@ -1,6 +1,7 @@
 import { SandboxError } from '../errors/index.js';
-import type { z } from 'zod';
-import { DEFAULT_MAXIMA, parseSpec, type OperatorMaxima, type BackendName, type NetworkPolicySchema } from '../spec/index.js';
+import { DEFAULT_MAXIMA, parseSpec, type OperatorMaxima, type BackendName, type NetworkPolicyInput } from '../spec/index.js';
+
+export type { NetworkPolicyInput } from '../spec/index.js';
 import type { Backend, BackendSandbox } from '../backends/backend.js';
 import { createBackends } from '../backends/registry.js';
 import { baseEnv } from '../backends/namespace/bwrap-args.js';
@@ -82,7 +83,6 @@ export interface ProcessObserver {
 }
 
 /** A network policy as a caller writes it (defaults filled by the spec's schema). */
-export type NetworkPolicyInput = z.input<typeof NetworkPolicySchema>;
 
 const LIVE_STATES: ReadonlySet<SandboxState> = new Set(['starting', 'running', 'paused']);
 /** Ended processes kept per sandbox for late reattach. */

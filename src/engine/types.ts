@@ -1,5 +1,5 @@
 import type { Readable } from 'node:stream';
-import type { SandboxSpec, SandboxSpecInput } from '../spec/index.js';
+import type { NetworkPolicyInput, SandboxSpec, SandboxSpecInput } from '../spec/index.js';
 import type { ExecResult, Warning } from './result.js';
 
 /**
@@ -125,5 +125,10 @@ export interface SandboxEngine {
   getProcess(tenantId: string, sandboxId: string, pid: number): ProcessHandle;
   listProcesses(tenantId: string, sandboxId: string): ProcessInfo[];
   files(tenantId: string, sandboxId: string): SandboxFiles;
+  /** Pauses (keepMemory defaults to true); the answer's `pause` says what was kept. */
+  pause(tenantId: string, sandboxId: string, options?: { keepMemory?: boolean }): Promise<SandboxInfo>;
+  resume(tenantId: string, sandboxId: string): Promise<SandboxInfo>;
+  /** Replaces the network policy; file and process policy stay fixed. */
+  setNetworkPolicy(tenantId: string, sandboxId: string, policy: NetworkPolicyInput): Promise<SandboxInfo>;
   close(): Promise<void>;
 }

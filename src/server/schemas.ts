@@ -65,6 +65,7 @@ export const SandboxInfoSchema = z.object({
   expiresAt: z.string(),
   endedAt: z.string().optional(),
   endReason: z.string().optional(),
+  pause: z.object({ keepsMemory: z.boolean(), survivesRestart: z.boolean(), pausedAt: z.string() }).optional(),
 });
 
 export const SandboxPageSchema = z.object({ sandboxes: z.array(SandboxInfoSchema), nextCursor: z.string().nullable() });

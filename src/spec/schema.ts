@@ -142,5 +142,6 @@ export type SandboxSpecInput = z.input<typeof SandboxSpecSchema>;
 export type SandboxSpec = z.output<typeof SandboxSpecSchema>;
 export type Limits = z.output<typeof LimitsSchema>;
 export type NetworkPolicy = z.output<typeof NetworkPolicySchema>;
+export type NetworkPolicyInput = z.input<typeof NetworkPolicySchema>;
 export type Mount = z.output<typeof MountSchema>;
 export type BackendName = (typeof BACKENDS)[number];

@@ -186,7 +186,6 @@ export function registerControlPlane(app: FastifyInstance, ctx: E2bContext): voi
       let info = live(principal.tenantId, id);
       const resumed = info.state === 'paused';
       if (resumed) {
-        if (!engine.resume) throw new SandboxError('UNIMPLEMENTED', 'this engine cannot resume paused sandboxes');
         info = await engine.resume(principal.tenantId, id);
       }
       // Connecting only ever extends the TTL.
@@ -265,7 +264,6 @@ export function registerControlPlane(app: FastifyInstance, ctx: E2bContext): voi
     await audited(request, principal, 'sandboxes.pause', id, async () => {
       const info = live(principal.tenantId, id);
       if (info.state === 'paused') throw new SandboxError('CONFLICT', `sandbox ${id} is already paused`);
-      if (!engine.pause) throw new SandboxError('UNIMPLEMENTED', 'this engine cannot pause sandboxes');
       return engine.pause(principal.tenantId, id);
     });
     return reply.code(204).send();

@@ -6,10 +6,8 @@ import type { ApiKeyStore, AuditLog } from '../../store/index.js';
 import type { TenantQuota } from '../quota.js';
 import type { EnvdTokens } from './access.js';
 
-/** The engine, with pause/resume when it has them (SandboxManager does). */
+/** The engine, with access to a live backend sandbox when it has it (SandboxManager does). */
 export interface E2bEngine extends SandboxEngine {
-  pause?(tenantId: string, sandboxId: string): Promise<SandboxInfo>;
-  resume?(tenantId: string, sandboxId: string): Promise<SandboxInfo>;
   /** The live backend sandbox, for the interpreter contexts built on it. */
   backendSandbox?(tenantId: string, sandboxId: string): BackendSandbox;
 }

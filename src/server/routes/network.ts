@@ -1,16 +1,8 @@
 import { z } from 'zod';
-import { SandboxError } from '../../errors/index.js';
-import type { NetworkPolicyInput } from '../../engine/sandbox-manager.js';
-import type { SandboxEngine, SandboxInfo } from '../../engine/types.js';
 import { NetworkPolicySchema } from '../../spec/index.js';
 import { defineRoute, type AnyRoute } from '../route.js';
 import { ErrorBodySchema, SandboxIdParams, SandboxInfoSchema } from '../schemas.js';
 import { requireSandbox, type ServerServices } from '../services.js';
-
-/** The engine's run-time network change (SandboxManager has it). */
-interface NetworkEngine extends SandboxEngine {
-  setNetworkPolicy?(tenantId: string, sandboxId: string, policy: NetworkPolicyInput): Promise<SandboxInfo>;
-}
 
 /** Any JSON object: the engine validates it with the spec's schema (INVALID_SPEC names the field). */
 const NetworkBody = z.record(z.string(), z.unknown());
@@ -25,7 +17,7 @@ export function networkPolicyOf(body: unknown): Record<string, unknown> | null {
 
 /** `PUT /v1/sandboxes/{id}/network`: replaces a running sandbox's network policy. */
 export function networkRoutes(services: ServerServices): AnyRoute[] {
-  const engine = services.engine as NetworkEngine;
+  const engine = services.engine;
   return [
     defineRoute({
       name: 'sandboxes.setNetwork',
@@ -45,7 +37,6 @@ export function networkRoutes(services: ServerServices): AnyRoute[] {
       audit: ({ params, body }) => ({ sandboxId: params.sandboxId, policy: networkPolicyOf(body) }),
       async handler({ params, body, principal }) {
         requireSandbox(services, principal.tenantId, params.sandboxId);
-        if (!engine.setNetworkPolicy) throw new SandboxError('UNIMPLEMENTED', 'this engine cannot change network policies');
         const info = await engine.setNetworkPolicy(principal.tenantId, params.sandboxId, body);
         return { kind: 'json', status: 200, body: info };
       },

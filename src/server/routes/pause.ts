@@ -1,15 +1,7 @@
 import { z } from 'zod';
-import { SandboxError } from '../../errors/index.js';
-import type { SandboxEngine, SandboxInfo } from '../../engine/types.js';
 import { defineRoute, type AnyRoute } from '../route.js';
 import { ErrorBodySchema, SandboxIdParams, SandboxInfoSchema } from '../schemas.js';
 import { requireSandbox, type ServerServices } from '../services.js';
-
-/** The engine's pause and resume (SandboxManager has them). */
-interface PausableEngine extends SandboxEngine {
-  pause?(tenantId: string, sandboxId: string, options?: { keepMemory?: boolean }): Promise<SandboxInfo>;
-  resume?(tenantId: string, sandboxId: string): Promise<SandboxInfo>;
-}
 
 const PauseBody = z.strictObject({
   keepMemory: z.boolean().optional().meta({ description: 'Keep processes and their memory (default true); false ends the processes and keeps files.' }),
@@ -24,7 +16,7 @@ const error = (description: string) => ({ description, schema: ErrorBodySchema }
 
 /** `POST /v1/sandboxes/{id}/pause` and `/resume`. */
 export function pauseRoutes(services: ServerServices): AnyRoute[] {
-  const engine = services.engine as PausableEngine;
+  const engine = services.engine;
   return [
     defineRoute({
       name: 'sandboxes.pause',
@@ -43,7 +35,6 @@ export function pauseRoutes(services: ServerServices): AnyRoute[] {
       audit: ({ params }) => ({ sandboxId: params.sandboxId }),
       async handler({ params, body, principal }) {
         requireSandbox(services, principal.tenantId, params.sandboxId);
-        if (!engine.pause) throw new SandboxError('UNIMPLEMENTED', 'this engine cannot pause sandboxes');
         const info = await engine.pause(principal.tenantId, params.sandboxId, { keepMemory: body?.keepMemory ?? true });
         return { kind: 'json', status: 200, body: info };
       },
@@ -63,7 +54,6 @@ export function pauseRoutes(services: ServerServices): AnyRoute[] {
       audit: ({ params }) => ({ sandboxId: params.sandboxId }),
       async handler({ params, principal }) {
         requireSandbox(services, principal.tenantId, params.sandboxId);
-        if (!engine.resume) throw new SandboxError('UNIMPLEMENTED', 'this engine cannot resume sandboxes');
         return { kind: 'json', status: 200, body: await engine.resume(principal.tenantId, params.sandboxId) };
       },
     }),
