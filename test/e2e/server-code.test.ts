@@ -27,9 +27,9 @@ interface Run {
   execution: Record<string, unknown> & { contextId: string; limit?: { resource: string; message: string } };
 }
 
-async function withSandbox(test: (sandboxId: string) => Promise<void>): Promise<void> {
+async function withSandbox(test: (sandboxId: string) => Promise<void>, memoryBytes = 1024 * MiB): Promise<void> {
   const created = await t.json<{ sandboxId: string }>('POST', '/v1/sandboxes', {
-    body: { spec: { ttlMs: 120_000, limits: { memoryBytes: 1024 * MiB, wallClockMs: 20_000 } } },
+    body: { spec: { ttlMs: 120_000, limits: { memoryBytes, wallClockMs: 20_000 } } },
   });
   expect(created.status).toBe(201);
   const id = created.body.sandboxId;
@@ -80,6 +80,9 @@ describe('POST /v1/sandboxes/{id}/code', () => {
       const plot = await run(id, { code: 'import matplotlib.pyplot as plt\nplt.plot([1, 2, 3], [1, 4, 9])\nplt.show()' });
       const png = plot.events.map((e) => (e.result as { png?: string } | undefined)?.png).find((p) => p !== undefined);
       expect(Buffer.from(png ?? '', 'base64').subarray(0, 8)).toEqual(Buffer.from([0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a]));
+
+      const table = await run(id, { code: 'import pandas as pd\npd.DataFrame({"a": [1, 2]})' });
+      expect(table.events.find((e) => e.type === 'result')).toMatchObject({ result: { html: expect.stringContaining('<table') as unknown, isMainResult: true } });
 
       const failed = await run(id, { code: '1 / 0' });
       const error = failed.events.find((e) => e.type === 'error')?.error as { name: string; value: string; traceback: string };
@@ -147,12 +150,35 @@ describe('POST /v1/sandboxes/{id}/code', () => {
       expect(JSON.stringify(audit.body)).not.toContain('console.log(x * 2)');
     }));
 
-  it('answers 404 for another tenant\'s or an unknown sandbox, 409 for an ended one', async () => {
+  it('a memory bomb ends the context with a memory limit naming it; the server and sandbox stay healthy', () =>
+    withSandbox(async (id) => {
+      const context = await createContext(id, { language: 'python' });
+      await run(id, { code: 'before = 1', contextId: context });
+      const bomb = await run(id, { code: 'chunks = []\nwhile True:\n    chunks.append(b"x" * (16 * 1024 * 1024))', contextId: context });
+      expect(bomb.execution.limit).toMatchObject({ resource: 'memory', limit: 256 * MiB });
+      expect(bomb.execution.limit?.message).toContain(`context ${context}`);
+
+      // The dead context refuses runs (in the stream: the failure comes after the headers) until restarted.
+      const refused = await t.call('POST', `/v1/sandboxes/${id}/code`, { body: { code: '1', contextId: context } });
+      expect((await readNdjson(refused)).at(-1)).toMatchObject({ type: 'error', error: { code: 'CONFLICT' } });
+      expect((await t.call('POST', `/v1/sandboxes/${id}/contexts/${context}/restart`)).status).toBe(204);
+      expect((await run(id, { code: 'print(globals().get("before", "fresh"))', contextId: context })).stdout).toBe('fresh\n');
+
+      expect((await t.json('GET', '/healthz')).status).toBe(200);
+      expect((await t.json<{ state: string }>('GET', `/v1/sandboxes/${id}`)).body.state).toBe('running');
+    }, 256 * MiB));
+
+  it("answers 404 for another tenant's or an unknown sandbox, 409 for an ended one", async () => {
     expectError((await t.json('POST', '/v1/sandboxes/aaaaaaaaaaaaaaaaaaaa/code', { body: { code: '1' } })).body, 'SANDBOX_NOT_FOUND');
+    const other = await t.json<{ apiKey: string }>('POST', '/v1/keys', { body: { tenantId: 'someone-else' } });
+    expect(other.status).toBe(201);
     let ended = '';
-    await withSandbox((id) => {
+    await withSandbox(async (id) => {
       ended = id;
-      return Promise.resolve();
+      const foreign = await t.json('POST', `/v1/sandboxes/${id}/code`, { body: { code: '1' }, key: other.body.apiKey });
+      expect(foreign.status).toBe(404);
+      expectError(foreign.body, 'SANDBOX_NOT_FOUND');
+      expectError((await t.json('GET', `/v1/sandboxes/${id}/contexts`, { key: other.body.apiKey })).body, 'SANDBOX_NOT_FOUND');
     });
     const late = await t.json('GET', `/v1/sandboxes/${ended}/contexts`);
     expect(late.status).toBe(409);
