@@ -56,8 +56,10 @@ export interface SandboxManagerOptions {
   /** Clock for TTLs. @default Date.now */
   now?: () => number;
   onEvent?: (event: EngineEvent) => void;
-  /** Backends by name. @default the namespace backend on this data dir */
+  /** Backends by name. @default every backend of the registry on this data dir */
   backends?: Backend[];
+  /** The prepared host the backends run on; the engine releases its volume at close. */
+  host?: HostEnvironment;
   /** Builds the file service of a live sandbox (src/engine/files). */
   filesFactory?: (sandbox: BackendSandbox) => SandboxFiles;
   /** Observes each process started through `startProcess` (metrics, output logs). Must not throw. */
@@ -126,7 +128,7 @@ export class SandboxManager implements SandboxEngine {
 
   /** Prepares the host, reconciles it with the store, and recovers sandboxes a crash left. */
   static async open(options: SandboxManagerOptions): Promise<SandboxManager> {
-    const host = new HostEnvironment({ dataDir: options.dataDir });
+    const host = options.host ?? new HostEnvironment({ dataDir: options.dataDir });
     const backends = options.backends ?? createBackends(host);
     const manager = new SandboxManager(options, backends);
     manager.host = host;

@@ -86,6 +86,7 @@ export async function startServer(options: StartServerOptions): Promise<RunningS
     });
     const engine = await SandboxManager.open({
       dataDir: options.dataDir,
+      host,
       backends: createBackends(host, { namespace: { network } }),
       store: records,
       maxima: options.maxima,
