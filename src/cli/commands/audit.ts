@@ -3,7 +3,6 @@ import { join } from 'node:path';
 import { Command } from 'commander';
 import { SandboxError } from '../../errors/index.js';
 import { DEFAULT_DATA_DIR } from '../../host/host-env.host.js';
-import { DATABASE_FILE, openDatabase, verifyAuditChain } from '../../store/index.js';
 import type { CliContext } from '../context.js';
 
 /** Exit status when the chain is broken. */
@@ -17,7 +16,8 @@ export function auditCommand(context: CliContext): Command {
       .description('Recompute the hash chain; exit 1 naming the first record that does not match')
       .option('--data-dir <dir>', 'Capsule data directory', DEFAULT_DATA_DIR)
       .option('--json', 'print the result as one JSON object')
-      .action((flags: { dataDir: string; json?: boolean }) => {
+      .action(async (flags: { dataDir: string; json?: boolean }) => {
+        const { DATABASE_FILE, openDatabase, verifyAuditChain } = await import('../../store/index.js');
         const file = join(flags.dataDir, DATABASE_FILE);
         if (!existsSync(file)) {
           throw new SandboxError('NOT_FOUND', `no Capsule database at ${file}`, {

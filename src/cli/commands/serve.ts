@@ -1,6 +1,5 @@
 import { Command } from 'commander';
 import { DEFAULT_DATA_DIR } from '../../host/host-env.host.js';
-import { startServer } from '../../server/bootstrap.js';
 import { collect, numberOption } from '../options.js';
 import type { CliContext } from '../context.js';
 
@@ -32,6 +31,8 @@ export function serveCommand(context: CliContext): Command {
         '\nCredential-broker handles and secrets live in DATA_DIR/broker (handles.json, secrets/NAME, mode 0600); see docs/api.md.',
     )
     .action(async (flags: ServeFlags) => {
+      // Loaded here: the server's modules are heavy, and other commands need none of them.
+      const { startServer } = await import('../../server/bootstrap.js');
       const server = await startServer({
         dataDir: flags.dataDir,
         port: flags.port,
