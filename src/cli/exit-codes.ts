@@ -19,6 +19,10 @@ export const EXIT_USAGE = 2;
 export const EXIT_COMMAND_NOT_FOUND = 127;
 export const EXIT_HOST_NOT_READY = 69;
 export const EXIT_INTERNAL = 70;
+/** Not found: a sandbox, process, file or context (sysexits' EX_NOINPUT). */
+export const EXIT_NOT_FOUND = 66;
+/** Bad or missing API key, or not allowed (sysexits' EX_NOPERM). */
+export const EXIT_PERMISSION = 77;
 
 export function exitCodeForError(code: string): number {
   switch (code) {
@@ -31,7 +35,16 @@ export function exitCodeForError(code: string): number {
       return EXIT_COMMAND_NOT_FOUND;
     case 'HOST_NOT_READY':
     case 'BACKEND_UNAVAILABLE':
+    case 'SERVER_UNREACHABLE':
       return EXIT_HOST_NOT_READY;
+    case 'UNAUTHENTICATED':
+    case 'PERMISSION_DENIED':
+      return EXIT_PERMISSION;
+    case 'NOT_FOUND':
+    case 'SANDBOX_NOT_FOUND':
+    case 'PROCESS_NOT_FOUND':
+    case 'FILE_NOT_FOUND':
+      return EXIT_NOT_FOUND;
     default:
       return EXIT_INTERNAL;
   }

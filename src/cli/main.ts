@@ -39,13 +39,18 @@ export async function main(argv: string[], context?: Partial<CliContext>): Promi
     env: context?.env ?? process.env,
     exitCode: 0,
   };
-  const json = argv.includes('--json');
+  // --json after `--` belongs to the sandboxed command, not to capsule.
+  const own = argv.includes('--') ? argv.slice(0, argv.indexOf('--')) : argv;
+  const json = own.includes('--json');
   try {
     await buildProgram(ctx).parseAsync(argv);
     return ctx.exitCode;
   } catch (error) {
     if (error instanceof CommanderError) {
-      return error.exitCode === 0 ? 0 : EXIT_USAGE;
+      if (error.exitCode === 0) return 0;
+      // commander already wrote its message to stderr; --json callers also get the error shape.
+      if (json) ctx.stdout.write(`${JSON.stringify({ error: { code: 'INVALID_ARGUMENT', message: error.message } })}\n`);
+      return EXIT_USAGE;
     }
     if (isSandboxError(error)) {
       if (json) ctx.stdout.write(`${JSON.stringify({ error: error.toJSON() })}\n`);
