@@ -83,6 +83,12 @@ export class AuditTrail {
 
 /** `ok`, an error code, or `limit:<resource>` for a process that hit a limit. */
 export function outcomeOfEvent(event: { type: string } | undefined): string {
+  // A code run ends with `end`; its execution carries the limit that stopped it, if any.
+  if (event?.type === 'end') {
+    const limit = (event as { execution?: { limit?: { resource: string } } }).execution?.limit;
+    return limit ? `limit:${limit.resource}` : 'ok';
+  }
+  if (event?.type === 'error') return (event as { error?: { code?: string } }).error?.code ?? 'error';
   if (event?.type !== 'exit') return 'ok';
   const result = (event as { result?: ExecResult }).result;
   if (result?.outcome === 'limit_exceeded' && result.limit) return `limit:${result.limit.resource}`;
