@@ -1,7 +1,8 @@
-import { readFile, rmdir, mkdir, writeFile, readdir, access } from 'node:fs/promises';
+import { readFile, rmdir, mkdir, writeFile, readdir } from 'node:fs/promises';
 import { join } from 'node:path';
 import { watch } from 'node:fs';
 import { SandboxError } from '../errors/index.js';
+import { pathExists } from './fs-util.js';
 
 /** cgroup v1 hierarchies that hold limits; the v2 group is used for atomic kill and freeze. */
 export const V1_CONTROLLERS = ['memory', 'pids', 'cpu'] as const;
@@ -124,7 +125,7 @@ export class SandboxCgroup {
   /** Kills every process in the sandbox at once and waits until the group is empty. */
   async kill(timeoutMs = 5000): Promise<void> {
     const unified = this.dir('unified');
-    if (!(await exists(unified))) return;
+    if (!(await pathExists(unified))) return;
     // A frozen group must thaw for the SIGKILL to be acted on.
     await writeFile(join(unified, 'cgroup.freeze'), '0').catch(() => undefined);
     await writeFile(join(unified, 'cgroup.kill'), '1').catch(() => undefined);
@@ -166,14 +167,6 @@ function keyed(text: string, key: string): number {
   return 0;
 }
 
-async function exists(path: string): Promise<boolean> {
-  try {
-    await access(path);
-    return true;
-  } catch {
-    return false;
-  }
-}
 
 async function writeFileIfExists(path: string, value: string): Promise<void> {
   try {

@@ -9,6 +9,7 @@ import { SandboxError } from '../errors/index.js';
 import { ETC_ALLOWLIST, SANDBOX_UID, SANDBOX_USER } from '../backends/namespace/bwrap-args.js';
 import { WorkspaceVolume } from './volume.host.js';
 import { prepareSandboxEtc } from './sandbox-etc.host.js';
+import { pathExists } from './fs-util.js';
 
 export interface HostEnvironmentOptions {
   /** Where Capsule keeps its state. @default '/var/lib/capsule' */
@@ -103,7 +104,7 @@ export class HostEnvironment {
     await chmod(this.volume.mountPoint, 0o711);
 
     const etcEntries: string[] = [];
-    for (const entry of ETC_ALLOWLIST) if (await exists(`/etc/${entry}`)) etcEntries.push(entry);
+    for (const entry of ETC_ALLOWLIST) if (await pathExists(`/etc/${entry}`)) etcEntries.push(entry);
     const sandboxEtcDir = await prepareSandboxEtc(this.dataDir, etcDir, etcEntries);
     return {
       dataDir: this.dataDir,
@@ -158,14 +159,6 @@ async function requireFile(path: string, problem: string): Promise<void> {
   }
 }
 
-async function exists(path: string): Promise<boolean> {
-  try {
-    await access(path);
-    return true;
-  } catch {
-    return false;
-  }
-}
 
 async function isNewer(target: string, source: string): Promise<boolean> {
   try {

@@ -4,6 +4,7 @@ import { join } from 'node:path';
 import { SandboxError } from '../errors/index.js';
 import { runCommand } from './run-command.host.js';
 import { withLock } from './lock.host.js';
+import { pathExists } from './fs-util.js';
 
 /**
  * Workspaces live on one loop-mounted btrfs volume: a subvolume per sandbox, bounded by a quota
@@ -55,7 +56,7 @@ export class WorkspaceVolume {
       return;
     }
     await mkdir(this.mountPoint, { recursive: true, mode: 0o700 });
-    const fresh = !(await exists(this.image));
+    const fresh = !(await pathExists(this.image));
     if (fresh) {
       const handle = await open(this.image, 'w', 0o600);
       await handle.truncate(this.sizeBytes);
@@ -140,7 +141,7 @@ export class WorkspaceVolume {
   async delete(id: string): Promise<void> {
     const path = this.path(id);
     this.subvolumeIds.delete(id);
-    if (!(await exists(path))) return;
+    if (!(await pathExists(path))) return;
     await runCommand(['btrfs', 'subvolume', 'delete', path]);
   }
 
@@ -173,7 +174,7 @@ export class WorkspaceVolume {
       this.subvolumeIds.set(id, subvolId);
     }
     const dir = `/sys/fs/btrfs/${this.fsid}/qgroups/0_${subvolId}`;
-    return (await exists(dir)) ? dir : undefined;
+    return (await pathExists(dir)) ? dir : undefined;
   }
 
   /** The filesystem's uuid names its sysfs directory; read once, when usage is first asked. */
@@ -192,11 +193,3 @@ async function subvolumeId(path: string): Promise<number | undefined> {
   return Number.isInteger(id) && id > 0 ? id : undefined;
 }
 
-async function exists(path: string): Promise<boolean> {
-  try {
-    await stat(path);
-    return true;
-  } catch {
-    return false;
-  }
-}

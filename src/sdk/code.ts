@@ -1,61 +1,11 @@
 import { ConnectionError, errorFromStreamEvent } from './errors.js';
 import { callOptions, type HttpClient } from './http.js';
 import { readNdjson } from './ndjson.js';
-import type { LimitHit } from '../engine/result.js';
 import type { CallOptions } from './types.js';
 
-// The wire shapes of src/engine/interpreter/types.ts, restated: the SDK's import rule
-// (test/unit/sdk-imports.test.ts) lets it see only the engine's result.ts and types.ts.
-
-export type InterpreterLanguage = 'python' | 'js' | 'ts';
-
-/** One rich output: the last expression's value (`isMainResult`) or displayed data. Images are base64. */
-export interface Result {
-  isMainResult: boolean;
-  text?: string;
-  html?: string;
-  markdown?: string;
-  svg?: string;
-  /** Base64-encoded PNG. */
-  png?: string;
-  /** Base64-encoded JPEG. */
-  jpeg?: string;
-  json?: unknown;
-  latex?: string;
-  javascript?: string;
-  /** MIME types without a field of their own. */
-  extra?: Record<string, unknown>;
-}
-
-/** An exception the code raised, e.g. `ZeroDivisionError`. */
-export interface ExecutionError {
-  name: string;
-  value: string;
-  traceback: string;
-}
-
-/** What one `runCode` produced. The code's own exception is `error`; a limit that ended it is `limit`. */
-export interface Execution {
-  results: Result[];
-  /** Output in the chunks it arrived in. */
-  stdout: string[];
-  stderr: string[];
-  error?: ExecutionError;
-  executionCount?: number;
-  /** `wall_clock` (timeoutMs; the context keeps its state) or `memory` (the context must be restarted). */
-  limit?: LimitHit;
-  stdoutTruncated?: boolean;
-  stderrTruncated?: boolean;
-  /** The context the code ran in. */
-  contextId: string;
-}
-
-export interface ContextInfo {
-  id: string;
-  language: InterpreterLanguage;
-  /** Working directory inside the sandbox. */
-  cwd: string;
-}
+// The wire shapes are the engine's own types (type-only: the SDK loads no engine code).
+import type { ContextInfo, Execution, ExecutionError, InterpreterLanguage, Result } from '../engine/interpreter/types.js';
+export type { ContextInfo, Execution, ExecutionError, InterpreterLanguage, Result };
 
 export interface RunCodeOptions {
   /** The context to run in (`sandbox.contexts.create`). Without it, the default context of `language`. */
