@@ -1,12 +1,16 @@
 import type { HostEnvironment } from '../host/host-env.host.js';
 import type { Backend } from './backend.js';
+import { egressNetworkProvider } from './gvisor/egress-provider.js';
 import { GvisorBackend, type GvisorBackendOptions } from './gvisor/gvisor-backend.host.js';
 import { NamespaceBackend, type NamespaceBackendOptions } from './namespace/namespace-backend.host.js';
 
 export interface BackendRegistryOptions {
   /** Options of the namespace backend beyond the host (the operator's egress network). */
   namespace?: Omit<NamespaceBackendOptions, 'host'>;
-  /** Options of the gvisor backend beyond the host (debug logs, network namespaces). */
+  /**
+   * Options of the gvisor backend beyond the host (debug logs, network namespaces). Its network
+   * defaults to the namespace backend's EgressNetwork when one is given.
+   */
   gvisor?: Omit<GvisorBackendOptions, 'host'>;
 }
 
@@ -15,5 +19,8 @@ export interface BackendRegistryOptions {
  * whether it is available here and what it enforces; callers refuse specs it cannot honour.
  */
 export function createBackends(host: HostEnvironment, options: BackendRegistryOptions = {}): Backend[] {
-  return [new NamespaceBackend({ host, ...options.namespace }), new GvisorBackend({ host, ...options.gvisor })];
+  // One egress network for both backends: gVisor sandboxes join the same namespaces and proxy.
+  const shared = options.namespace?.network;
+  const gvisorNetwork = shared ? { network: egressNetworkProvider(shared) } : {};
+  return [new NamespaceBackend({ host, ...options.namespace }), new GvisorBackend({ host, ...gvisorNetwork, ...options.gvisor })];
 }

@@ -170,6 +170,7 @@ export class GvisorBackend implements Backend {
         hostUid: uid,
         cgroupsPath: cgroup.name,
         ...(network?.resolvConf !== undefined ? { resolvConf: network.resolvConf } : {}),
+        ...(network ? { netnsPath: network.path } : {}),
       });
       await rm(bundleDir, { recursive: true, force: true });
       cleanup.push(() => this.layout.removeBundle(id));

@@ -4,13 +4,25 @@ import { join } from 'node:path';
 import { AgentClient, type AgentHandOver, type AgentProcess, type AgentProcessRecord } from '../agent/index.js';
 import { SandboxError } from '../../errors/index.js';
 import type { SandboxCgroup } from '../../host/cgroups.host.js';
-import type { SandboxSpec } from '../../spec/index.js';
+import type { NetworkPolicy, SandboxSpec } from '../../spec/index.js';
 import type { BackendSandbox, ExecRequest, PauseOptions, PauseResult, SandboxCounters } from '../backend.js';
 import type { GvisorLayout } from './layout.js';
 import type { Runsc } from './runsc.host.js';
 
 const AGENT_READY_TIMEOUT_MS = 15_000;
 const STDERR_TAIL_BYTES = 4096;
+
+/**
+ * runsc up to 2024-07 refuses `--network=sandbox` when /proc/sys/net/core/rmem_default exists in
+ * the namespace it scrapes: its test for "the root network namespace". Linux 6.x namespaced that
+ * sysctl, so it now exists in every namespace and the test is always true. runsc (only runsc:
+ * its own sandbox pivots away from the host's /proc) therefore runs in a mount namespace of its
+ * own where /proc/sys/net/core is an empty tmpfs. bwrap as root makes that namespace and keeps all
+ * capabilities and every other namespace of the caller (the netns capsule-launch entered).
+ */
+function hideRootNetnsMarker(): string[] {
+  return ['/usr/bin/bwrap', '--dev-bind', '/', '/', '--tmpfs', '/proc/sys/net/core', '--cap-add', 'ALL', '--'];
+}
 
 /** A network namespace made for one sandbox; runsc runs inside it with gVisor's own netstack. */
 export interface NetworkAttachment {
@@ -20,6 +32,10 @@ export interface NetworkAttachment {
   resolvConf?: string;
   /** Environment every process starts from (proxy settings); a request's env goes on top. */
   env?: Record<string, string>;
+  /** Replaces the sandbox's egress policy; new connections follow it at once. */
+  setPolicy?(policy: NetworkPolicy): void;
+  /** Denied and over-limit connections so far (the egress proxy's counters). */
+  stats?(): { blocked: number; limitHits: number } | undefined;
   release(): Promise<void>;
 }
 
@@ -100,7 +116,25 @@ export class GvisorSandbox implements BackendSandbox {
   }
 
   async counters(): Promise<SandboxCounters> {
-    return this.cgroup.counters();
+    const counters = await this.cgroup.counters();
+    const egress = this.options.network?.stats?.();
+    return egress ? { ...counters, egressBlocked: egress.blocked, egressLimitHits: egress.limitHits } : counters;
+  }
+
+  /** Delegates to the egress network; a sandbox created without one cannot gain one. */
+  setNetworkPolicy(policy: NetworkPolicy): Promise<void> {
+    const network = this.options.network;
+    if (network?.setPolicy === undefined) {
+      if (policy.mode === 'none') return Promise.resolve();
+      return Promise.reject(
+        new SandboxError('BACKEND_CANNOT_ENFORCE', `sandbox ${this.id} was created without a network and cannot gain one`, {
+          details: { sandboxId: this.id, mode: policy.mode },
+          hint: 'Create the sandbox with network.mode "allowlist" (an empty allowlist denies everything) to change its policy later.',
+        }),
+      );
+    }
+    network.setPolicy(policy);
+    return Promise.resolve();
   }
 
   memoryUsageBytes(): Promise<number> {
@@ -128,6 +162,14 @@ export class GvisorSandbox implements BackendSandbox {
     if (this.state !== 'running') {
       throw new SandboxError('CONFLICT', `sandbox ${this.id} is ${this.state}; only a running sandbox can be paused`, {
         details: { sandboxId: this.id, state: this.state },
+      });
+    }
+    if (this.options.network) {
+      // runsc's netstack takes the namespace's address, routes and neighbours off eth0 when it
+      // starts: a second `runsc run` or a restore there has no network. Refused, never degraded.
+      throw new SandboxError('UNIMPLEMENTED', `sandbox ${this.id} has a network; pausing a gVisor sandbox with a network is not supported yet`, {
+        details: { sandboxId: this.id, backend: 'gvisor', mode: this.spec.network.mode },
+        hint: 'Pause gVisor sandboxes created with network mode "none", or use the namespace backend for a networked sandbox you need to pause.',
       });
     }
     const agent = this.agent;
@@ -207,7 +249,8 @@ export class GvisorSandbox implements BackendSandbox {
     const args = [
       '--cgroup-procs', unifiedProcs,
       ...(network ? ['--netns', network.path] : []),
-      '--', this.options.runsc.binary, ...this.options.runsc.flagsFor(network ? 'sandbox' : 'none'), ...runscArgs,
+      '--', ...(network ? hideRootNetnsMarker() : []),
+      this.options.runsc.binary, ...this.options.runsc.flagsFor(network ? 'sandbox' : 'none'), ...runscArgs,
     ];
     this.stderrTail = '';
     const child = spawn(this.options.launcher, args, { stdio: ['pipe', 'pipe', 'pipe'], env: {} });

@@ -37,6 +37,11 @@ export interface OciBundleOptions {
   command?: readonly string[];
   /** Host file bound at /etc/resolv.conf instead of Capsule's empty one (a network's resolver). */
   resolvConf?: string;
+  /**
+   * A pre-made network namespace (the sandbox's egress namespace) the sandbox joins; runsc with
+   * `--network=sandbox` drives its interface with gVisor's netstack. Without it: a new, empty one.
+   */
+  netnsPath?: string;
 }
 
 /** The subset of the OCI runtime spec Capsule writes; runsc reads it from `<bundle>/config.json`. */
@@ -123,7 +128,8 @@ export function buildOciSpec(spec: SandboxSpec, options: OciBundleOptions): OciS
     hostname: 'sandbox',
     mounts,
     linux: {
-      namespaces: ['pid', 'network', 'ipc', 'uts', 'mount', 'user'].map((type) => ({ type })),
+      namespaces: ['pid', 'network', 'ipc', 'uts', 'mount', 'user'].map((type) =>
+        type === 'network' && options.netnsPath !== undefined ? { type, path: options.netnsPath } : { type }),
       // Root stays root (host files under /usr show their real owner); the sandbox user is a
       // host uid of its own. Nobody inside can become root: no capabilities, noNewPrivileges.
       uidMappings: [

@@ -1,0 +1,31 @@
+import type { EgressNetwork } from '../../host/netns-network.host.js';
+import type { SandboxSpec } from '../../spec/index.js';
+import type { Capability } from '../backend.js';
+import type { NetworkAttachment } from './gvisor-sandbox.host.js';
+import type { NetworkNamespaceProvider } from './gvisor-backend.host.js';
+
+/**
+ * The gvisor backend's network seam over the instance's one EgressNetwork (the namespace
+ * backend's): the same netns pool, host rules, egress proxy, resolver and broker. runsc runs
+ * inside the attached namespace with `--network=sandbox`. See docs/decisions/004-gvisor.md.
+ */
+export function egressNetworkProvider(network: EgressNetwork): NetworkNamespaceProvider {
+  const capabilities: readonly Capability[] = ['network.allowlist', 'network.internet'];
+  return {
+    capabilities,
+    async acquire(id: string, spec: SandboxSpec): Promise<NetworkAttachment> {
+      const attached = await network.attach(id, spec.network).catch(async (error: unknown) => {
+        await network.detach(id).catch(() => undefined);
+        throw error;
+      });
+      return {
+        path: attached.netnsPath,
+        resolvConf: attached.resolvConf,
+        env: attached.env,
+        setPolicy: (policy) => network.setPolicy(id, policy),
+        stats: () => network.stats(id),
+        release: () => network.detach(id),
+      };
+    },
+  };
+}
