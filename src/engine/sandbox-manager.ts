@@ -10,6 +10,7 @@ import { assertEnforceable } from './capabilities.js';
 import { newSandboxId } from './ids.js';
 import { ManagedProcess } from './managed-process.js';
 import { superviseExec } from './supervise.js';
+import { WarmPool } from './warm-pool.js';
 import { OutputBuffer } from './output-buffer.js';
 import { InterpreterService } from './interpreter/service.js';
 import type { AgentProcess } from '../backends/agent/index.js';
@@ -47,6 +48,8 @@ export class MemoryRecordStore implements SandboxRecordStore {
 export type EngineEvent = {
   type: 'sandbox.created' | 'sandbox.expired' | 'sandbox.crashed' | 'sandbox.recovered' | 'sandbox.killed';
   sandbox: SandboxInfo;
+  /** On `sandbox.created`: it came from the warm pool. */
+  poolWarm?: boolean;
 };
 
 export interface SandboxManagerOptions {
@@ -60,6 +63,11 @@ export interface SandboxManagerOptions {
   backends?: Backend[];
   /** The prepared host the backends run on; the engine releases its volume at close. */
   host?: HostEnvironment;
+  /**
+   * Namespace sandboxes kept started ahead for creates whose spec can share them (no network, no
+   * mounts, default start-time limits); each is used once. @default 0
+   */
+  warmPool?: number;
   /** Builds the file service of a live sandbox (src/engine/files). */
   filesFactory?: (sandbox: BackendSandbox) => SandboxFiles;
   /** Observes each process started through `startProcess` (metrics, output logs). Must not throw. */
@@ -114,6 +122,7 @@ export class SandboxManager implements SandboxEngine {
   private readonly filesFactory: ((sandbox: BackendSandbox) => SandboxFiles) | undefined;
   private readonly observer: ProcessObserver;
   private closed = false;
+  private pool: WarmPool | undefined;
   private host: HostEnvironment | undefined;
 
   private constructor(options: SandboxManagerOptions, backends: Backend[]) {
@@ -133,6 +142,11 @@ export class SandboxManager implements SandboxEngine {
     const manager = new SandboxManager(options, backends);
     manager.host = host;
     await manager.reconcile();
+    // After reconcile, which removes every sandbox it does not know, warm ones included.
+    const namespace = manager.backends.get('namespace');
+    if (options.warmPool && namespace) {
+      manager.pool = new WarmPool({ backend: namespace, spec: parseSpec({}, manager.maxima), size: options.warmPool });
+    }
     return manager;
   }
 
@@ -186,9 +200,10 @@ export class SandboxManager implements SandboxEngine {
       });
     }
     assertEnforceable(spec, await backend.probe());
+    const warm = await this.pool?.take(spec);
     const now = this.now();
     const info: SandboxInfo = {
-      sandboxId: newSandboxId(),
+      sandboxId: warm?.id ?? newSandboxId(),
       tenantId: command.tenantId,
       state: 'starting',
       backend: spec.backend,
@@ -201,7 +216,7 @@ export class SandboxManager implements SandboxEngine {
     this.sandboxes.set(info.sandboxId, entry);
     this.save(entry);
     try {
-      const sandbox = await backend.create(spec, { id: info.sandboxId, signal: command.signal });
+      const sandbox = warm ?? (await backend.create(spec, { id: info.sandboxId, signal: command.signal }));
       this.attach(entry, sandbox);
     } catch (error) {
       await this.end(entry, 'failed', `failed to start: ${(error as Error).message}`);
@@ -214,7 +229,7 @@ export class SandboxManager implements SandboxEngine {
     entry.info.state = 'running';
     this.save(entry);
     this.schedule(entry);
-    this.onEvent({ type: 'sandbox.created', sandbox: this.snapshot(entry) });
+    this.onEvent({ type: 'sandbox.created', sandbox: this.snapshot(entry), poolWarm: warm !== undefined });
     return this.snapshot(entry);
   }
 
@@ -482,6 +497,7 @@ export class SandboxManager implements SandboxEngine {
   /** Destroys every live sandbox; records say why. */
   async close(): Promise<void> {
     this.closed = true;
+    await this.pool?.close();
     const live = [...this.sandboxes.values()].filter((e) => LIVE_STATES.has(e.info.state));
     await Promise.all(live.map((e) => this.end(e, 'killed', 'server shut down')));
     await Promise.all([...this.sandboxes.values()].flatMap((e) => (e.ending ? [e.ending] : [])));

@@ -27,6 +27,8 @@ export interface StartServerOptions {
   /** @default 20 */
   maxSandboxesPerTenant?: number;
   maxima?: OperatorMaxima;
+  /** Sandboxes kept started ahead for creates that can use them (see SandboxManagerOptions). @default 0 */
+  warmPool?: number;
   /** @default false */
   logger?: FastifyServerOptions['logger'];
   /**
@@ -90,6 +92,7 @@ export async function startServer(options: StartServerOptions): Promise<RunningS
       backends: createBackends(host, { namespace: { network } }),
       store: records,
       maxima: options.maxima,
+      warmPool: options.warmPool,
       onEvent: (event) => {
         auditEvent(audit, event);
         observability.onEvent(event);

@@ -156,3 +156,25 @@ describe('pause and resume (namespace backend: freeze)', () => {
     counter.signal('SIGKILL');
   });
 });
+
+describe('warm pool in the engine', () => {
+  it('creates from a warm sandbox when the spec allows, says so in the event, and leaves nothing at close', async () => {
+    const seen: EngineEvent[] = [];
+    const pooled = await SandboxManager.open({ dataDir: testDataDir(), warmPool: 1, onEvent: (e) => seen.push(e) });
+    try {
+      const pool = (pooled as unknown as { pool: { size: number } }).pool;
+      await waitFor(() => pool.size === 1, 15_000);
+      const s = await pooled.create({ tenantId: T, spec: { limits: { memoryBytes: 128 * 1024 * 1024 } } });
+      expect(seen.find((e) => e.type === 'sandbox.created')?.poolWarm).toBe(true);
+      const p = await pooled.startProcess(T, s.sandboxId, { argv: ['sh', '-c', 'ls /workspace | wc -l'] });
+      expect((await p.result).stdout).toBe('0\n');
+      // A networked or mounted spec never comes from the pool.
+      await waitFor(() => pool.size === 1, 15_000);
+      const cold = await pooled.create({ tenantId: T, spec: { limits: { tmpBytes: 8 * 1024 * 1024 } } });
+      expect(seen.filter((e) => e.type === 'sandbox.created').map((e) => e.poolWarm)).toEqual([true, false]);
+      expect(cold.state).toBe('running');
+    } finally {
+      await pooled.close();
+    }
+  });
+});

@@ -8,6 +8,7 @@ interface ServeFlags {
   host: string;
   dataDir: string;
   maxSandboxes: number;
+  warmPool: number;
   logLevel: string;
   deny?: string[];
 }
@@ -24,6 +25,7 @@ export function serveCommand(context: CliContext): Command {
     .option('--data-dir <dir>', 'Capsule data directory', DEFAULT_DATA_DIR)
     .option('--max-sandboxes <n>', 'concurrent sandboxes per tenant', numberOption('--max-sandboxes'), 20)
     .option('--log-level <level>', 'fatal, error, warn, info, debug', 'info')
+    .option('--warm-pool <n>', 'sandboxes kept started ahead for creates with no network and no mounts', numberOption('--warm-pool'), 2)
     .option('--deny <domain-or-cidr>', 'operator deny list: no sandbox reaches it, whatever its allow list (repeatable; a domain covers its subdomains; also $CAPSULE_EGRESS_DENY, comma-separated)', collect)
     .addHelpText(
       'after',
@@ -39,6 +41,7 @@ export function serveCommand(context: CliContext): Command {
         host: flags.host,
         env: context.env,
         maxSandboxesPerTenant: flags.maxSandboxes,
+        warmPool: flags.warmPool,
         operatorDeny: [...(flags.deny ?? []), ...(context.env.CAPSULE_EGRESS_DENY ?? '').split(',').map((e) => e.trim()).filter((e) => e !== '')],
         logger: { level: flags.logLevel, stream: context.stderr },
       });
