@@ -23,3 +23,15 @@ export class OutputBuffer {
     return Buffer.concat(this.chunks).toString('utf8');
   }
 }
+
+/** The output fields of an ExecResult from the two buffers of a process. */
+export function outputFields(stdout: OutputBuffer, stderr: OutputBuffer) {
+  return {
+    stdout: stdout.text(),
+    stderr: stderr.text(),
+    stdoutTruncated: stdout.truncated,
+    stderrTruncated: stderr.truncated,
+    stdoutBytes: stdout.total,
+    stderrBytes: stderr.total,
+  };
+}

@@ -11,7 +11,7 @@ import { newSandboxId } from './ids.js';
 import { ManagedProcess } from './managed-process.js';
 import { superviseExec } from './supervise.js';
 import { WarmPool } from './warm-pool.js';
-import { OutputBuffer } from './output-buffer.js';
+import { OutputBuffer, outputFields } from './output-buffer.js';
 import { InterpreterService } from './interpreter/service.js';
 import type { AgentProcess } from '../backends/agent/index.js';
 import type { ExecResult } from './result.js';
@@ -358,12 +358,7 @@ export class SandboxManager implements SandboxEngine {
       outcome: exit.lost ? 'error' : exit.exitCode === 0 ? 'ok' : 'exit_nonzero',
       exitCode: exit.exitCode,
       signal: exit.signal,
-      stdout: stdout.text(),
-      stderr: stderr.text(),
-      stdoutTruncated: stdout.truncated,
-      stderrTruncated: stderr.truncated,
-      stdoutBytes: stdout.total,
-      stderrBytes: stderr.total,
+      ...outputFields(stdout, stderr),
       durationMs: this.now() - started,
       usage: { memoryPeakBytes: 0, cpuTimeMs: 0, cpuThrottledMs: 0, diskUsedBytes: null },
       warnings: [],

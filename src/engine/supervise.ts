@@ -3,7 +3,7 @@ import type { BackendSandbox, ExecRequest, SandboxCounters } from '../backends/b
 import type { AgentProcess } from '../backends/agent/index.js';
 import { classifyLimit, memoryWarningMessage } from './classify.js';
 import { egressLimitHit } from './network-limit.js';
-import { OutputBuffer } from './output-buffer.js';
+import { OutputBuffer, outputFields } from './output-buffer.js';
 import { diagnose, TailBuffer, type ExecResult, type Warning } from './result.js';
 
 const MEMORY_POLL_MS = 50;
@@ -113,12 +113,7 @@ export async function superviseExec(
   const base = {
     exitCode: exit.exitCode,
     signal: exit.signal,
-    stdout: stdout.text(),
-    stderr: stderr.text(),
-    stdoutTruncated: stdout.truncated,
-    stderrTruncated: stderr.truncated,
-    stdoutBytes: stdout.total,
-    stderrBytes: stderr.total,
+    ...outputFields(stdout, stderr),
     durationMs,
     usage,
     warnings,
