@@ -1,12 +1,11 @@
 import { createHash } from 'node:crypto';
 import { mkdtemp, readFile, rm } from 'node:fs/promises';
 import { join } from 'node:path';
-import { PassThrough } from 'node:stream';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
-import { main } from '../../src/cli/main.js';
 import { Artifacts, NotFoundError, Sandbox, type DeliveredArtifact } from '../../src/sdk/index.js';
 import { expectNoLeaks, testDataDir } from '../helpers/sandbox.js';
 import { startTestServer, type TestServer } from './server-helpers.js';
+import { runCli, type CliRun } from '../helpers/cli.js';
 
 /** Artifacts and usage metrics through the SDK and the CLI (in-process) against a real server. */
 let t: TestServer;
@@ -26,15 +25,8 @@ afterAll(async () => {
 });
 afterEach(expectNoLeaks);
 
-async function capsule(...argv: string[]): Promise<{ code: number; stdout: string; stderr: string }> {
-  const stdout = new PassThrough();
-  const stderr = new PassThrough();
-  let out = '';
-  let err = '';
-  stdout.on('data', (chunk: Buffer) => (out += chunk.toString()));
-  stderr.on('data', (chunk: Buffer) => (err += chunk.toString()));
-  const code = await main(['node', 'capsule', ...argv], { stdout, stderr, env });
-  return { code, stdout: out, stderr: err };
+function capsule(...argv: string[]): Promise<CliRun> {
+  return runCli(argv, env);
 }
 
 async function json<T>(...argv: string[]): Promise<T> {

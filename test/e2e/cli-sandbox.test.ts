@@ -7,6 +7,7 @@ import { main } from '../../src/cli/main.js';
 import type { RunningServer } from '../../src/server/bootstrap.js';
 import { expectNoLeaks, testDataDir } from '../helpers/sandbox.js';
 import { startTestServer } from './server-helpers.js';
+import { runCli, type CliRun } from '../helpers/cli.js';
 
 /** `capsule sandbox ...` and `capsule files ...` against a real server, run in-process. */
 let server: RunningServer;
@@ -25,21 +26,9 @@ afterAll(async () => {
 });
 afterEach(expectNoLeaks);
 
-interface CliRun {
-  code: number;
-  stdout: string;
-  stderr: string;
-}
 
-async function capsule(...argv: string[]): Promise<CliRun> {
-  const stdout = new PassThrough();
-  const stderr = new PassThrough();
-  let out = '';
-  let err = '';
-  stdout.on('data', (chunk: Buffer) => (out += chunk.toString()));
-  stderr.on('data', (chunk: Buffer) => (err += chunk.toString()));
-  const code = await main(['node', 'capsule', ...argv], { stdout, stderr, env });
-  return { code, stdout: out, stderr: err };
+function capsule(...argv: string[]): Promise<CliRun> {
+  return runCli(argv, env);
 }
 
 /** Runs with --json (before any `--`) and parses the one object it must print. */

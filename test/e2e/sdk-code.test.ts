@@ -1,11 +1,10 @@
-import { PassThrough } from 'node:stream';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
-import { main } from '../../src/cli/main.js';
 import type { Execution as EngineExecution, ContextInfo as EngineContextInfo } from '../../src/engine/interpreter/types.js';
 import type { RunningServer } from '../../src/server/bootstrap.js';
 import { AbortedError, NotFoundError, Sandbox, type ConnectionOptions, type ContextInfo, type Execution } from '../../src/sdk/index.js';
 import { expectNoLeaks } from '../helpers/sandbox.js';
 import { startTestServer } from './server-helpers.js';
+import { runCli, type CliRun } from '../helpers/cli.js';
 
 /** `sandbox.runCode` / `sandbox.contexts` and `capsule run-code --sandbox` against a real server. */
 let server: RunningServer;
@@ -37,15 +36,8 @@ async function withSandbox(test: (sandbox: Sandbox) => Promise<void>): Promise<v
   }
 }
 
-async function capsule(...argv: string[]): Promise<{ code: number; stdout: string; stderr: string }> {
-  const stdout = new PassThrough();
-  const stderr = new PassThrough();
-  let out = '';
-  let err = '';
-  stdout.on('data', (chunk: Buffer) => (out += chunk.toString()));
-  stderr.on('data', (chunk: Buffer) => (err += chunk.toString()));
-  const code = await main(['node', 'capsule', ...argv], { stdout, stderr, env: { CAPSULE_URL: conn.url, CAPSULE_API_KEY: conn.apiKey } });
-  return { code, stdout: out, stderr: err };
+function capsule(...argv: string[]): Promise<CliRun> {
+  return runCli(argv, { CAPSULE_URL: conn.url, CAPSULE_API_KEY: conn.apiKey });
 }
 
 describe('sandbox.runCode and sandbox.contexts', () => {

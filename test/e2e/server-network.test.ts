@@ -2,14 +2,13 @@ import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { NetworkNames } from '../../src/host/netns-pool.host.js';
 import type { ExecResult } from '../../src/engine/result.js';
 import type { SandboxInfo } from '../../src/engine/types.js';
-import { main } from '../../src/cli/main.js';
-import { PassThrough } from 'node:stream';
 import { HostEnvironment } from '../../src/host/host-env.host.js';
 import { Sandbox, InvalidSpecError } from '../../src/sdk/index.js';
 import { describeLeaks, findLeaks } from '../helpers/leaks.js';
 import { expectNoLeaks, testDataDir } from '../helpers/sandbox.js';
 import { FakeInternet } from '../integration/network-fake-internet.js';
 import { expectError, readNdjson, startTestServer, waitFor, type TestServer } from './server-helpers.js';
+import { runCli } from '../helpers/cli.js';
 
 /*
  * Network policy over the HTTP API, the SDK and the CLI, with real sandboxes in real network
@@ -156,16 +155,7 @@ describe('network policy over the HTTP API', () => {
 
   it('CLI: capsule sandbox create --network allowlist --allow, then capsule sandbox network', async () => {
     const env = { CAPSULE_URL: t.url, CAPSULE_API_KEY: t.apiKey };
-    const cli = async (...argv: string[]) => {
-      const stdout = new PassThrough();
-      const stderr = new PassThrough();
-      let out = '';
-      let err = '';
-      stdout.on('data', (chunk: Buffer) => (out += chunk.toString()));
-      stderr.on('data', (chunk: Buffer) => (err += chunk.toString()));
-      const code = await main(['node', 'capsule', ...argv], { stdout, stderr, env });
-      return { code, stdout: out, stderr: err };
-    };
+    const cli = (...argv: string[]) => runCli(argv, env);
     const created = await cli('sandbox', 'create', '--network', 'allowlist', '--allow', 'allowed.test', '--wall-clock', '15s', '--json');
     expect(created.code, created.stderr).toBe(0);
     const info = JSON.parse(created.stdout) as SandboxInfo;

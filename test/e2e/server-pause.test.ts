@@ -1,15 +1,14 @@
 import { mkdtempSync, rmSync } from 'node:fs';
 import { readFile } from 'node:fs/promises';
 import { join } from 'node:path';
-import { PassThrough } from 'node:stream';
 import { afterEach, describe, expect, it } from 'vitest';
-import { main } from '../../src/cli/main.js';
 import type { SandboxInfo } from '../../src/engine/types.js';
 import { HostEnvironment } from '../../src/host/host-env.host.js';
 import { Sandbox } from '../../src/sdk/index.js';
 import { LOCK_FILE } from '../../src/server/instance-lock.js';
 import { expectNoLeaks, testDataDir } from '../helpers/sandbox.js';
 import { expectError, startTestServer, waitFor, type TestServer } from './server-helpers.js';
+import { runCli, type CliRun } from '../helpers/cli.js';
 
 /** Pause and resume over the HTTP API, the SDK and the CLI, on both backends, and across a server restart. */
 afterEach(expectNoLeaks);
@@ -77,15 +76,8 @@ async function stdoutLine(t: TestServer, sandboxId: string, pid: number, prefix:
   }
 }
 
-async function cli(t: TestServer, ...argv: string[]): Promise<{ code: number; stdout: string; stderr: string }> {
-  const stdout = new PassThrough();
-  const stderr = new PassThrough();
-  let out = '';
-  let err = '';
-  stdout.on('data', (chunk: Buffer) => (out += chunk.toString()));
-  stderr.on('data', (chunk: Buffer) => (err += chunk.toString()));
-  const code = await main(['node', 'capsule', ...argv], { stdout, stderr, env: { CAPSULE_URL: t.url, CAPSULE_API_KEY: t.apiKey } });
-  return { code, stdout: out, stderr: err };
+function cli(t: TestServer, ...argv: string[]): Promise<CliRun> {
+  return runCli(argv, { CAPSULE_URL: t.url, CAPSULE_API_KEY: t.apiKey });
 }
 
 describe('pause and resume over the HTTP API', () => {
