@@ -4,10 +4,9 @@ import type { ExecResult } from '../../src/engine/result.js';
 import type { SandboxInfo } from '../../src/engine/types.js';
 import { HostEnvironment } from '../../src/host/host-env.host.js';
 import { Sandbox, InvalidSpecError } from '../../src/sdk/index.js';
-import { describeLeaks, findLeaks } from '../helpers/leaks.js';
 import { expectNoLeaks, testDataDir } from '../helpers/sandbox.js';
 import { FakeInternet } from '../integration/network-fake-internet.js';
-import { expectError, readNdjson, startTestServer, waitFor, type TestServer } from './server-helpers.js';
+import { expectError, readNdjson, startTestServer, type TestServer } from './server-helpers.js';
 import { runCli } from '../helpers/cli.js';
 
 /*
@@ -37,11 +36,7 @@ afterAll(async () => {
   await fake?.stop();
 });
 
-// The proxy's pool refills in the background: its half-made namespaces' helpers settle first.
-afterEach(async () => {
-  await waitFor(async () => (describeLeaks(await findLeaks(testDataDir())) === '' ? true : undefined), { timeoutMs: 5000, what: 'no leaks' }).catch(() => undefined);
-  await expectNoLeaks();
-});
+afterEach(expectNoLeaks);
 
 async function create(network: Record<string, unknown>): Promise<SandboxInfo> {
   const created = await t.json<SandboxInfo>('POST', '/v1/sandboxes', { body: { spec: { network, limits: { wallClockMs: 15_000 } } } });
