@@ -39,10 +39,15 @@ function hashKey(apiKey: string): string {
 
 /** API keys, stored hashed, each bound to one tenant. */
 export class ApiKeyStore {
+  // Prepared once: every authenticated request looks its key up.
+  private readonly byHash;
+
   constructor(
     private readonly db: SqliteDatabase,
     private readonly now: () => number = Date.now,
-  ) {}
+  ) {
+    this.byHash = db.prepare<[string], Row>('SELECT * FROM api_keys WHERE key_hash = ?');
+  }
 
   /** Creates a key for `tenantId` and returns it with its secret (the only time it is visible). */
   mint(tenantId: string, options: { name?: string; isAdmin?: boolean; apiKey?: string } = {}): MintedKey {
@@ -90,7 +95,7 @@ export class ApiKeyStore {
   verify(apiKey: string): ApiKeyRecord | undefined {
     if (!API_KEY_PATTERN.test(apiKey)) return undefined;
     const hash = hashKey(apiKey);
-    const row = this.db.prepare<[string], Row>('SELECT * FROM api_keys WHERE key_hash = ?').get(hash);
+    const row = this.byHash.get(hash);
     if (!row || !timingSafeEqual(Buffer.from(row.key_hash, 'hex'), Buffer.from(hash, 'hex'))) return undefined;
     return { keyId: row.key_id, tenantId: row.tenant_id, name: row.name, isAdmin: row.is_admin === 1, createdAt: row.created_at };
   }

@@ -102,40 +102,49 @@ function fromRow(row: Row): AuditRecord {
  * caller must not do (or report) the work.
  */
 export class AuditLog {
+  // Prepared once: every audited call appends twice.
+  private readonly headStatement;
+  private readonly insertStatement;
+  private readonly appendTransaction;
+
   constructor(
     private readonly db: SqliteDatabase,
     private readonly now: () => number = Date.now,
-  ) {}
+  ) {
+    this.headStatement = db.prepare<[], { seq: number; hash: string }>('SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1');
+    this.insertStatement = db.prepare<[AuditRecord]>(
+      `INSERT INTO audit (seq, at, tenant_id, key_id, operation, phase, attempt_seq, request_id, sandbox_id,
+         subject_sha256, policy, outcome, prev_hash, hash)
+       VALUES (@seq, @at, @tenantId, @keyId, @operation, @phase, @attemptSeq, @requestId, @sandboxId,
+         @subjectSha256, @policy, @outcome, @prevHash, @hash)`,
+    );
+    this.appendTransaction = db.transaction((entry: AuditEntry) => this.appendNow(entry));
+  }
 
   append(entry: AuditEntry): AuditRecord {
-    return this.db.transaction((): AuditRecord => {
-      const head = this.db.prepare<[], { seq: number; hash: string }>('SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1').get();
-      const unhashed: Omit<AuditRecord, 'hash'> = {
-        seq: (head?.seq ?? 0) + 1,
-        at: new Date(this.now()).toISOString(),
-        tenantId: entry.tenantId,
-        keyId: entry.keyId,
-        operation: entry.operation,
-        phase: entry.phase,
-        attemptSeq: entry.attemptSeq ?? null,
-        requestId: entry.requestId ?? null,
-        sandboxId: entry.sandboxId ?? null,
-        subjectSha256: entry.subjectSha256 ?? null,
-        policy: entry.policy ? canonicalJson(entry.policy) : null,
-        outcome: entry.outcome ?? null,
-        prevHash: head?.hash ?? GENESIS_HASH,
-      };
-      const record: AuditRecord = { ...unhashed, hash: recordHash(unhashed) };
-      this.db
-        .prepare(
-          `INSERT INTO audit (seq, at, tenant_id, key_id, operation, phase, attempt_seq, request_id, sandbox_id,
-             subject_sha256, policy, outcome, prev_hash, hash)
-           VALUES (@seq, @at, @tenantId, @keyId, @operation, @phase, @attemptSeq, @requestId, @sandboxId,
-             @subjectSha256, @policy, @outcome, @prevHash, @hash)`,
-        )
-        .run(record);
-      return record;
-    }).immediate();
+    return this.appendTransaction.immediate(entry);
+  }
+
+  private appendNow(entry: AuditEntry): AuditRecord {
+    const head = this.headStatement.get();
+    const unhashed: Omit<AuditRecord, 'hash'> = {
+      seq: (head?.seq ?? 0) + 1,
+      at: new Date(this.now()).toISOString(),
+      tenantId: entry.tenantId,
+      keyId: entry.keyId,
+      operation: entry.operation,
+      phase: entry.phase,
+      attemptSeq: entry.attemptSeq ?? null,
+      requestId: entry.requestId ?? null,
+      sandboxId: entry.sandboxId ?? null,
+      subjectSha256: entry.subjectSha256 ?? null,
+      policy: entry.policy ? canonicalJson(entry.policy) : null,
+      outcome: entry.outcome ?? null,
+      prevHash: head?.hash ?? GENESIS_HASH,
+    };
+    const record: AuditRecord = { ...unhashed, hash: recordHash(unhashed) };
+    this.insertStatement.run(record);
+    return record;
   }
 
   /** Records after `after` (a seq), oldest first. */
@@ -147,8 +156,7 @@ export class AuditLog {
   }
 
   head(): { seq: number; hash: string } {
-    const row = this.db.prepare<[], { seq: number; hash: string }>('SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1').get();
-    return row ?? { seq: 0, hash: GENESIS_HASH };
+    return this.headStatement.get() ?? { seq: 0, hash: GENESIS_HASH };
   }
 }
 

@@ -33,66 +33,78 @@ interface Row {
  * retry with the same key and request gets that response back instead of running again.
  */
 export class OperationStore {
+  // Prepared once: every POST with a key runs these, and preparing costs more than running.
+  private readonly statements;
+  private readonly beginTransaction: (tenantId: string, key: string, fingerprint: string) => BeginResult;
+
   constructor(
     private readonly db: SqliteDatabase,
     private readonly now: () => number = Date.now,
-  ) {}
+  ) {
+    this.statements = {
+      sweep: db.prepare<[number]>('DELETE FROM operations WHERE expires_at <= ?'),
+      find: db.prepare<[string, string], Row>('SELECT * FROM operations WHERE tenant_id = ? AND key = ?'),
+      claim: db.prepare<[string, string, string, number, number]>(
+        "INSERT INTO operations (tenant_id, key, fingerprint, status, created_at, expires_at) VALUES (?, ?, ?, 'in_progress', ?, ?)",
+      ),
+      complete: db.prepare<[number, string, string, string, string]>(
+        "UPDATE operations SET status = 'completed', response_status = ?, response_body = ?, content_type = ? WHERE tenant_id = ? AND key = ?",
+      ),
+      release: db.prepare<[string, string]>("DELETE FROM operations WHERE tenant_id = ? AND key = ? AND status = 'in_progress'"),
+      get: db.prepare<[string, string, number], Row>('SELECT * FROM operations WHERE tenant_id = ? AND key = ? AND expires_at > ?'),
+    };
+    this.beginTransaction = db.transaction((tenantId: string, key: string, fingerprint: string) => this.claim(tenantId, key, fingerprint));
+  }
 
   /**
    * Claims `key` for this request, or returns the stored response of the first one. Runs in one
    * synchronous SQLite transaction, so two concurrent requests cannot both claim it.
    */
   begin(tenantId: string, key: string, fingerprint: string): BeginResult {
-    return this.db.transaction((): BeginResult => {
-      const now = this.now();
-      this.db.prepare('DELETE FROM operations WHERE expires_at <= ?').run(now);
-      const row = this.db.prepare<[string, string], Row>('SELECT * FROM operations WHERE tenant_id = ? AND key = ?').get(tenantId, key);
-      if (!row) {
-        this.db
-          .prepare("INSERT INTO operations (tenant_id, key, fingerprint, status, created_at, expires_at) VALUES (?, ?, ?, 'in_progress', ?, ?)")
-          .run(tenantId, key, fingerprint, now, now + OPERATION_TTL_MS);
-        return { kind: 'started' };
-      }
-      if (row.fingerprint !== fingerprint) {
-        throw new SandboxError('IDEMPOTENCY_KEY_REUSED', `Idempotency-Key "${key}" was already used for a different request`, {
-          details: { idempotencyKey: key },
-          hint: 'Use a new key for a new request; reuse a key only to retry the identical request.',
-        });
-      }
-      if (row.status === 'in_progress') {
-        throw new SandboxError('CONFLICT', `the request with Idempotency-Key "${key}" is still in progress`, {
-          details: { idempotencyKey: key },
-          hint: `Poll GET /v1/operations/${encodeURIComponent(key)} until it is completed; it then holds the response.`,
-        });
-      }
-      return {
-        kind: 'replay',
-        response: {
-          status: row.response_status ?? 500,
-          body: row.response_body === null ? null : JSON.parse(row.response_body),
-          contentType: row.content_type ?? 'application/json',
-        },
-      };
-    })();
+    return this.beginTransaction(tenantId, key, fingerprint);
+  }
+
+  private claim(tenantId: string, key: string, fingerprint: string): BeginResult {
+    const now = this.now();
+    this.statements.sweep.run(now);
+    const row = this.statements.find.get(tenantId, key);
+    if (!row) {
+      this.statements.claim.run(tenantId, key, fingerprint, now, now + OPERATION_TTL_MS);
+      return { kind: 'started' };
+    }
+    if (row.fingerprint !== fingerprint) {
+      throw new SandboxError('IDEMPOTENCY_KEY_REUSED', `Idempotency-Key "${key}" was already used for a different request`, {
+        details: { idempotencyKey: key },
+        hint: 'Use a new key for a new request; reuse a key only to retry the identical request.',
+      });
+    }
+    if (row.status === 'in_progress') {
+      throw new SandboxError('CONFLICT', `the request with Idempotency-Key "${key}" is still in progress`, {
+        details: { idempotencyKey: key },
+        hint: `Poll GET /v1/operations/${encodeURIComponent(key)} until it is completed; it then holds the response.`,
+      });
+    }
+    return {
+      kind: 'replay',
+      response: {
+        status: row.response_status ?? 500,
+        body: row.response_body === null ? null : JSON.parse(row.response_body),
+        contentType: row.content_type ?? 'application/json',
+      },
+    };
   }
 
   complete(tenantId: string, key: string, response: StoredResponse): void {
-    this.db
-      .prepare(
-        "UPDATE operations SET status = 'completed', response_status = ?, response_body = ?, content_type = ? WHERE tenant_id = ? AND key = ?",
-      )
-      .run(response.status, JSON.stringify(response.body ?? null), response.contentType, tenantId, key);
+    this.statements.complete.run(response.status, JSON.stringify(response.body ?? null), response.contentType, tenantId, key);
   }
 
   /** Forgets a claimed key whose request did not take effect, so a retry runs again. */
   release(tenantId: string, key: string): void {
-    this.db.prepare("DELETE FROM operations WHERE tenant_id = ? AND key = ? AND status = 'in_progress'").run(tenantId, key);
+    this.statements.release.run(tenantId, key);
   }
 
   get(tenantId: string, key: string): OperationRecord | undefined {
-    const row = this.db
-      .prepare<[string, string, number], Row>('SELECT * FROM operations WHERE tenant_id = ? AND key = ? AND expires_at > ?')
-      .get(tenantId, key, this.now());
+    const row = this.statements.get.get(tenantId, key, this.now());
     if (!row) return undefined;
     const record: OperationRecord = { key: row.key, status: row.status };
     if (row.status === 'completed') {
