@@ -1,4 +1,4 @@
-import { createReadStream } from 'node:fs';
+import { closeSync, createReadStream, fstatSync, mkdirSync, openSync, renameSync, writeSync } from 'node:fs';
 import { mkdir, open, rename, rm, stat, type FileHandle } from 'node:fs/promises';
 import { join } from 'node:path';
 import { createInterface } from 'node:readline';
@@ -47,60 +47,154 @@ function logPaths(options: OutputLogOptions): { current: string; previous: strin
   return { current: join(dir, `${options.pid}.ndjson`), previous: join(dir, `${options.pid}.1.ndjson`) };
 }
 
-/** Appends a process's output to its log. Writes are queued in order; `close()` flushes them. */
+/** Output kept in memory before the log file is touched: most processes print less than this. */
+const BUFFER_BYTES = 64 * 1024;
+
+/** One write to the current file, after rotating it away when `rotateFirst`. */
+interface Segment {
+  rotateFirst: boolean;
+  data: Buffer;
+}
+
+/** Splits `lines` at the points where the current file (holding `written` bytes) must rotate. */
+function plan(written: number, fileBytes: number, lines: Buffer[]): { segments: Segment[]; written: number } {
+  const segments: Segment[] = [];
+  let run: Buffer[] = [];
+  let rotateFirst = false;
+  let size = written;
+  for (const line of lines) {
+    if (size > 0 && size + line.length > fileBytes) {
+      if (run.length > 0) segments.push({ rotateFirst, data: Buffer.concat(run) });
+      run = [];
+      rotateFirst = true;
+      size = 0;
+    }
+    run.push(line);
+    size += line.length;
+  }
+  if (run.length > 0) segments.push({ rotateFirst, data: Buffer.concat(run) });
+  return { segments, written: size };
+}
+
+/**
+ * Appends a process's output to its log. Output is buffered in memory up to 64 KiB; a process
+ * that prints less (most do) costs one small synchronous append when it ends instead of a
+ * directory check, an open, a stat, writes and a close through the thread pool while it runs.
+ * Larger output goes through an open file handle in order. `flush()` makes the log current for
+ * a reader; `close()` writes the rest.
+ */
 export class OutputLogWriter {
   private readonly paths: { current: string; previous: string };
+  private readonly dir: string;
   private readonly fileBytes: number;
+  private buffered: Buffer[] = [];
+  private bufferedBytes = 0;
   private handle: FileHandle | undefined;
   private written = 0;
-  private queue: Promise<void> = Promise.resolve();
+  private queue: Promise<void> | undefined;
   private failure: unknown;
   /** Older output was dropped to stay within the bound. */
   rotated = false;
 
-  private constructor(private readonly options: OutputLogOptions) {
+  constructor(private readonly options: OutputLogOptions) {
     this.paths = logPaths(options);
+    this.dir = outputLogDir(options.dataDir, options.sandboxId);
     this.fileBytes = Math.max(1024, Math.floor((options.maxBytes ?? DEFAULT_OUTPUT_LOG_BYTES) / 2));
   }
 
+  /** A writer whose (possibly empty) log file exists now. */
   static async open(options: OutputLogOptions): Promise<OutputLogWriter> {
     const writer = new OutputLogWriter(options);
-    await mkdir(outputLogDir(options.dataDir, options.sandboxId), { recursive: true, mode: 0o700 });
-    writer.handle = await open(writer.paths.current, 'a', 0o600);
-    writer.written = (await writer.handle.stat()).size;
+    await writer.flush();
     return writer;
   }
 
   /** Queues one chunk. A write failure is kept and thrown by `close()`, never swallowed. */
   write(stream: OutputStream, data: Buffer): void {
     const line = Buffer.from(`${JSON.stringify({ t: Date.now(), stream, data: data.toString('base64') })}\n`);
-    this.queue = this.queue.then(() => this.append(line)).catch((error: unknown) => {
-      this.failure ??= error;
-    });
+    this.buffered.push(line);
+    this.bufferedBytes += line.length;
+    if (this.bufferedBytes >= BUFFER_BYTES) void this.flush();
+  }
+
+  /** Writes what is buffered, creating the file if need be, so that a reader sees all of it. */
+  flush(): Promise<void> {
+    const lines = this.takeBuffered();
+    this.queue = (this.queue ?? Promise.resolve())
+      .then(() => this.append(lines))
+      .catch((error: unknown) => {
+        this.failure ??= error;
+      });
+    return this.queue;
   }
 
   async close(): Promise<{ rotated: boolean }> {
-    await this.queue;
-    await this.handle?.close();
-    this.handle = undefined;
+    if (this.queue === undefined) {
+      // Never flushed: everything is in memory and at most 64 KiB.
+      try {
+        this.appendSync(this.takeBuffered());
+      } catch (error) {
+        this.failure ??= error;
+      }
+    } else {
+      await this.flush();
+      await this.handle?.close();
+      this.handle = undefined;
+    }
     if (this.failure !== undefined) {
       throw new SandboxError('INTERNAL', `writing the output log of process ${this.options.pid} failed`, { cause: this.failure });
     }
     return { rotated: this.rotated };
   }
 
-  private async append(line: Buffer): Promise<void> {
-    if (!this.handle) return;
-    if (this.written > 0 && this.written + line.length > this.fileBytes) {
-      await this.handle.close();
-      await rename(this.paths.current, this.paths.previous);
-      this.handle = await open(this.paths.current, 'a', 0o600);
-      this.written = 0;
-      this.rotated = true;
-    }
-    await this.handle.write(line);
-    this.written += line.length;
+  private takeBuffered(): Buffer[] {
+    const lines = this.buffered;
+    this.buffered = [];
+    this.bufferedBytes = 0;
+    return lines;
   }
+
+  private async append(lines: Buffer[]): Promise<void> {
+    if (!this.handle) {
+      await mkdir(this.dir, { recursive: true, mode: 0o700 });
+      this.handle = await open(this.paths.current, 'a', 0o600);
+      this.written = (await this.handle.stat()).size;
+    }
+    const { segments, written } = plan(this.written, this.fileBytes, lines);
+    for (const segment of segments) {
+      if (segment.rotateFirst) {
+        await this.handle.close();
+        await rename(this.paths.current, this.paths.previous);
+        this.handle = await open(this.paths.current, 'a', 0o600);
+        this.rotated = true;
+      }
+      await this.handle.write(segment.data);
+    }
+    this.written = written;
+  }
+
+  private appendSync(lines: Buffer[]): void {
+    mkdirSync(this.dir, { recursive: true, mode: 0o700 });
+    let fd = openSync(this.paths.current, 'a', 0o600);
+    try {
+      const { segments } = plan(fstatSync(fd).size, this.fileBytes, lines);
+      for (const segment of segments) {
+        if (segment.rotateFirst) {
+          closeSync(fd);
+          renameSync(this.paths.current, this.paths.previous);
+          fd = openSync(this.paths.current, 'a', 0o600);
+          this.rotated = true;
+        }
+        writeAllSync(fd, segment.data);
+      }
+    } finally {
+      closeSync(fd);
+    }
+  }
+}
+
+function writeAllSync(fd: number, data: Buffer): void {
+  for (let offset = 0; offset < data.length; ) offset += writeSync(fd, data, offset);
 }
 
 export interface ReadOutputLogOptions extends OutputLogOptions {

@@ -3,10 +3,6 @@ import { join } from 'node:path';
 import { DEFAULT_OUTPUT_LOG_BYTES, OutputLogWriter, removeOutputLogs, type OutputStream } from '../engine/output-log.js';
 import type { ObservedProcess } from '../engine/sandbox-manager.js';
 
-interface OpenLog {
-  /** Settles with the writer, or undefined when it could not be opened (counted in `failures`). */
-  writer: Promise<OutputLogWriter | undefined>;
-}
 
 /**
  * The full output of every process, written to `<dataDir>/logs/<sandboxId>/<pid>.ndjson`
@@ -14,7 +10,8 @@ interface OpenLog {
  * cannot be written is counted and reported on stderr, never silently dropped.
  */
 export class ProcessLogs {
-  private readonly open = new Map<string, OpenLog>();
+  /** Writers of running processes; undefined when one could not be made (counted in `failures`). */
+  private readonly open = new Map<string, OutputLogWriter | undefined>();
   private readonly pending = new Set<Promise<unknown>>();
   /** Sandboxes that ended, and when their logs go. */
   private readonly removals = new Map<string, number>();
@@ -55,24 +52,21 @@ export class ProcessLogs {
   }
 
   output(process: ObservedProcess, stream: OutputStream, data: Buffer): void {
-    const log = this.logOf(process);
-    // OutputLogWriter queues writes in order; only the open is awaited here.
-    void log.writer.then((writer) => writer?.write(stream, data));
+    this.logOf(process)?.write(stream, data);
   }
 
   /** The process ended: flush and close its log. */
   ended(process: ObservedProcess): void {
     const key = keyOf(process);
-    const log = this.open.get(key);
-    if (!log) return;
+    const writer = this.open.get(key);
+    if (!writer) return;
     this.open.delete(key);
-    this.track(
-      log.writer.then((writer) => writer?.close()).catch((error: unknown) => this.fail(process, error)),
-    );
+    this.track(writer.close().catch((error: unknown) => this.fail(process, error)));
   }
 
-  /** Waits for queued writes (a reader wants the whole log so far). */
+  /** Writes what running processes buffered and waits for queued writes (a reader wants the whole log so far). */
   async flushed(): Promise<void> {
+    for (const writer of this.open.values()) if (writer) this.track(writer.flush());
     await Promise.all([...this.pending]);
   }
 
@@ -83,26 +77,24 @@ export class ProcessLogs {
   }
 
   async close(): Promise<void> {
-    for (const [key, log] of this.open) {
+    for (const [key, writer] of this.open) {
       this.open.delete(key);
-      this.track(log.writer.then((writer) => writer?.close()).catch(() => undefined));
+      if (writer) this.track(writer.close().catch(() => undefined));
     }
     await this.flushed();
   }
 
-  private logOf(process: ObservedProcess): OpenLog {
+  private logOf(process: ObservedProcess): OutputLogWriter | undefined {
     const key = keyOf(process);
-    let log = this.open.get(key);
-    if (!log) {
-      const writer = OutputLogWriter.open({ dataDir: this.dataDir, sandboxId: process.sandboxId, pid: process.pid, maxBytes: this.options.maxBytes ?? DEFAULT_OUTPUT_LOG_BYTES }).catch((error: unknown) => {
-        this.fail(process, error);
-        return undefined;
-      });
-      log = { writer };
-      this.open.set(key, log);
-      this.track(writer);
+    if (this.open.has(key)) return this.open.get(key);
+    let writer: OutputLogWriter | undefined;
+    try {
+      writer = new OutputLogWriter({ dataDir: this.dataDir, sandboxId: process.sandboxId, pid: process.pid, maxBytes: this.options.maxBytes ?? DEFAULT_OUTPUT_LOG_BYTES });
+    } catch (error) {
+      this.fail(process, error);
     }
-    return log;
+    this.open.set(key, writer);
+    return writer;
   }
 
   private track(promise: Promise<unknown>): void {

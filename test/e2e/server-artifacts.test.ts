@@ -1,7 +1,7 @@
 import { createHash } from 'node:crypto';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { expectNoLeaks } from '../helpers/sandbox.js';
-import { expectError, readNdjson, startTestServer, type TestServer } from './server-helpers.js';
+import { expectError, readNdjson, startTestServer, waitFor, type TestServer } from './server-helpers.js';
 
 type Ref = { name: string; path: string; size?: number; sha256?: string; uri?: string; skipped?: string };
 
@@ -121,5 +121,28 @@ describe('process output logs', () => {
     // Kept after the sandbox ends (removed an hour later by the sweep).
     await t.call('DELETE', `/v1/sandboxes/${id}`);
     expect((await t.call('GET', `/v1/sandboxes/${id}/processes/${pid}/log`)).status).toBe(200);
+  });
+
+  it('shows the output of a running process so far, then all of it after the exit', async () => {
+    const r = await t.json<{ sandboxId: string }>('POST', '/v1/sandboxes', { body: {} });
+    const id = r.body.sandboxId;
+    try {
+      // The process prints, then waits for a file the test writes: it is running while read.
+      const started = await t.json<{ pid: number }>('POST', `/v1/sandboxes/${id}/processes`, {
+        body: { argv: ['sh', '-c', 'echo early; while [ ! -e go ]; do sleep 0.02; done; echo late'], background: true },
+      });
+      expect(started.status).toBe(201);
+      const log = async (): Promise<string> => {
+        const response = await t.call('GET', `/v1/sandboxes/${id}/processes/${started.body.pid}/log`);
+        if (response.status !== 200) return '';
+        const lines = (await readNdjson(response)) as { data: string }[];
+        return Buffer.concat(lines.map((l) => Buffer.from(l.data, 'base64'))).toString();
+      };
+      expect(await waitFor(async () => ((await log()) === 'early\n' ? true : undefined), { timeoutMs: 10_000, what: 'the early line in the log' })).toBe(true);
+      await exec(id, { argv: ['touch', 'go'] });
+      expect(await waitFor(async () => ((await log()) === 'early\nlate\n' ? true : undefined), { timeoutMs: 10_000, what: 'the whole log' })).toBe(true);
+    } finally {
+      await t.call('DELETE', `/v1/sandboxes/${id}`);
+    }
   });
 });
