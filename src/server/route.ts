@@ -182,10 +182,9 @@ function sendResult(
         throw error;
       });
       settled?.catch((error: unknown) => log.warn({ err: error }, 'stream ended without its final event'));
-      const stream = ndjson(result.events, settled, requestId, log);
-      // Headers go out when the stream starts flowing, not with its first line: a client waiting
-      // on a quiet watch knows at once that it is established.
-      stream.once('resume', () => {
+      // Headers go out with the first lines when those are ready at once (an exec's start), else
+      // as soon as the stream has to wait: a client of a quiet watch knows it is established.
+      const stream = coalesce(ndjson(result.events, settled, requestId, log), () => {
         if (!reply.raw.headersSent) reply.raw.flushHeaders();
       });
       return reply.code(result.status).type('application/x-ndjson').send(stream);
@@ -208,8 +207,62 @@ function sandboxIdOf(body: unknown): string | undefined {
   return typeof id === 'string' ? id : undefined;
 }
 
+const TURN = Symbol('turn');
+
+/** Resolves once the event loop has run what was ready (I/O callbacks included). */
+function nextTurn(): Promise<typeof TURN> {
+  return new Promise((resolve) => setImmediate(() => resolve(TURN)));
+}
+
+/**
+ * The lines of `source` as a byte stream in which every line ready in the same turn of the event
+ * loop (a process's last output and its exit) shares one chunk: one write, one packet, one wakeup
+ * of the client instead of one per line. `onWait` runs once, the first time the stream has
+ * nothing to send.
+ */
+function coalesce(source: AsyncIterable<string>, onWait: () => void): Readable {
+  const iterator = source[Symbol.asyncIterator]();
+  let pending: Promise<IteratorResult<string>> | undefined;
+  let waited = false;
+  const stream = new Readable({
+    read() {
+      void (async () => {
+        let chunk = '';
+        for (;;) {
+          const next = pending ?? iterator.next();
+          pending = undefined;
+          let ready = await Promise.race([next, nextTurn()]);
+          if (ready === TURN) {
+            if (chunk !== '') {
+              pending = next;
+              break;
+            }
+            if (!waited) {
+              waited = true;
+              onWait();
+            }
+            ready = await next;
+          }
+          if (ready.done) {
+            if (chunk !== '') stream.push(chunk);
+            stream.push(null);
+            return;
+          }
+          chunk += ready.value;
+        }
+        stream.push(chunk);
+      })().catch((error: unknown) => stream.destroy(error as Error));
+    },
+    destroy(error, callback) {
+      void iterator.return?.();
+      callback(error);
+    },
+  });
+  return stream;
+}
+
 /** NDJSON lines; a failure after the headers went out becomes a last `error` line. */
-function ndjson(events: AsyncIterable<object>, settled: Promise<object> | undefined, requestId: string, log: FastifyBaseLogger): Readable {
+function ndjson(events: AsyncIterable<object>, settled: Promise<object> | undefined, requestId: string, log: FastifyBaseLogger): AsyncIterable<string> {
   async function* lines(): AsyncGenerator<string> {
     try {
       for await (const event of events) {
@@ -225,7 +278,7 @@ function ndjson(events: AsyncIterable<object>, settled: Promise<object> | undefi
       yield `${JSON.stringify({ type: 'error', error: { code: wire.code, message: wire.message, requestId } })}\n`;
     }
   }
-  return Readable.from(lines(), { objectMode: false });
+  return lines();
 }
 
 /** Fields holding a path in the sandbox: a bad one is INVALID_PATH. */
