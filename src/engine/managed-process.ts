@@ -70,9 +70,15 @@ export class ManagedProcess implements ProcessHandle {
         if (event.type === 'exit') return;
       }
       if (signal?.aborted) return;
+      // One abort listener per wait, removed when an event comes: a long stream must not pile
+      // them up on the request's signal.
       await new Promise<void>((resolve) => {
-        this.waiters.add(resolve);
-        signal?.addEventListener('abort', () => resolve(), { once: true });
+        const onAbort = (): void => resolve();
+        this.waiters.add(() => {
+          signal?.removeEventListener('abort', onAbort);
+          resolve();
+        });
+        signal?.addEventListener('abort', onAbort, { once: true });
       });
     }
   }
