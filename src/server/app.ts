@@ -4,7 +4,7 @@ import Fastify, { type FastifyInstance, type FastifyServerOptions } from 'fastif
 import { z } from 'zod';
 import { SandboxError } from '../errors/index.js';
 import type { SandboxEngine } from '../engine/types.js';
-import { ApiKeyStore, AuditLog, OperationStore, SqliteSandboxRecords, type SqliteDatabase } from '../store/index.js';
+import { ApiKeyStore, atomically, AuditLog, OperationStore, SqliteSandboxRecords, type SqliteDatabase } from '../store/index.js';
 import { registerE2bFacade } from './e2b/index.js';
 import { sendError } from './errors.js';
 import { buildOpenApi } from './openapi.js';
@@ -85,6 +85,7 @@ export class CapsuleApp {
       audit: new AuditLog(options.db, now),
       quota: new TenantQuota(options.maxSandboxesPerTenant ?? 20, (tenantId) => records.countLive(tenantId)),
       closeSignal: this.closeController.signal,
+      atomically: atomically(options.db),
       ...options.observability,
     };
     this.app = Fastify({

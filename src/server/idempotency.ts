@@ -60,10 +60,11 @@ export function beginIdempotent(
     };
   }
   let settled = false;
+  // Settled once the action succeeded: a completion rolled back with its transaction can still fail.
   const settle = (action: () => void) => {
     if (settled) return;
-    settled = true;
     action();
+    settled = true;
   };
   return {
     kind: 'started',

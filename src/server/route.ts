@@ -2,7 +2,7 @@ import { PassThrough, Readable } from 'node:stream';
 import type { FastifyBaseLogger, FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import type { z } from 'zod';
 import { SandboxError } from '../errors/index.js';
-import type { ApiKeyStore, AuditLog, OperationStore } from '../store/index.js';
+import type { ApiKeyStore, AuditLog, OperationStore, StoredResponse } from '../store/index.js';
 import { authenticate, type AuthLevel, type Principal } from './auth.js';
 import { invalidRequest } from './errors.js';
 import { beginIdempotent, type Idempotency } from './idempotency.js';
@@ -90,6 +90,7 @@ export interface SeamServices {
   audit: AuditLog;
   /** Aborted when the server closes: ends streams that would otherwise never end (watch). */
   closeSignal: AbortSignal;
+  atomically<T>(fn: () => T): T;
 }
 
 const ANONYMOUS: Principal = { tenantId: '', keyId: '', isAdmin: false };
@@ -119,20 +120,16 @@ async function serve(services: SeamServices, route: AnyRoute, request: FastifyRe
     log: request.log,
   };
 
-  let idempotency: Idempotency | undefined;
-  if (route.method !== 'GET') {
-    const begun = beginIdempotent(services.operations, request, principal, context.body, route.rawBody === true);
-    if (begun?.kind === 'replay') return begun.send(reply);
-    idempotency = begun?.idempotency;
-  }
-
+  // The key's claim and the audit attempt commit together: if the attempt cannot be written,
+  // the key is not claimed either and a retry runs the call.
   const trail = new AuditTrail(services.audit, route.name, principal, request.id);
-  try {
-    if (route.audit) trail.attempt(route.audit(context));
-  } catch (error) {
-    idempotency?.release();
-    throw error;
-  }
+  const begun = services.atomically(() => {
+    const claimed = route.method === 'GET' ? undefined : beginIdempotent(services.operations, request, principal, context.body, route.rawBody === true);
+    if (claimed?.kind !== 'replay' && route.audit) trail.attempt(route.audit(context));
+    return claimed;
+  });
+  if (begun?.kind === 'replay') return begun.send(reply);
+  const idempotency = begun?.idempotency;
 
   let result: RouteResult;
   try {
@@ -144,10 +141,11 @@ async function serve(services: SeamServices, route: AnyRoute, request: FastifyRe
   } finally {
     if (route.rawBody) drainUnread(request.body, reply);
   }
-  return sendResult(reply, result, trail, idempotency, request.id, request.log, route);
+  return sendResult(services, reply, result, trail, idempotency, request.id, request.log, route);
 }
 
 function sendResult(
+  services: SeamServices,
   reply: FastifyReply,
   result: RouteResult,
   trail: AuditTrail,
@@ -160,21 +158,22 @@ function sendResult(
     case 'json':
     case 'empty': {
       const body = result.kind === 'json' ? result.body : null;
-      settleOrFail(() => trail.succeeded(sandboxIdOf(body)), idempotency, requestId);
-      idempotency?.complete({ status: result.status, body: route.replayBody ? route.replayBody(body) : body, contentType: 'application/json' });
+      settle(services, idempotency, requestId, () => trail.succeeded(sandboxIdOf(body)), {
+        status: result.status,
+        body: route.replayBody ? route.replayBody(body) : body,
+        contentType: 'application/json',
+      });
       reply.code(result.status);
       return result.kind === 'json' ? reply.type('application/json').send(body) : reply.send();
     }
     case 'raw':
-      settleOrFail(() => trail.succeeded(), idempotency, requestId);
-      idempotency?.complete({ status: result.status, body: null, contentType: result.contentType });
+      settle(services, idempotency, requestId, () => trail.succeeded(), { status: result.status, body: null, contentType: result.contentType });
       return reply.code(result.status).type(result.contentType).send(result.stream);
     case 'ndjson': {
       // A stream without a final event (watch, reattach) succeeded once it is open.
-      if (!result.final) settleOrFail(() => trail.succeeded(), idempotency, requestId);
+      if (!result.final) settle(services, idempotency, requestId, () => trail.succeeded());
       const settled = result.final?.then((event) => {
-        settleOrFail(() => trail.succeeded(undefined, event), idempotency, requestId);
-        idempotency?.complete({ status: result.status, body: event, contentType: 'application/x-ndjson' });
+        settle(services, idempotency, requestId, () => trail.succeeded(undefined, event), { status: result.status, body: event, contentType: 'application/x-ndjson' });
         return event;
       }, (error: unknown) => {
         trail.failed(error);
@@ -192,10 +191,23 @@ function sendResult(
   }
 }
 
-/** The audit outcome must be written before success is reported; if it cannot be, the call fails. */
-function settleOrFail(write: () => void, idempotency: Idempotency | undefined, requestId: string): void {
+/**
+ * Writes the audit outcome and stores the response under the Idempotency-Key in one
+ * transaction. The outcome must be written before success is reported: if it cannot be, the
+ * call fails (and the key keeps that failure).
+ */
+function settle(
+  services: SeamServices,
+  idempotency: Idempotency | undefined,
+  requestId: string,
+  outcome: () => void,
+  response?: StoredResponse,
+): void {
   try {
-    write();
+    services.atomically(() => {
+      outcome();
+      if (response) idempotency?.complete(response);
+    });
   } catch (error) {
     idempotency?.fail(error, requestId);
     throw error;

@@ -95,3 +95,12 @@ function migrate(db: SqliteDatabase): void {
     })();
   }
 }
+
+/**
+ * Runs functions in one IMMEDIATE transaction each, so that the writes of one call commit (or
+ * roll back) together; a store's own transaction inside joins it as a savepoint.
+ */
+export function atomically(db: SqliteDatabase): <T>(fn: () => T) => T {
+  const run = db.transaction((fn: () => unknown) => fn());
+  return <T>(fn: () => T): T => run.immediate(fn) as T;
+}

@@ -421,8 +421,9 @@ describe('audit over HTTP', () => {
 
   it('fails the call with 500 and does not act when the audit log cannot be written', async () => {
     t.server.db.exec("CREATE TEMP TRIGGER audit_down BEFORE INSERT ON audit BEGIN SELECT RAISE(ABORT, 'disk on fire'); END");
+    const headers = { 'idempotency-key': 'attempt-down' };
     try {
-      const r = await t.json('POST', '/v1/sandboxes', { body: { metadata: { audit: 'down' } } });
+      const r = await t.json('POST', '/v1/sandboxes', { body: { metadata: { audit: 'down' } }, headers });
       expect(r.status).toBe(500);
       expectError(r.body, 'INTERNAL');
       expect(JSON.stringify(r.body)).not.toContain('disk on fire');
@@ -430,6 +431,11 @@ describe('audit over HTTP', () => {
       t.server.db.exec('DROP TRIGGER audit_down');
     }
     expect((await t.json<{ sandboxes: Info[] }>('GET', '/v1/sandboxes?metadata=audit=down')).body.sandboxes).toEqual([]);
+    // The key's claim rolled back with the attempt: a retry with the same key runs the call.
+    const retry = await t.json<Info>('POST', '/v1/sandboxes', { body: { metadata: { audit: 'down' } }, headers });
+    expect(retry.status).toBe(201);
+    expect(retry.headers.get('idempotent-replayed')).toBeNull();
+    await t.call('DELETE', `/v1/sandboxes/${retry.body.sandboxId}`);
   });
 
   it('reports an unknown effect when the outcome cannot be written, and a retry does not act twice', async () => {
