@@ -136,6 +136,6 @@ export class Artifacts {
 
 async function fetchBlob(http: HttpClient, ref: string, format: 'bytes' | 'stream', options: CallOptions): Promise<Uint8Array | ReadableStream<Uint8Array>> {
   const request = { method: 'GET' as const, path: blobPath(ref), ...callOptions(options) };
-  if (format === 'stream') return (await http.open(request)).body;
+  if (format === 'stream') return (await http.open(request)).stream();
   return http.bytes(request);
 }

@@ -60,7 +60,7 @@ export async function runCode(http: HttpClient, base: string, code: string, opti
     signal: options.signal,
   });
   try {
-    for await (const event of readNdjson<WireCodeEvent>(open.body)) {
+    for await (const event of readNdjson<WireCodeEvent>(open.chunks())) {
       switch (event.type) {
         case 'stdout':
           options.onStdout?.(event.text);

@@ -120,7 +120,7 @@ export class Commands {
     try {
       return await follow({ http: this.http, base: this.base, open, output: new OutputDecoder(options), signal: options.signal, onStart });
     } catch (error) {
-      if (error instanceof AbortedError && pid !== undefined) await signalQuietly(this.http, this.base, pid, 'SIGKILL');
+      if (error instanceof AbortedError && pid !== undefined) await killAndWait(this.http, this.base, pid);
       throw error;
     }
   }
@@ -213,7 +213,7 @@ async function follow(options: FollowOptions): Promise<ExecResult> {
   let { open, pid } = options;
   for (let reattached = 0; ; reattached++) {
     try {
-      for await (const event of readNdjson<WireProcessEvent>(open.body)) {
+      for await (const event of readNdjson<WireProcessEvent>(open.chunks())) {
         if (event.type === 'start' && pid === undefined) {
           pid = event.pid;
           options.onStart?.(pid);
@@ -306,11 +306,27 @@ async function writeAndClose(http: HttpClient, base: string, pid: number, data: 
   await http.json({ method: 'POST', path: `${path}/close`, signal });
 }
 
-/** Best effort: used after an abort, when the caller already has the error that matters. */
-async function signalQuietly(http: HttpClient, base: string, pid: number, signal: NodeJS.Signals): Promise<void> {
-  await http
-    .json({ method: 'POST', path: `${base}/processes/${pid}/signal`, json: { signal }, timeoutMs: 5_000 })
-    .catch(() => undefined);
+/** How long an aborted run waits for its killed process to end before it rejects anyway. */
+const KILL_WAIT_MS = 5_000;
+
+/**
+ * Kills the process of an aborted run and waits for its exit event, so that once the run rejects
+ * the process is gone (a `commands.list()` right after sees it ended). Best effort: the caller
+ * already has the error that matters.
+ */
+async function killAndWait(http: HttpClient, base: string, pid: number): Promise<void> {
+  const path = `${base}/processes/${pid}`;
+  try {
+    await http.json({ method: 'POST', path: `${path}/signal`, json: { signal: 'SIGKILL' }, timeoutMs: KILL_WAIT_MS });
+    const open = await http.open({ method: 'GET', path: `${path}/events`, timeoutMs: KILL_WAIT_MS, signal: AbortSignal.timeout(KILL_WAIT_MS) });
+    try {
+      for await (const event of readNdjson<WireProcessEvent>(open.chunks())) if (event.type === 'exit') return;
+    } finally {
+      open.close();
+    }
+  } catch {
+    // Unreachable server, unknown process, slow exit: nothing more to do for a run already aborted.
+  }
 }
 
 

@@ -1,5 +1,5 @@
 import { AbortedError, FileNotFoundError, errorFromStreamEvent } from './errors.js';
-import { callOptions, type HttpClient } from './http.js';
+import { callOptions, type HttpClient, type RequestBody } from './http.js';
 import { readNdjson } from './ndjson.js';
 import type { CallOptions, FileEntry, WatchEvent } from './types.js';
 
@@ -46,7 +46,7 @@ export class Files {
   read(path: string, options: ReadOptions<'stream'>): Promise<ReadableStream<Uint8Array>>;
   async read(path: string, options: ReadOptions = {}): Promise<string | Uint8Array | ReadableStream<Uint8Array>> {
     const request = { method: 'GET' as const, path: `${this.base}/files`, query: { path }, timeoutMs: options.timeoutMs, signal: options.signal };
-    if (options.format === 'stream') return (await this.http.open(request)).body;
+    if (options.format === 'stream') return (await this.http.open(request)).stream();
     const bytes = await this.http.bytes(request);
     return options.format === 'bytes' ? bytes : new TextDecoder().decode(bytes);
   }
@@ -112,7 +112,7 @@ export class Files {
     });
     const done = (async () => {
       try {
-        for await (const event of readNdjson<WatchEvent | { type: 'error'; error: unknown }>(open.body)) {
+        for await (const event of readNdjson<WatchEvent | { type: 'error'; error: unknown }>(open.chunks())) {
           if (event.type === 'error') throw errorFromStreamEvent(event.error);
           // Lines of other types (a newer server's heartbeats, say) are not changes.
           if (WATCH_EVENT_TYPES.has(event.type)) options.onEvent(event);
@@ -130,10 +130,10 @@ export class Files {
   }
 }
 
-async function toBody(data: WriteData): Promise<Uint8Array | string | ReadableStream<Uint8Array>> {
-  if (typeof data === 'string' || data instanceof Uint8Array || data instanceof ReadableStream) return data;
+async function toBody(data: WriteData): Promise<RequestBody> {
   if (data instanceof ArrayBuffer) return new Uint8Array(data);
   if (data instanceof Blob) return new Uint8Array(await data.arrayBuffer());
-  return ReadableStream.from(data);
+  // A string or bytes is sent (and replayed) as is; a stream, web or async iterable, as it is read.
+  return data;
 }
 

@@ -245,9 +245,10 @@ describe('SDK streams', () => {
     expect((JSON.parse(seen[0]?.body.toString() ?? '') as { argv: string[] }).argv).toEqual(['sh', '-c', 'echo hi']);
   });
 
-  it('kills the process when a foreground run is aborted', async () => {
+  it('kills the process when a foreground run is aborted, and rejects once its exit was seen', async () => {
     const sb = await sandbox();
     const controller = new AbortController();
+    let exitSent = false;
     script(
       (_req, res) => {
         res.writeHead(200, { 'content-type': 'application/x-ndjson' });
@@ -255,11 +256,21 @@ describe('SDK streams', () => {
         res.write(`${JSON.stringify({ type: 'stdout', data: b64('x') })}\n`);
       },
       json(204, undefined),
+      (_req, res) => {
+        res.writeHead(200, { 'content-type': 'application/x-ndjson' });
+        res.write(`${JSON.stringify({ type: 'start', pid: 9 })}\n`);
+        setImmediate(() => {
+          exitSent = true;
+          res.end(`${JSON.stringify({ type: 'exit', result: { ...RESULT, outcome: 'exit_nonzero', exitCode: null, signal: 'SIGKILL' } })}\n`);
+        });
+      },
     );
     const pending = thrown(sb.commands.run(['sleep', '60'], { signal: controller.signal, onStdout: () => controller.abort() }));
     expect(await pending).toBeInstanceOf(AbortedError);
+    expect(exitSent).toBe(true);
     expect(seen[1]?.url.pathname).toBe(`/v1/sandboxes/${INFO.sandboxId}/processes/9/signal`);
     expect(JSON.parse(seen[1]?.body.toString() ?? '')).toEqual({ signal: 'SIGKILL' });
+    expect(seen[2]?.url.pathname).toBe(`/v1/sandboxes/${INFO.sandboxId}/processes/9/events`);
   });
 
   it('reattaches when the stream breaks mid-run, delivering each byte and warning once', async () => {
