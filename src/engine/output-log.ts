@@ -1,4 +1,4 @@
-import { closeSync, createReadStream, fstatSync, mkdirSync, openSync, renameSync, writeSync } from 'node:fs';
+import { createReadStream } from 'node:fs';
 import { mkdir, open, rename, rm, stat, type FileHandle } from 'node:fs/promises';
 import { join } from 'node:path';
 import { createInterface } from 'node:readline';
@@ -30,6 +30,11 @@ export interface OutputLogOptions {
   pid: number;
   /** Bound of the kept log (both files together). @default 64 MiB */
   maxBytes?: number;
+}
+
+export interface OutputLogWriterOptions extends OutputLogOptions {
+  /** Makes the log directory; a caller that knows it exists can make this free. @default mkdir -p */
+  ensureDir?: () => Promise<void>;
 }
 
 export function outputLogDir(dataDir: string, sandboxId: string): string {
@@ -77,11 +82,11 @@ function plan(written: number, fileBytes: number, lines: Buffer[]): { segments: 
 }
 
 /**
- * Appends a process's output to its log. Output is buffered in memory up to 64 KiB; a process
- * that prints less (most do) costs one small synchronous append when it ends instead of a
- * directory check, an open, a stat, writes and a close through the thread pool while it runs.
- * Larger output goes through an open file handle in order. `flush()` makes the log current for
- * a reader; `close()` writes the rest.
+ * Appends a process's output to its log. Output is buffered in memory up to 64 KiB, so a process
+ * that prints less (most do) touches the disk once, when it ends, instead of opening its log
+ * while it starts and writing every chunk. Larger output goes through an open file handle, in
+ * order. All of it runs on the thread pool: creating a file can take milliseconds when the disk
+ * is busy, and must not stall the event loop. `flush()` makes the log current for a reader.
  */
 export class OutputLogWriter {
   private readonly paths: { current: string; previous: string };
@@ -91,19 +96,19 @@ export class OutputLogWriter {
   private bufferedBytes = 0;
   private handle: FileHandle | undefined;
   private written = 0;
-  private queue: Promise<void> | undefined;
+  private queue: Promise<void> = Promise.resolve();
   private failure: unknown;
   /** Older output was dropped to stay within the bound. */
   rotated = false;
 
-  constructor(private readonly options: OutputLogOptions) {
+  constructor(private readonly options: OutputLogWriterOptions) {
     this.paths = logPaths(options);
     this.dir = outputLogDir(options.dataDir, options.sandboxId);
     this.fileBytes = Math.max(1024, Math.floor((options.maxBytes ?? DEFAULT_OUTPUT_LOG_BYTES) / 2));
   }
 
   /** A writer whose (possibly empty) log file exists now. */
-  static async open(options: OutputLogOptions): Promise<OutputLogWriter> {
+  static async open(options: OutputLogWriterOptions): Promise<OutputLogWriter> {
     const writer = new OutputLogWriter(options);
     await writer.flush();
     return writer;
@@ -120,7 +125,7 @@ export class OutputLogWriter {
   /** Writes what is buffered, creating the file if need be, so that a reader sees all of it. */
   flush(): Promise<void> {
     const lines = this.takeBuffered();
-    this.queue = (this.queue ?? Promise.resolve())
+    this.queue = this.queue
       .then(() => this.append(lines))
       .catch((error: unknown) => {
         this.failure ??= error;
@@ -129,18 +134,9 @@ export class OutputLogWriter {
   }
 
   async close(): Promise<{ rotated: boolean }> {
-    if (this.queue === undefined) {
-      // Never flushed: everything is in memory and at most 64 KiB.
-      try {
-        this.appendSync(this.takeBuffered());
-      } catch (error) {
-        this.failure ??= error;
-      }
-    } else {
-      await this.flush();
-      await this.handle?.close();
-      this.handle = undefined;
-    }
+    await this.flush();
+    await this.handle?.close();
+    this.handle = undefined;
     if (this.failure !== undefined) {
       throw new SandboxError('INTERNAL', `writing the output log of process ${this.options.pid} failed`, { cause: this.failure });
     }
@@ -156,7 +152,7 @@ export class OutputLogWriter {
 
   private async append(lines: Buffer[]): Promise<void> {
     if (!this.handle) {
-      await mkdir(this.dir, { recursive: true, mode: 0o700 });
+      await (this.options.ensureDir?.() ?? mkdir(this.dir, { recursive: true, mode: 0o700 }));
       this.handle = await open(this.paths.current, 'a', 0o600);
       this.written = (await this.handle.stat()).size;
     }
@@ -173,28 +169,6 @@ export class OutputLogWriter {
     this.written = written;
   }
 
-  private appendSync(lines: Buffer[]): void {
-    mkdirSync(this.dir, { recursive: true, mode: 0o700 });
-    let fd = openSync(this.paths.current, 'a', 0o600);
-    try {
-      const { segments } = plan(fstatSync(fd).size, this.fileBytes, lines);
-      for (const segment of segments) {
-        if (segment.rotateFirst) {
-          closeSync(fd);
-          renameSync(this.paths.current, this.paths.previous);
-          fd = openSync(this.paths.current, 'a', 0o600);
-          this.rotated = true;
-        }
-        writeAllSync(fd, segment.data);
-      }
-    } finally {
-      closeSync(fd);
-    }
-  }
-}
-
-function writeAllSync(fd: number, data: Buffer): void {
-  for (let offset = 0; offset < data.length; ) offset += writeSync(fd, data, offset);
 }
 
 export interface ReadOutputLogOptions extends OutputLogOptions {

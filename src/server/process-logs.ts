@@ -1,6 +1,6 @@
-import { readdir } from 'node:fs/promises';
+import { mkdir, readdir } from 'node:fs/promises';
 import { join } from 'node:path';
-import { DEFAULT_OUTPUT_LOG_BYTES, OutputLogWriter, removeOutputLogs, type OutputStream } from '../engine/output-log.js';
+import { DEFAULT_OUTPUT_LOG_BYTES, OutputLogWriter, outputLogDir, removeOutputLogs, type OutputStream } from '../engine/output-log.js';
 import type { ObservedProcess } from '../engine/sandbox-manager.js';
 
 
@@ -13,6 +13,7 @@ export class ProcessLogs {
   /** Writers of running processes; undefined when one could not be made (counted in `failures`). */
   private readonly open = new Map<string, OutputLogWriter | undefined>();
   private readonly pending = new Set<Promise<unknown>>();
+  private readonly dirs = new Map<string, Promise<void>>();
   /** Sandboxes that ended, and when their logs go. */
   private readonly removals = new Map<string, number>();
   failures = 0;
@@ -73,6 +74,7 @@ export class ProcessLogs {
   /** Removes every log of a sandbox once its processes' logs are closed. */
   async remove(sandboxId: string): Promise<void> {
     await this.flushed();
+    this.dirs.delete(sandboxId);
     await removeOutputLogs(this.dataDir, sandboxId);
   }
 
@@ -89,12 +91,29 @@ export class ProcessLogs {
     if (this.open.has(key)) return this.open.get(key);
     let writer: OutputLogWriter | undefined;
     try {
-      writer = new OutputLogWriter({ dataDir: this.dataDir, sandboxId: process.sandboxId, pid: process.pid, maxBytes: this.options.maxBytes ?? DEFAULT_OUTPUT_LOG_BYTES });
+      writer = new OutputLogWriter({
+        dataDir: this.dataDir,
+        sandboxId: process.sandboxId,
+        pid: process.pid,
+        maxBytes: this.options.maxBytes ?? DEFAULT_OUTPUT_LOG_BYTES,
+        ensureDir: () => this.ensureDir(process.sandboxId),
+      });
     } catch (error) {
       this.fail(process, error);
     }
     this.open.set(key, writer);
     return writer;
+  }
+
+  /** The sandbox's log directory, made once per sandbox rather than once per process. */
+  private ensureDir(sandboxId: string): Promise<void> {
+    let made = this.dirs.get(sandboxId);
+    if (!made) {
+      made = mkdir(outputLogDir(this.dataDir, sandboxId), { recursive: true, mode: 0o700 }).then(() => undefined);
+      made.catch(() => this.dirs.delete(sandboxId));
+      this.dirs.set(sandboxId, made);
+    }
+    return made;
   }
 
   private track(promise: Promise<unknown>): void {
