@@ -119,6 +119,23 @@ export class WorkspaceVolume {
   }
 
   /**
+   * A new empty workspace owned by `uid` with NO quota yet: one `btrfs` spawn instead of two, for
+   * a caller that has other slow work to overlap with `setLimit()` (gVisor boots its sandbox
+   * meanwhile). The caller must await `setLimit()` before anything may write to the workspace.
+   */
+  async createWithoutLimit(id: string, uid: number): Promise<string> {
+    const path = this.path(id);
+    await runCommand(['btrfs', 'subvolume', 'create', path]);
+    try {
+      await chown(path, uid, uid);
+    } catch (error) {
+      await this.delete(id).catch(() => undefined);
+      throw error;
+    }
+    return path;
+  }
+
+  /**
    * Takes over the workspace a previous Capsule process left for this id (after a crash): the
    * quota is set again and, if the sandbox now runs as another uid, ownership follows.
    */

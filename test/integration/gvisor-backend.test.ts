@@ -1,3 +1,5 @@
+import { execFile } from 'node:child_process';
+import { promisify } from 'node:util';
 import { afterEach, describe, expect, it } from 'vitest';
 import { GvisorBackend } from '../../src/backends/gvisor/gvisor-backend.host.js';
 import { HostEnvironment } from '../../src/host/host-env.host.js';
@@ -33,6 +35,25 @@ describe('gvisor backend', () => {
     });
     expect(r.outcome, describeResult(r)).toBe('ok');
     expect(r.stdout).toMatch(/^\/\.capsule\/capsule-agent\s*\nMemTotal:\s+98304 kB\n$/);
+  });
+
+  it('has the workspace quota in force when create() returns, though it is set while runsc boots', async () => {
+    const sandbox = await newBackend().create(parseSpec({ backend: 'gvisor', limits: { diskBytes: 24 * 1024 ** 2 } }), { id: 'gv-quota' });
+    try {
+      const { stdout } = await promisify(execFile)('btrfs', ['qgroup', 'show', '-r', '--raw', '-f', sandbox.workspaceDir]);
+      expect(stdout).toMatch(/^0\/\d+\s+\d+\s+\d+\s+25165824\s/m);
+    } finally {
+      await sandbox.destroy();
+    }
+  });
+
+  it('undoes every step of a create aborted after its bundle was written', async () => {
+    const backend = newBackend();
+    await expect(backend.create(parseSpec({ backend: 'gvisor' }), { id: 'gv-abort', signal: AbortSignal.abort() })).rejects.toMatchObject({
+      code: 'ABORTED',
+    });
+    // afterEach(expectNoLeaks) checks the cgroups and the workspace; the bundle goes too.
+    expect(await backend.reconcile(new Set())).toEqual({ removed: [], failures: [] });
   });
 
   it('reconcile removes the runsc container, cgroups and files a crashed process left', async () => {

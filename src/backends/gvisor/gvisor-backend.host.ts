@@ -3,7 +3,7 @@ import { mkdir, rm, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { SandboxError } from '../../errors/index.js';
 import { SandboxCgroup, listSandboxCgroups } from '../../host/cgroups.host.js';
-import type { HostEnvironment } from '../../host/host-env.host.js';
+import type { HostEnvironment, HostPaths } from '../../host/host-env.host.js';
 import type { SandboxSpec } from '../../spec/index.js';
 import type { Backend, BackendProbe, BackendSandbox, Capability, CreateOptions, ReconcileReport } from '../backend.js';
 import { buildOciSpec, hostPidsBackstop, type OciSpec } from './oci-bundle.js';
@@ -145,37 +145,31 @@ export class GvisorBackend implements Backend {
     const uid = this.allocateUid(id);
     const cleanup: (() => Promise<unknown>)[] = [() => Promise.resolve(this.uidsInUse.delete(uid))];
     try {
-      await mkdir(this.layout.runscRoot, { recursive: true, mode: 0o700 });
-      // runsc joins these pre-made groups and leaves them when the container goes: the counters
-      // (OOM kills above all) stay readable after the sandbox died of its memory limit.
-      // Independent: made at once; whichever was made is undone if the other failed.
-      const [madeCgroup, madeWorkspace] = await Promise.allSettled([
-        SandboxCgroup.create(this.host.cgroupPrefix, id, { ...spec.limits, pids: hostPidsBackstop(spec.limits.pids) }),
-        how.reuseWorkspace ? this.host.volume.adopt(id, spec.limits.diskBytes, uid) : this.host.volume.create(id, spec.limits.diskBytes, uid),
+      const cgroupName = `${this.host.cgroupPrefix}${id}`;
+      const limits = { ...spec.limits, pids: hostPidsBackstop(spec.limits.pids) };
+      // Independent steps run at once (the bundle only waits for the network's resolver); each
+      // that finished is undone if another failed. runsc joins the pre-made cgroups and leaves
+      // them when the container goes: the counters (OOM kills above all) stay readable after
+      // the sandbox died of its memory limit.
+      const networkMade = spec.network.mode === 'none' ? Promise.resolve(undefined) : this.options.network?.acquire(id, spec);
+      const [madeRunscRoot, madeCgroup, madeWorkspace, madeNetwork, wroteBundle] = await Promise.allSettled([
+        mkdir(this.layout.runscRoot, { recursive: true, mode: 0o700 }),
+        SandboxCgroup.create(this.host.cgroupPrefix, id, limits),
+        // A fresh workspace gets its quota while runsc boots (below), before create() returns.
+        how.reuseWorkspace ? this.host.volume.adopt(id, spec.limits.diskBytes, uid) : this.host.volume.createWithoutLimit(id, uid),
+        networkMade,
+        Promise.resolve(networkMade).then((network) =>
+          this.writeBundle(id, spec, { hostUid: uid, cgroupsPath: cgroupName, workspaceDir: this.host.volume.path(id), network, paths }),
+        ),
       ]);
       if (madeCgroup.status === 'fulfilled') cleanup.push(() => madeCgroup.value.remove());
       if (madeWorkspace.status === 'fulfilled' && !how.reuseWorkspace) cleanup.push(() => this.host.volume.delete(id));
-      if (madeCgroup.status === 'rejected') throw madeCgroup.reason;
-      if (madeWorkspace.status === 'rejected') throw madeWorkspace.reason;
-      const cgroup = madeCgroup.value;
-      const workspaceDir = madeWorkspace.value;
-      const network = spec.network.mode === 'none' ? undefined : await this.options.network?.acquire(id, spec);
-      if (network) cleanup.push(() => network.release());
-      const bundleDir = this.layout.bundleDir(id);
-      const oci: OciSpec = buildOciSpec(spec, {
-        rootfsDir: join(bundleDir, 'rootfs'),
-        workspaceDir,
-        etcDir: paths.sandboxEtcDir,
-        toolsDir: paths.toolsDir,
-        hostUid: uid,
-        cgroupsPath: cgroup.name,
-        ...(network?.resolvConf !== undefined ? { resolvConf: network.resolvConf } : {}),
-        ...(network ? { netnsPath: network.path } : {}),
-      });
-      await rm(bundleDir, { recursive: true, force: true });
+      if (madeNetwork.status === 'fulfilled' && madeNetwork.value) cleanup.push(() => madeNetwork.value!.release());
       cleanup.push(() => this.layout.removeBundle(id));
-      await writeRootfs(oci.root.path, spec.mounts.map((m) => m.sandboxPath));
-      await writeFile(join(bundleDir, 'config.json'), JSON.stringify(oci, null, 1), { mode: 0o600 });
+      for (const step of [madeRunscRoot, madeCgroup, madeWorkspace, madeNetwork, wroteBundle]) if (step.status === 'rejected') throw step.reason;
+      const cgroup = (madeCgroup as PromiseFulfilledResult<SandboxCgroup>).value;
+      const workspaceDir = (madeWorkspace as PromiseFulfilledResult<string>).value;
+      const network = (madeNetwork as PromiseFulfilledResult<NetworkAttachment | undefined>).value;
       how.signal?.throwIfAborted();
       const sandbox = new GvisorSandbox({
         id, spec, workspaceDir, cgroup, runsc, layout: this.layout, launcher: paths.launcher, network,
@@ -188,14 +182,46 @@ export class GvisorBackend implements Backend {
           await this.host.volume.delete(id);
         },
       });
-      if (how.mode === 'run') await sandbox.start();
-      else await sandbox.adoptCheckpoint();
+      // Nothing runs in the sandbox before create() returns (the agent only waits for requests),
+      // so the quota is set while runsc boots instead of before: one btrfs spawn off the path.
+      const [started, limited] = await Promise.allSettled([
+        how.mode === 'run' ? sandbox.start() : sandbox.adoptCheckpoint(),
+        how.reuseWorkspace ? Promise.resolve() : this.host.volume.setLimit(id, spec.limits.diskBytes),
+      ]);
+      if (started.status === 'rejected') throw started.reason;
+      if (limited.status === 'rejected') {
+        cleanup.push(() => sandbox.destroy());
+        throw limited.reason;
+      }
       return sandbox;
     } catch (error) {
       for (const step of cleanup.reverse()) await step().catch(() => undefined);
       if (how.signal?.aborted) throw new SandboxError('ABORTED', `creating sandbox ${id} was aborted`, { cause: error });
       throw error;
     }
+  }
+
+  /** The bundle runsc reads: the OCI spec and the read-only root skeleton of its mount points. */
+  private async writeBundle(
+    id: string,
+    spec: SandboxSpec,
+    options: { hostUid: number; cgroupsPath: string; workspaceDir: string; network: NetworkAttachment | undefined; paths: HostPaths },
+  ): Promise<void> {
+    const { network, paths } = options;
+    const bundleDir = this.layout.bundleDir(id);
+    const oci: OciSpec = buildOciSpec(spec, {
+      rootfsDir: join(bundleDir, 'rootfs'),
+      workspaceDir: options.workspaceDir,
+      etcDir: paths.sandboxEtcDir,
+      toolsDir: paths.toolsDir,
+      hostUid: options.hostUid,
+      cgroupsPath: options.cgroupsPath,
+      ...(network?.resolvConf !== undefined ? { resolvConf: network.resolvConf } : {}),
+      ...(network ? { netnsPath: network.path } : {}),
+    });
+    await rm(bundleDir, { recursive: true, force: true });
+    await writeRootfs(oci.root.path, spec.mounts.map((m) => m.sandboxPath));
+    await writeFile(join(bundleDir, 'config.json'), JSON.stringify(oci, null, 1), { mode: 0o600 });
   }
 
   /** Derived from the id, so a sandbox restored after a restart finds its files owned by its uid. */
