@@ -59,6 +59,7 @@ export async function runCode(http: HttpClient, base: string, code: string, opti
     timeoutMs: options.requestTimeoutMs,
     signal: options.signal,
   });
+  let execution: Execution | undefined;
   try {
     for await (const event of readNdjson<WireCodeEvent>(open.chunks())) {
       switch (event.type) {
@@ -76,13 +77,16 @@ export async function runCode(http: HttpClient, base: string, code: string, opti
           options.onError?.(event.error);
           break;
         case 'end':
-          return event.execution;
+          execution = event.execution;
+          return execution;
         default:
           break;
       }
     }
   } finally {
-    open.close();
+    // After the end event the server ends the stream: its connection is kept for the next call.
+    if (execution) open.finish();
+    else open.close();
   }
   throw new ConnectionError('SERVER_UNREACHABLE', 'the code stream ended before its end event', {
     hint: 'The connection broke or the server restarted; the context may have run the code. Check its state before running it again.',

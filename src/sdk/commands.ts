@@ -212,20 +212,23 @@ interface FollowOptions {
 async function follow(options: FollowOptions): Promise<ExecResult> {
   let { open, pid } = options;
   for (let reattached = 0; ; reattached++) {
+    let result: ExecResult | undefined;
     try {
       for await (const event of readNdjson<WireProcessEvent>(open.chunks())) {
         if (event.type === 'start' && pid === undefined) {
           pid = event.pid;
           options.onStart?.(pid);
         }
-        const result = options.output.handle(event);
+        result = options.output.handle(event);
         if (result) return result;
       }
       throw streamEnded(pid);
     } catch (error) {
       if (!(error instanceof ConnectionError) || pid === undefined || reattached >= MAX_REATTACH) throw error;
     } finally {
-      open.close();
+      // After the exit event the server ends the stream: its connection is kept for the next call.
+      if (result) open.finish();
+      else open.close();
     }
     options.output.replayFromStart();
     open = await options.http.open({ method: 'GET', path: `${options.base}/processes/${pid}/events`, signal: options.signal });
@@ -319,10 +322,12 @@ async function killAndWait(http: HttpClient, base: string, pid: number): Promise
   try {
     await http.json({ method: 'POST', path: `${path}/signal`, json: { signal: 'SIGKILL' }, timeoutMs: KILL_WAIT_MS });
     const open = await http.open({ method: 'GET', path: `${path}/events`, timeoutMs: KILL_WAIT_MS, signal: AbortSignal.timeout(KILL_WAIT_MS) });
+    let exited = false;
     try {
-      for await (const event of readNdjson<WireProcessEvent>(open.chunks())) if (event.type === 'exit') return;
+      for await (const event of readNdjson<WireProcessEvent>(open.chunks())) if ((exited = event.type === 'exit')) break;
     } finally {
-      open.close();
+      if (exited) open.finish();
+      else open.close();
     }
   } catch {
     // Unreachable server, unknown process, slow exit: nothing more to do for a run already aborted.

@@ -44,6 +44,11 @@ export interface OpenResponse {
    * the next call; one still arriving is cut off.
    */
   close(): void;
+  /**
+   * Ends the call after its last expected line (an `exit`, an `end`): the body's end is read
+   * when it comes within a moment, so the connection is kept; else it is cut off then.
+   */
+  finish(): void;
 }
 
 const RETRY_STATUSES = new Set([502, 503]);
@@ -56,6 +61,8 @@ const MAX_SOCKETS = 64;
  * header asks). Idle sockets are unref'd by Node, so they never keep a script's process alive.
  */
 const IDLE_SOCKET_MS = 30_000;
+/** How long `finish()` waits for the end of a body whose last line was read. */
+const FINISH_GRACE_MS = 1_000;
 
 /**
  * One keep-alive agent per server origin, shared by every client of the process: `Sandbox.list`,
@@ -414,14 +421,31 @@ class OpenReply implements OpenResponse {
   }
 
   close(): void {
+    this.end(false);
+  }
+
+  finish(): void {
+    this.end(true);
+  }
+
+  private end(endIsNear: boolean): void {
     if (this.closed) return;
     this.closed = true;
     this.call.release();
     const res = this.res;
     if (res.readableEnded || res.destroyed) return;
-    // All of it arrived (its last bytes wait unread): draining it hands the socket back to the pool.
-    if (res.complete) res.resume();
-    else res.destroy();
+    if (!res.complete && !endIsNear) {
+      res.destroy();
+      return;
+    }
+    // Reading the rest to its end hands the socket back to the pool for the next call.
+    if (!res.complete) {
+      const cutOff = setTimeout(() => res.destroy(), FINISH_GRACE_MS).unref();
+      res.once('close', () => clearTimeout(cutOff));
+    }
+    // A 'data' listener (not resume()) makes it flow also when a reader's 'readable' listener is
+    // still being removed in this tick: Node then resumes the stream once that removal settles.
+    res.on('data', ignore);
   }
 }
 

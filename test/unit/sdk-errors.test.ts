@@ -69,6 +69,31 @@ describe('NDJSON reader', () => {
     expect(out).toEqual([{ a: 'é' }, { b: 2 }, { c: 3 }]);
   });
 
+  it('reads Node Buffer chunks split at every byte, CRLF lines and blank lines included', async () => {
+    const text = '{"a":"日本"}\r\n\n  \n{"b":[1,2]}\n{"c":"é"}';
+    const bytes = Buffer.from(text);
+    for (let cut = 0; cut <= bytes.length; cut++) {
+      async function* chunks() {
+        yield await Promise.resolve(bytes.subarray(0, cut));
+        yield bytes.subarray(cut);
+      }
+      const out: unknown[] = [];
+      for await (const value of readNdjson(chunks())) out.push(value);
+      expect(out, `cut at ${cut}`).toEqual([{ a: '日本' }, { b: [1, 2] }, { c: 'é' }]);
+    }
+  });
+
+  it('fails on a line that is not JSON', async () => {
+    async function* chunks() {
+      yield await Promise.resolve(Buffer.from('{"ok":1}\nnot json\n'));
+    }
+    const out: unknown[] = [];
+    await expect(async () => {
+      for await (const value of readNdjson(chunks())) out.push(value);
+    }).rejects.toThrow(SyntaxError);
+    expect(out).toEqual([{ ok: 1 }]);
+  });
+
   it('cancels the body when the loop stops early', async () => {
     let cancelled = false;
     const body = new ReadableStream<Uint8Array>({

@@ -28,6 +28,8 @@ let server: Server;
 let url = '';
 const seen: Seen[] = [];
 let handlers: Handler[] = [];
+/** Connections the server accepted, to see which calls shared one. */
+let connectionsOpened = 0;
 
 /** Answers the next requests, in order, with these handlers. */
 function script(...next: Handler[]): void {
@@ -60,6 +62,7 @@ beforeAll(async () => {
       else json(500, { code: 'INTERNAL', message: `unscripted ${req.method} ${req.url}`, requestId: 'r' })(entry, res);
     });
   });
+  server.on('connection', () => connectionsOpened++);
   await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
   url = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
 });
@@ -396,5 +399,126 @@ describe('SDK files', () => {
     reply?.end();
     expect(events).toEqual([{ type: 'create', path: '/workspace/x' }]);
     expect(seen[0]?.url.searchParams.get('recursive')).toBe('true');
+  });
+});
+
+/** Resolves when the server side of a reply closed (its connection ended or was reused). */
+function closed(res: ServerResponse | undefined): Promise<void> {
+  return new Promise((resolve) => (res === undefined || res.closed ? resolve() : res.once('close', () => resolve())));
+}
+
+describe('SDK transport', () => {
+  it('keeps its connections for the next calls, also after streams whose end comes late', async () => {
+    const sb = await sandbox();
+    // A run's reply sends its exit line but ends only when the next request arrived.
+    let held: ServerResponse | undefined;
+    const exitHeld: Handler = (_req, res) => {
+      res.writeHead(200, { 'content-type': 'application/x-ndjson' });
+      res.write(`${JSON.stringify({ type: 'start', pid: 2 })}\n${JSON.stringify({ type: 'exit', result: RESULT })}\n`);
+      held = res;
+    };
+    const listThenEnd: Handler = (req, res) => {
+      held?.end();
+      json(200, { processes: [] })(req, res);
+    };
+    const before = connectionsOpened;
+    for (let round = 0; round < 4; round++) {
+      script(exitHeld, listThenEnd);
+      expect((await sb.commands.run(['true'])).outcome).toBe('ok');
+      await sb.commands.list();
+    }
+    // Two sockets take turns; cutting each run's connection instead would open one per round.
+    expect(connectionsOpened - before).toBeLessThanOrEqual(2);
+  });
+
+  it('cuts the connection of a stream left early: a stopped watch ends its request on the server', async () => {
+    const sb = await sandbox();
+    let reply: ServerResponse | undefined;
+    script((_req, res) => {
+      res.writeHead(200, { 'content-type': 'application/x-ndjson' });
+      res.write(`${JSON.stringify({ type: 'create', path: '/workspace/x' })}\n`);
+      reply = res;
+    });
+    let resolveFirst: () => void = () => undefined;
+    const first = new Promise<void>((resolve) => (resolveFirst = resolve));
+    const watch = await sb.files.watch('/workspace', { onEvent: () => resolveFirst() });
+    await first;
+    watch.stop();
+    await watch.done;
+    await closed(reply);
+    expect(reply?.writableEnded).toBe(false);
+  });
+
+  it('times the whole JSON call out, but only the headers of a stream', async () => {
+    let stalled: ServerResponse | undefined;
+    script((_req, res) => {
+      res.writeHead(200, { 'content-type': 'application/json' });
+      res.write('{"sandboxes":');
+      stalled = res;
+    });
+    expect(await thrown(Sandbox.list({ url, timeoutMs: 100 }))).toBeInstanceOf(TimeoutError);
+    await closed(stalled);
+
+    const sb = await sandbox();
+    script((_req, res) => {
+      res.writeHead(200, { 'content-type': 'application/x-ndjson' });
+      res.write(`${JSON.stringify({ type: 'start', pid: 2 })}\n`);
+      setTimeout(() => res.end(`${JSON.stringify({ type: 'exit', result: RESULT })}\n`), 300);
+    });
+    expect((await sb.commands.run(['sleep', '0.3'], { requestTimeoutMs: 100 })).outcome).toBe('ok');
+  });
+
+  it('fails at once on an already aborted signal, sending nothing', async () => {
+    const error = await thrown(Sandbox.list({ url, signal: AbortSignal.abort() }));
+    expect(error).toBeInstanceOf(AbortedError);
+    expect((error as CapsuleError).message).toBe("GET /v1/sandboxes was aborted by the caller's AbortSignal");
+    expect(seen).toHaveLength(0);
+  });
+
+  it('uploads a web stream chunked and bytes with a length, and does not retry a stream', async () => {
+    const sb = await sandbox();
+    const entry = { name: 'a', path: '/workspace/a', type: 'file', size: 3, mode: 0o644, modifiedAt: '' };
+    script(json(200, entry), json(200, entry), json(200, entry), json(503, { code: 'BACKEND_UNAVAILABLE', message: 'busy', requestId: 'r' }));
+    const web = () =>
+      new ReadableStream<Uint8Array>({
+        start(controller) {
+          controller.enqueue(new TextEncoder().encode('web '));
+          controller.enqueue(new TextEncoder().encode('stream'));
+          controller.close();
+        },
+      });
+    await sb.files.write('a', web());
+    await sb.files.write('b', new Blob(['blob']));
+    await sb.files.write('c', new TextEncoder().encode('buffer').buffer);
+    expect(await thrown(sb.files.write('d', web()))).toMatchObject({ code: 'BACKEND_UNAVAILABLE' });
+    expect(seen.map((r) => r.body.toString())).toEqual(['web stream', 'blob', 'buffer', 'web stream']);
+    expect(seen[0]?.headers['transfer-encoding']).toBe('chunked');
+    expect(seen[1]?.headers['content-length']).toBe('4');
+    expect(seen[2]?.headers['content-length']).toBe('6');
+  });
+
+  it('reads bytes into a Uint8Array of their own, and fails a stream read cut mid-body with ConnectionError', async () => {
+    const sb = await sandbox();
+    script(
+      (_req, res) => res.writeHead(200, { 'content-type': 'application/octet-stream' }).end('abc'),
+      (_req, res) => {
+        res.writeHead(200, { 'content-type': 'application/octet-stream', 'content-length': '100' });
+        res.write('partial', () => res.socket?.destroy());
+      },
+    );
+    const bytes = await sb.files.read('a', { format: 'bytes' });
+    expect(bytes.constructor).toBe(Uint8Array);
+    expect(bytes.buffer.byteLength).toBe(3);
+    const stream = await sb.files.read('a', { format: 'stream' });
+    const error = await thrown(new Response(stream).text());
+    expect(error).toBeInstanceOf(ConnectionError);
+    expect((error as CapsuleError).message).toMatch(/^reading the reply: cannot reach the Capsule server/);
+  });
+
+  it('puts the path of the configured URL before every request path', async () => {
+    script(json(200, { sandboxes: [], nextCursor: null }));
+    await Sandbox.list({ url: `${url}/capsule/`, state: 'running' });
+    expect(seen[0]?.url.pathname).toBe('/capsule/v1/sandboxes');
+    expect(seen[0]?.url.searchParams.get('state')).toBe('running');
   });
 });
