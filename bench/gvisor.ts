@@ -3,7 +3,8 @@
  *
  *  - create + first exec: `GvisorBackend.create()` then `exec(['/bin/true'])` to its exit, against
  *    a raw `runsc run` of the same OCI bundle with `/bin/true` as the container's process (start,
- *    run, exit). Target: capsule ≤ 1.3 × raw runsc.
+ *    run, exit), with the same runsc flags, interleaved in alternating order. Target: capsule ≤
+ *    1.3 × raw runsc.
  *  - pause and resume with memory for a sandbox whose Python process holds 50 MiB and 500 MiB:
  *    gVisor checkpoint to disk / restore (until the agent answers), beside the namespace
  *    backend's cgroup freeze / thaw of the same workload.
@@ -16,7 +17,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import type { Backend, BackendSandbox } from '../src/backends/backend.js';
 import { GvisorBackend } from '../src/backends/gvisor/gvisor-backend.host.js';
-import type { OciSpec } from '../src/backends/gvisor/oci-bundle.js';
+import { buildRunscFlags, type OciSpec } from '../src/backends/gvisor/oci-bundle.js';
 import { probeRunsc, writeRootfs } from '../src/backends/gvisor/runsc.host.js';
 import { NamespaceBackend } from '../src/backends/namespace/namespace-backend.host.js';
 import { baseEnv } from '../src/backends/namespace/bwrap-args.js';
@@ -139,21 +140,31 @@ async function main(): Promise<void> {
     await rm(rootfs, { recursive: true, force: true });
     await writeRootfs(rootfs, []);
     const info = await probeRunsc();
-    const rawFlags = ['--root', rawRoot, '--rootless=false', `--platform=${info.platform}`, '--network=none', '--overlay2=none'];
+    // The very flags Capsule gives runsc for a sandbox without network, on a state dir of its own.
+    const rawFlags = buildRunscFlags({ rootDir: rawRoot, platform: info.platform, network: 'none' });
 
     const createSamples: number[] = [];
     const rawSamples: number[] = [];
     const destroySamples: number[] = [];
     for (let i = -1; i < n; i++) {
-      // i = -1 warms caches for both; it is not recorded.
+      // i = -1 warms caches for both; it is not recorded. The order alternates, so neither side
+      // always runs right after the other's teardown.
       const bundle = await rawBundle(dataDir, { ...oci, root: { ...oci.root, path: rootfs } }, i + 1, uid);
-      const raw = await timeIt(() => spawnWait(info.binary, [...rawFlags, 'run', '--bundle', bundle, `raw-${i + 1}`]));
-      let sandbox: BackendSandbox | undefined;
-      const capsule = await timeIt(async () => {
-        sandbox = await gvisor.create(parseSpec({ backend: 'gvisor' }), { id: `bench-create-${i + 1}` });
-        await execToExit(sandbox, ['/bin/true']);
-      });
-      const destroy = await timeIt(() => sandbox!.destroy());
+      const runRaw = (): Promise<number> => timeIt(() => spawnWait(info.binary, [...rawFlags, 'run', '--bundle', bundle, `raw-${i + 1}`]));
+      let destroy = 0;
+      // Destroyed at once, so raw runsc never shares the machine with an idle sandbox of ours.
+      const runCapsule = async (): Promise<number> => {
+        let sandbox: BackendSandbox | undefined;
+        const ms = await timeIt(async () => {
+          sandbox = await gvisor.create(parseSpec({ backend: 'gvisor' }), { id: `bench-create-${i + 1}` });
+          await execToExit(sandbox, ['/bin/true']);
+        });
+        destroy = await timeIt(() => sandbox!.destroy());
+        return ms;
+      };
+      const rawFirst = i % 2 === 0 ? await runRaw() : undefined;
+      const capsule = await runCapsule();
+      const raw = rawFirst ?? (await runRaw());
       if (i >= 0) {
         rawSamples.push(raw);
         createSamples.push(capsule);
