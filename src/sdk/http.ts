@@ -391,32 +391,46 @@ class OpenReply implements OpenResponse {
 
   stream(): ReadableStream<Uint8Array> {
     const res = this.res;
+    let detach = () => {};
     return new ReadableStream<Uint8Array>({
       start: (controller) => {
-        if (res.destroyed && !res.readableEnded) {
-          controller.error(toCapsuleError(res.errored ?? prematureClose(this.call), 'reading the reply', this.baseUrl, this.call));
+        const fail = () => {
           this.close();
-          return;
-        }
-        res.on('data', (chunk: Buffer) => {
+          controller.error(toCapsuleError(res.errored ?? prematureClose(this.call), 'reading the reply', this.baseUrl, this.call));
+        };
+        if (res.destroyed && !res.readableEnded) return fail();
+        const onData = (chunk: Buffer) => {
           // A copy: the web stream's reader owns its chunks, as with fetch.
           controller.enqueue(new Uint8Array(chunk));
           if ((controller.desiredSize ?? 0) <= 0) res.pause();
-        });
-        res.on('end', () => {
+        };
+        const onEnd = () => {
+          detach();
           this.close();
           controller.close();
-        });
-        res.on('close', () => {
+        };
+        const onClose = () => {
           if (res.readableEnded) return;
-          this.close();
-          controller.error(toCapsuleError(res.errored ?? prematureClose(this.call), 'reading the reply', this.baseUrl, this.call));
-        });
+          detach();
+          fail();
+        };
+        res.on('data', onData);
+        res.on('end', onEnd);
+        res.on('close', onClose);
+        detach = () => {
+          res.off('data', onData);
+          res.off('end', onEnd);
+          res.off('close', onClose);
+        };
       },
       pull: () => {
         res.resume();
       },
-      cancel: () => this.close(),
+      cancel: () => {
+        // Unhooked first: a body that arrived whole is drained after this, past a cancelled stream.
+        detach();
+        this.close();
+      },
     });
   }
 

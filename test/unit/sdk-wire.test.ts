@@ -515,6 +515,21 @@ describe('SDK transport', () => {
     expect((error as CapsuleError).message).toMatch(/^reading the reply: cannot reach the Capsule server/);
   });
 
+  it('cancels a stream read whose body had arrived whole', async () => {
+    const sb = await sandbox();
+    script((_req, res) => {
+      // Ten chunks in one packet: all of the body is there, unread, when the reader cancels.
+      res.writeHead(200, { 'content-type': 'application/octet-stream' });
+      res.cork();
+      for (let i = 0; i < 10; i++) res.write('x'.repeat(1000));
+      res.end();
+    }, json(200, INFO));
+    const reader = (await sb.files.read('a', { format: 'stream' })).getReader();
+    expect((await reader.read()).done).toBe(false);
+    await reader.cancel();
+    expect((await sb.getInfo()).sandboxId).toBe(INFO.sandboxId);
+  });
+
   it('puts the path of the configured URL before every request path', async () => {
     script(json(200, { sandboxes: [], nextCursor: null }));
     await Sandbox.list({ url: `${url}/capsule/`, state: 'running' });
