@@ -169,18 +169,20 @@ static void kill_all(void) {
   for (size_t i = 0; i < nprocs; i++) signal_tree(procs[i]->pid, SIGKILL);
 }
 
-/* ---- the child side of START: runs between fork and exec, reports failure on status_fd ---- */
+/* ---- the child side of START: runs between vfork and exec, reports failure on status_fd ----
+ * The child borrows the agent's memory until it execs or exits (vfork), so it only makes system
+ * calls: no allocation, no stdio, no strerror. A failure is written as the errno (4 bytes) and
+ * "what\0arg"; the agent formats the message. */
 
 static void child_fail(int status_fd, int err, const char *what, const char *arg) {
-  char msg[600];
   unsigned char e[4];
   put_u32(e, (uint32_t)err);
-  int n = *arg ? snprintf(msg, sizeof msg, "%s %s: %s", what, arg, strerror(err))
-                : snprintf(msg, sizeof msg, "%s: %s", what, strerror(err));
-  if (n < 0) n = 0;
-  if ((size_t)n >= sizeof msg) n = sizeof msg - 1;
-  struct iovec iov[2] = {{e, 4}, {msg, (size_t)n}};
-  ssize_t ignored = writev(status_fd, iov, 2); /* < PIPE_BUF: one atomic write */
+  size_t wl = strlen(what), al = strlen(arg);
+  if (wl > 64) wl = 64;
+  if (al > 512) al = 512;
+  char nul = '\0';
+  struct iovec iov[4] = {{e, 4}, {(void *)what, wl}, {&nul, 1}, {(void *)arg, al}};
+  ssize_t ignored = writev(status_fd, iov, 4); /* < PIPE_BUF: one atomic write */
   (void)ignored;
   _exit(127);
 }
@@ -243,6 +245,18 @@ static void child_main(int status_fd, const struct start_req *r, int in_r, int o
     child_fail(status_fd, errno, "dup2", "stdio");
   if (r->cwd != NULL && chdir(r->cwd) < 0) child_fail(status_fd, errno, "chdir", r->cwd);
   child_exec(status_fd, r->argv, r->envp);
+}
+
+/* vfork, not fork: the agent's memory is not copied for a child that execs at once. That is
+ * cheap on Linux either way, but under gVisor fork + exec costs 16-28 ms and vfork + exec
+ * 6-11 ms. Its own function, so that nothing of the caller's frame is live across vfork. */
+static pid_t spawn_child(const struct start_req *r, const int st[2], int in_r, int out_w, int err_w, int slave) {
+  pid_t pid = vfork();
+  if (pid == 0) {
+    close(st[0]);
+    child_main(st[1], r, in_r, out_w, err_w, slave);
+  }
+  return pid;
 }
 
 /* ---- the agent side of START ---- */
@@ -362,17 +376,14 @@ static void handle_start(uint32_t id, const unsigned char *pl, uint32_t len) {
   /* Reserve the table slot before fork so a started child can always be tracked. */
   if (reserve_slot() < 0) { errno = ENOMEM; free(p); p = NULL; goto sys_fail; }
 
-  what = "fork";
-  pid_t pid = fork();
+  what = "vfork";
+  pid_t pid = spawn_child(&r, st, in_r, out_w, err_w, slave);
   if (pid < 0) { free(p); p = NULL; goto sys_fail; }
-  if (pid == 0) {
-    close(st[0]);
-    child_main(st[1], &r, in_r, out_w, err_w, slave);
-  }
   close_fd(&st[1]);
   close_fd(&in_r); close_fd(&out_w); close_fd(&err_w); close_fd(&slave);
 
-  /* The status pipe is CLOEXEC: EOF with no bytes means exec succeeded. */
+  /* The status pipe is CLOEXEC: EOF with no bytes means exec succeeded. vfork returned only
+   * once the child exec'd or exited, so this read does not wait. */
   unsigned char status[700];
   size_t got = 0;
   for (;;) {
@@ -384,7 +395,14 @@ static void handle_start(uint32_t id, const unsigned char *pl, uint32_t len) {
   }
   if (got >= 4) {
     status[got] = '\0';
-    start_failed(id, (int)get_u32(status), (const char *)status + 4);
+    int err = (int)get_u32(status);
+    const char *failed = (const char *)status + 4;
+    size_t fl = strlen(failed);
+    const char *arg = 4 + fl + 1 <= got ? failed + fl + 1 : "";
+    char msg[700];
+    if (*arg) snprintf(msg, sizeof msg, "%s %s: %s", failed, arg, strerror(err));
+    else snprintf(msg, sizeof msg, "%s: %s", failed, strerror(err));
+    start_failed(id, err, msg);
     free(p); p = NULL; /* the dead child is reaped, and ignored, by the SIGCHLD loop */
     goto out;
   }
