@@ -16,6 +16,9 @@ export interface HostRulesetOptions {
  * The host side: from a sandbox veth only the proxy's ports on the anchor address are open
  * (the rest is refused at once), nothing is forwarded to or from a veth, a veth may only speak
  * with its own source address, and the sandbox subnet is not reachable from other interfaces.
+ * DNS and TCP 80/443 arriving from a veth are redirected to the proxy here too: a gVisor
+ * sandbox's own network stack sends packets straight onto the veth, past the namespace's rules
+ * that redirect them for the namespace backend (whose packets arrive already redirected).
  * Wildcards on interface names keep the ruleset fixed: adding a sandbox touches no host rule.
  */
 export function hostRuleset(o: HostRulesetOptions): string {
@@ -26,6 +29,12 @@ table inet ${o.table} {
   chain prerouting {
     type filter hook prerouting priority -160; policy accept;
     iifname "${o.vethPattern}" fib saddr . iif oif missing drop
+  }
+  chain dstnat {
+    type nat hook prerouting priority dstnat; policy accept;
+    iifname "${o.vethPattern}" udp dport 53 dnat ip to ${o.proxyAddress}:${o.ports.dns}
+    iifname "${o.vethPattern}" tcp dport 80 dnat ip to ${o.proxyAddress}:${o.ports.http}
+    iifname "${o.vethPattern}" tcp dport 443 dnat ip to ${o.proxyAddress}:${o.ports.tls}
   }
   chain input {
     type filter hook input priority -10; policy accept;

@@ -128,6 +128,9 @@ describe('nftables rulesets', () => {
     const text = hostRuleset({ table: 'capsule_abc123', vethPattern: 'cpabc123h*', proxyAddress: '10.213.7.1', subnet: '10.213.7.0/24', ports: DEFAULT_EGRESS_PORTS });
     expect(text).toContain('iifname "cpabc123h*" ip daddr 10.213.7.1 tcp dport { 3128, 3129, 3130 } accept');
     expect(text).toContain('iifname "cpabc123h*" drop');
+    // gVisor's netstack bypasses the namespace's redirects: the host redirects DNS and web ports.
+    expect(text).toContain('iifname "cpabc123h*" udp dport 53 dnat ip to 10.213.7.1:3153');
+    expect(text).toContain('iifname "cpabc123h*" tcp dport 443 dnat ip to 10.213.7.1:3130');
     expect(text).toContain('oifname "cpabc123h*" drop');
     expect(text.startsWith('table inet capsule_abc123\ndelete table inet capsule_abc123\n')).toBe(true);
   });
