@@ -67,9 +67,13 @@ export class SandboxCgroup {
     return [...V1_CONTROLLERS.map((c) => this.dir(c)), this.dir('unified')];
   }
 
-  /** Files a launcher writes its pid to, so that everything it starts is limited. */
-  procsFiles(): string[] {
-    return this.dirs().map((d) => join(d, 'cgroup.procs'));
+  /**
+   * capsule-launch arguments that put what it starts in this sandbox's groups: forked straight
+   * into the v2 group (no migration, which waits for an RCU grace period), then joining the v1
+   * groups where the limits are.
+   */
+  launchArgs(): string[] {
+    return ['--cgroup2-dir', this.dir('unified'), ...V1_CONTROLLERS.flatMap((c) => ['--cgroup-procs', join(this.dir(c), 'cgroup.procs')])];
   }
 
   /**

@@ -245,9 +245,9 @@ export class GvisorSandbox implements BackendSandbox {
    */
   private async launch(runscArgs: string[], waitFor: 'ready' | 'ping'): Promise<void> {
     const network = this.options.network;
-    const unifiedProcs = join(this.cgroup.dir('unified'), 'cgroup.procs');
     const args = [
-      '--cgroup-procs', unifiedProcs,
+      // Forked straight into the v2 group: a migration would wait for an RCU grace period.
+      '--cgroup2-dir', this.cgroup.dir('unified'),
       ...(network ? ['--netns', network.path] : []),
       '--', ...(network ? hideRootNetnsMarker() : []),
       this.options.runsc.binary, ...this.options.runsc.flagsFor(network ? 'sandbox' : 'none'), ...runscArgs,

@@ -225,7 +225,7 @@ class NamespaceSandbox implements BackendSandbox {
       toolsDir: paths.toolsDir,
     });
     const launchArgs = [
-      ...cgroup.procsFiles().flatMap((file) => ['--cgroup-procs', file]),
+      ...cgroup.launchArgs(),
       '--rlimit', `fsize=${spec.limits.fileSizeBytes}`,
       '--rlimit', `nofile=${spec.limits.openFiles}`,
       '--rlimit', 'core=0',
