@@ -11,7 +11,8 @@
  *
  * The child is forked straight into the --cgroup2-dir group (clone3 with CLONE_INTO_CGROUP):
  * migrating a running process by writing cgroup.procs waits for an RCU grace period (7-18 ms
- * measured here), a fork into the group does not. Kernels without it get fork + a write.
+ * measured here), a fork into the group does not. Where that is not possible (see fork_into)
+ * the child is forked and joins by a write.
  *
  * In the child:
  *   1. write our pid to each --cgroup-procs file (the v1 memory, pids, cpu groups);
@@ -83,24 +84,57 @@ struct launch_clone_args {
 
 static void write_pid(const char *file);
 
-/* fork(), with the child born in the cgroup v2 directory `dir` when one is given. */
+/* fork() + join `dir` by writing cgroup.procs in the child. */
+static pid_t fork_then_join(const char *dir) {
+    pid_t pid = fork();
+    if (pid == 0) {
+        char procs[4096];
+        if (snprintf(procs, sizeof procs, "%s/cgroup.procs", dir) >= (int)sizeof procs) usage("cgroup dir too long");
+        write_pid(procs);
+    }
+    return pid;
+}
+
+/*
+ * fork(), with the child born in the cgroup v2 directory `dir` when one is given. The child
+ * reports that it runs through a pipe: this kernel (6.18) SIGKILLs a child cloned into a group
+ * whose cgroup.kill was ever used (a sandbox resumed in its old group) when the parent's group
+ * was not, and such a child never gets to run. Then, and where clone3 cannot do it at all, the
+ * launcher falls back to fork + a write to cgroup.procs.
+ */
 static pid_t fork_into(const char *dir) {
     if (dir == NULL) return fork();
     int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fd < 0) die("open cgroup dir", dir);
+    int alive[2];
+    if (pipe2(alive, O_CLOEXEC) != 0) die("pipe", NULL);
     struct launch_clone_args args = {.flags = CLONE_INTO_CGROUP, .exit_signal = SIGCHLD, .cgroup = (uint64_t)fd};
     long pid = syscall(SYS_clone3, &args, sizeof args);
-    if (pid < 0 && (errno == ENOSYS || errno == E2BIG || errno == EINVAL)) {
-        /* No clone3 or no CLONE_INTO_CGROUP: fork, then join by writing cgroup.procs. */
-        pid = fork();
-        if (pid == 0) {
-            char procs[4096];
-            if (snprintf(procs, sizeof procs, "%s/cgroup.procs", dir) >= (int)sizeof procs) usage("cgroup dir too long");
-            write_pid(procs);
-        }
+    if (pid == 0) {
+        char one = 1;
+        close(fd);
+        close(alive[0]);
+        if (write(alive[1], &one, 1) != 1) _exit(125);
+        close(alive[1]);
+        return 0;
     }
+    int clone_errno = errno;
     close(fd);
-    return (pid_t)pid;
+    close(alive[1]);
+    int born = 0;
+    if (pid > 0) {
+        char byte;
+        ssize_t n;
+        do n = read(alive[0], &byte, 1);
+        while (n < 0 && errno == EINTR);
+        born = n == 1;
+        if (!born) (void)waitpid((pid_t)pid, NULL, 0);
+    }
+    close(alive[0]);
+    if (born) return (pid_t)pid;
+    if (pid > 0 || clone_errno == ENOSYS || clone_errno == E2BIG || clone_errno == EINVAL) return fork_then_join(dir);
+    errno = clone_errno;
+    return -1;
 }
 
 static void write_pid(const char *file) {
