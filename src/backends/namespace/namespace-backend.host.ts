@@ -89,15 +89,17 @@ export class NamespaceBackend implements Backend {
     try {
       const cgroup = await SandboxCgroup.create(this.host.cgroupPrefix, options.id, spec.limits);
       cleanup.push(() => cgroup.remove());
+      // A fresh workspace gets its quota while the sandbox starts (below), before create()
+      // returns: nothing in the sandbox writes to it until the caller runs something.
       const workspaceDir = options.reuseWorkspace
         ? await this.host.volume.adopt(options.id, spec.limits.diskBytes, uid)
-        : await this.host.volume.create(options.id, spec.limits.diskBytes, uid);
+        : await this.host.volume.createWithoutLimit(options.id, uid);
       cleanup.push(() => this.host.volume.delete(options.id));
       const egress = spec.network.mode === 'none' ? undefined : this.egress();
       const network = await egress?.attach(options.id, spec.network);
       if (egress) cleanup.push(() => egress.detach(options.id));
       options.signal?.throwIfAborted();
-      const sandbox = await NamespaceSandbox.start({
+      const starting = NamespaceSandbox.start({
         id: options.id, spec, paths, uid, cgroup, workspaceDir, network, egress,
         diskUsed: () => this.host.volume.usedBytes(options.id),
         setDiskLimit: (bytes) => this.host.volume.setLimit(options.id, bytes),
@@ -110,7 +112,16 @@ export class NamespaceBackend implements Backend {
           }
         },
       });
-      return sandbox;
+      const [started, limited] = await Promise.allSettled([
+        starting,
+        options.reuseWorkspace ? Promise.resolve() : this.host.volume.setLimit(options.id, spec.limits.diskBytes),
+      ]);
+      if (started.status === 'rejected') throw started.reason;
+      if (limited.status === 'rejected') {
+        await started.value.destroy().catch(() => undefined);
+        throw limited.reason;
+      }
+      return started.value;
     } catch (error) {
       for (const step of cleanup.reverse()) await step().catch(() => undefined);
       if (options.signal?.aborted) throw new SandboxError('ABORTED', `creating sandbox ${options.id} was aborted`, { cause: error });
