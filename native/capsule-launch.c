@@ -132,7 +132,8 @@ static pid_t fork_into(const char *dir) {
     }
     close(alive[0]);
     if (born) return (pid_t)pid;
-    if (pid > 0 || clone_errno == ENOSYS || clone_errno == E2BIG || clone_errno == EINVAL) return fork_then_join(dir);
+    /* EPERM: a seccomp profile (older container runtimes) that refuses clone3 outright. */
+    if (pid > 0 || clone_errno == ENOSYS || clone_errno == E2BIG || clone_errno == EINVAL || clone_errno == EPERM) return fork_then_join(dir);
     errno = clone_errno;
     return -1;
 }

@@ -34,8 +34,12 @@ export function callOptions(options: CallOptions): CallOptions {
 const RETRY_STATUSES = new Set([502, 503]);
 const USER_AGENT = 'capsule-sdk/0.1.0';
 const ACCEPT = 'application/json, application/x-ndjson';
-/** Sockets per server; more concurrent calls wait for a free one. */
-const MAX_SOCKETS = 64;
+/**
+ * Idle sockets kept per server. Open sockets are not capped: a stream (a foreground run, a
+ * watch) holds its socket for as long as it lasts, and a cap would queue the next call (even the
+ * kill that would end one) behind them until its deadline.
+ */
+const MAX_FREE_SOCKETS = 64;
 /**
  * An idle kept-alive socket is closed after this long (sooner when the server's `Keep-Alive`
  * header asks). Idle sockets are unref'd by Node, so they never keep a script's process alive.
@@ -43,16 +47,16 @@ const MAX_SOCKETS = 64;
 const IDLE_SOCKET_MS = 30_000;
 /**
  * One keep-alive agent per server origin, shared by every client of the process: `Sandbox.list`,
- * `Sandbox.create` and each sandbox's calls reuse the same few connections, and the socket count
- * stays bounded however many Sandbox objects exist. This is the SDK's one piece of module state: a
- * cache of connection pools, like Node's own `http.globalAgent`.
+ * `Sandbox.create` and each sandbox's calls reuse the same connections, however many Sandbox
+ * objects exist. This is the SDK's one piece of module state: a cache of connection pools, like
+ * Node's own `http.globalAgent`.
  */
 const AGENTS = new Map<string, http.Agent>();
 
 function agentFor(url: URL): http.Agent {
   const existing = AGENTS.get(url.origin);
   if (existing) return existing;
-  const options: http.AgentOptions = { keepAlive: true, maxSockets: MAX_SOCKETS, timeout: IDLE_SOCKET_MS, noDelay: true };
+  const options: http.AgentOptions = { keepAlive: true, maxFreeSockets: MAX_FREE_SOCKETS, timeout: IDLE_SOCKET_MS, noDelay: true };
   const agent = url.protocol === 'https:' ? new https.Agent(options) : new http.Agent(options);
   AGENTS.set(url.origin, agent);
   return agent;

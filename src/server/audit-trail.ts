@@ -41,6 +41,11 @@ export class AuditTrail {
     }
   }
 
+  /** Whether an attempt was written that still awaits its outcome. */
+  get recording(): boolean {
+    return this.attemptSeq !== undefined;
+  }
+
   /** Records success; `finalEvent` is a stream's last event (an exit names the limit it hit). */
   succeeded(sandboxId?: string, finalEvent?: { type: string }): void {
     this.outcome(outcomeOfEvent(finalEvent), sandboxId);

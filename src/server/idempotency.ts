@@ -59,26 +59,20 @@ export function beginIdempotent(
       },
     };
   }
-  let settled = false;
-  // Settled once the action succeeded: a completion rolled back with its transaction can still fail.
-  const settle = (action: () => void) => {
-    if (settled) return;
-    action();
-    settled = true;
-  };
   return {
     kind: 'started',
     idempotency: {
-      complete: (response) => settle(() => operations.complete(principal.tenantId, key, response)),
-      fail: (error, requestId) =>
-        settle(() => {
-          const wire = toSandboxError(error);
-          // The outcome of a call whose audit outcome could not be written is unknown: keep the error.
-          const isUnknownOutcome = wire.details?.effect === 'unknown';
-          if (isRetryable(wire.status) && !isUnknownOutcome) operations.release(principal.tenantId, key);
-          else operations.complete(principal.tenantId, key, { status: wire.status, body: wire.toJSON(requestId), contentType: 'application/json' });
-        }),
-      release: () => settle(() => operations.release(principal.tenantId, key)),
+      // Each acts only on a key still in progress (the store's statements say so): the first
+      // to commit settles it, and one rolled back with its transaction leaves it for the next.
+      complete: (response) => operations.complete(principal.tenantId, key, response),
+      fail: (error, requestId) => {
+        const wire = toSandboxError(error);
+        // The outcome of a call whose audit outcome could not be written is unknown: keep the error.
+        const isUnknownOutcome = wire.details?.effect === 'unknown';
+        if (isRetryable(wire.status) && !isUnknownOutcome) operations.release(principal.tenantId, key);
+        else operations.complete(principal.tenantId, key, { status: wire.status, body: wire.toJSON(requestId), contentType: 'application/json' });
+      },
+      release: () => operations.release(principal.tenantId, key),
     },
   };
 }

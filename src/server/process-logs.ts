@@ -60,14 +60,17 @@ export class ProcessLogs {
   ended(process: ObservedProcess): void {
     const key = keyOf(process);
     const writer = this.open.get(key);
-    if (!writer) return;
     this.open.delete(key);
-    this.track(writer.close().catch((error: unknown) => this.fail(process, error)));
+    if (writer) this.track(writer.close().catch((error: unknown) => this.fail(process, error)));
   }
 
-  /** Writes what running processes buffered and waits for queued writes (a reader wants the whole log so far). */
-  async flushed(): Promise<void> {
-    for (const writer of this.open.values()) if (writer) this.track(writer.flush());
+  /**
+   * Waits for queued writes; with `process`, first writes what that running process buffered
+   * (a reader wants its whole log so far).
+   */
+  async flushed(process?: { sandboxId: string; pid: number }): Promise<void> {
+    const writer = process === undefined ? undefined : this.open.get(keyOf(process));
+    if (writer) this.track(writer.flush());
     await Promise.all([...this.pending]);
   }
 
@@ -127,7 +130,7 @@ export class ProcessLogs {
   }
 }
 
-function keyOf(process: ObservedProcess): string {
+function keyOf(process: Pick<ObservedProcess, 'sandboxId' | 'pid'>): string {
   return `${process.sandboxId}/${process.pid}`;
 }
 

@@ -4,7 +4,7 @@ import type { z } from 'zod';
 import { SandboxError } from '../errors/index.js';
 import type { ApiKeyStore, AuditLog, OperationStore, StoredResponse } from '../store/index.js';
 import { authenticate, type AuthLevel, type Principal } from './auth.js';
-import { invalidRequest } from './errors.js';
+import { invalidRequest, toSandboxError } from './errors.js';
 import { beginIdempotent, type Idempotency } from './idempotency.js';
 import { AuditTrail } from './audit-trail.js';
 
@@ -121,13 +121,15 @@ async function serve(services: SeamServices, route: AnyRoute, request: FastifyRe
   };
 
   // The key's claim and the audit attempt commit together: if the attempt cannot be written,
-  // the key is not claimed either and a retry runs the call.
+  // the key is not claimed either and a retry runs the call. A call with neither writes nothing.
   const trail = new AuditTrail(services.audit, route.name, principal, request.id);
-  const begun = services.atomically(() => {
-    const claimed = route.method === 'GET' ? undefined : beginIdempotent(services.operations, request, principal, context.body, route.rawBody === true);
+  const keyed = route.method !== 'GET' && request.headers['idempotency-key'] !== undefined;
+  const claim = () => {
+    const claimed = keyed ? beginIdempotent(services.operations, request, principal, context.body, route.rawBody === true) : undefined;
     if (claimed?.kind !== 'replay' && route.audit) trail.attempt(route.audit(context));
     return claimed;
-  });
+  };
+  const begun = keyed || route.audit ? services.atomically(claim) : undefined;
   if (begun?.kind === 'replay') return begun.send(reply);
   const idempotency = begun?.idempotency;
 
@@ -158,7 +160,7 @@ function sendResult(
     case 'json':
     case 'empty': {
       const body = result.kind === 'json' ? result.body : null;
-      settle(services, idempotency, requestId, () => trail.succeeded(sandboxIdOf(body)), {
+      settle(services, trail, idempotency, requestId, () => trail.succeeded(sandboxIdOf(body)), {
         status: result.status,
         body: route.replayBody ? route.replayBody(body) : body,
         contentType: 'application/json',
@@ -167,13 +169,13 @@ function sendResult(
       return result.kind === 'json' ? reply.type('application/json').send(body) : reply.send();
     }
     case 'raw':
-      settle(services, idempotency, requestId, () => trail.succeeded(), { status: result.status, body: null, contentType: result.contentType });
+      settle(services, trail, idempotency, requestId, () => trail.succeeded(), { status: result.status, body: null, contentType: result.contentType });
       return reply.code(result.status).type(result.contentType).send(result.stream);
     case 'ndjson': {
       // A stream without a final event (watch, reattach) succeeded once it is open.
-      if (!result.final) settle(services, idempotency, requestId, () => trail.succeeded());
+      if (!result.final) settle(services, trail, idempotency, requestId, () => trail.succeeded());
       const settled = result.final?.then((event) => {
-        settle(services, idempotency, requestId, () => trail.succeeded(undefined, event), { status: result.status, body: event, contentType: 'application/x-ndjson' });
+        settle(services, trail, idempotency, requestId, () => trail.succeeded(undefined, event), { status: result.status, body: event, contentType: 'application/x-ndjson' });
         return event;
       }, (error: unknown) => {
         trail.failed(error);
@@ -194,24 +196,38 @@ function sendResult(
 /**
  * Writes the audit outcome and stores the response under the Idempotency-Key in one
  * transaction. The outcome must be written before success is reported: if it cannot be, the
- * call fails (and the key keeps that failure).
+ * call fails, and since its work is done, the key keeps that failure with `effect: "unknown"`
+ * (a retry must not run the work again).
  */
 function settle(
   services: SeamServices,
+  trail: AuditTrail,
   idempotency: Idempotency | undefined,
   requestId: string,
   outcome: () => void,
   response?: StoredResponse,
 ): void {
+  if (!idempotency && !trail.recording) return;
   try {
     services.atomically(() => {
       outcome();
       if (response) idempotency?.complete(response);
     });
   } catch (error) {
-    idempotency?.fail(error, requestId);
-    throw error;
+    const failure = withUnknownEffect(error);
+    idempotency?.fail(failure, requestId);
+    throw failure;
   }
+}
+
+function withUnknownEffect(error: unknown): SandboxError {
+  const wire = toSandboxError(error);
+  if (wire.details?.effect === 'unknown') return wire;
+  return new SandboxError('INTERNAL', 'the result of this call could not be recorded; treat its effect as unknown', {
+    details: { effect: 'unknown' },
+    hint: 'Check the resource before retrying; give the operator the requestId.',
+    cause: error,
+  });
 }
 
 function sandboxIdOf(body: unknown): string | undefined {
@@ -229,10 +245,10 @@ function nextTurn(): Promise<typeof TURN> {
 /**
  * The lines of `source` as a byte stream in which every line ready in the same turn of the event
  * loop (a process's last output and its exit) shares one chunk: one write, one packet, one wakeup
- * of the client instead of one per line. `onWait` runs once, the first time the stream has
- * nothing to send.
+ * of the client instead of one per line, up to the stream's high-water mark. `onWait` runs
+ * once, the first time the stream has nothing to send.
  */
-function coalesce(source: AsyncIterable<string>, onWait: () => void): Readable {
+export function coalesce(source: AsyncIterable<string>, onWait: () => void): Readable {
   const iterator = source[Symbol.asyncIterator]();
   let pending: Promise<IteratorResult<string>> | undefined;
   let waited = false;
@@ -261,6 +277,9 @@ function coalesce(source: AsyncIterable<string>, onWait: () => void): Readable {
             return;
           }
           chunk += ready.value;
+          // A backlog (a reattach to a chatty process) goes out in bounded chunks, and pushing
+          // one lets the socket's backpressure and the event loop in.
+          if (chunk.length >= stream.readableHighWaterMark) break;
         }
         stream.push(chunk);
       })().catch((error: unknown) => stream.destroy(error as Error));

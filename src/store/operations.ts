@@ -48,7 +48,7 @@ export class OperationStore {
         "INSERT INTO operations (tenant_id, key, fingerprint, status, created_at, expires_at) VALUES (?, ?, ?, 'in_progress', ?, ?)",
       ),
       complete: db.prepare<[number, string, string, string, string]>(
-        "UPDATE operations SET status = 'completed', response_status = ?, response_body = ?, content_type = ? WHERE tenant_id = ? AND key = ?",
+        "UPDATE operations SET status = 'completed', response_status = ?, response_body = ?, content_type = ? WHERE tenant_id = ? AND key = ? AND status = 'in_progress'",
       ),
       release: db.prepare<[string, string]>("DELETE FROM operations WHERE tenant_id = ? AND key = ? AND status = 'in_progress'"),
       get: db.prepare<[string, string, number], Row>('SELECT * FROM operations WHERE tenant_id = ? AND key = ? AND expires_at > ?'),
@@ -94,6 +94,7 @@ export class OperationStore {
     };
   }
 
+  /** Stores the response of a claimed key; a key already completed keeps its first response. */
   complete(tenantId: string, key: string, response: StoredResponse): void {
     this.statements.complete.run(response.status, JSON.stringify(response.body ?? null), response.contentType, tenantId, key);
   }

@@ -455,6 +455,24 @@ describe('audit over HTTP', () => {
     // The create did happen (the audit has its attempt); the retry did not make a second one.
     expect((await t.json<{ sandboxes: Info[] }>('GET', '/v1/sandboxes?metadata=outcome=down')).body.sandboxes).toHaveLength(1);
   });
+
+  it('keeps an unknown effect under the key when the response cannot be stored, and a retry does not act twice', async () => {
+    // Storing the 201 fails; the audit outcome rolls back with it; storing the error works.
+    t.server.db.exec("CREATE TEMP TRIGGER store_down BEFORE UPDATE ON operations WHEN NEW.response_status = 201 BEGIN SELECT RAISE(ABORT, 'disk on fire'); END");
+    const headers = { 'idempotency-key': 'store-down' };
+    let first: { status: number; body: unknown };
+    try {
+      first = await t.json('POST', '/v1/sandboxes', { body: { metadata: { store: 'down' } }, headers });
+    } finally {
+      t.server.db.exec('DROP TRIGGER store_down');
+    }
+    expect(first.status).toBe(500);
+    expect(first.body).toMatchObject({ code: 'INTERNAL', details: { effect: 'unknown' } });
+    const retry = await t.json('POST', '/v1/sandboxes', { body: { metadata: { store: 'down' } }, headers });
+    expect(retry.status).toBe(500);
+    expect(retry.headers.get('idempotent-replayed')).toBe('true');
+    expect((await t.json<{ sandboxes: Info[] }>('GET', '/v1/sandboxes?metadata=store=down')).body.sandboxes).toHaveLength(1);
+  });
 });
 
 describe('logs', () => {

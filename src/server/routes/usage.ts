@@ -60,7 +60,7 @@ export function usageRoutes(services: ServerServices): AnyRoute[] {
         },
         async handler({ params, principal, signal }) {
           requireSandbox(services, principal.tenantId, params.sandboxId);
-          await processLogs.flushed();
+          await processLogs.flushed({ sandboxId: params.sandboxId, pid: params.pid });
           const where = { dataDir: processLogs.dataDir, sandboxId: params.sandboxId, pid: params.pid };
           if (!(await outputLogInfo(where)).exists) {
             throw new SandboxError('PROCESS_NOT_FOUND', `process ${params.pid} of sandbox ${params.sandboxId} has no output log`, {
