@@ -155,6 +155,21 @@ export class WorkspaceVolume {
     await runCommand(['btrfs', 'qgroup', 'limit', String(diskBytes), this.path(id)]);
   }
 
+  /**
+   * Sets a fresh workspace's quota while `starting` (its sandbox's start, one process spawn off
+   * the path) runs: nothing in a sandbox writes to its workspace before create() returns, and
+   * both are awaited. A sandbox whose quota could not be set is destroyed.
+   */
+  async limitWhile<T extends { destroy(): Promise<void> }>(id: string, diskBytes: number, starting: Promise<T>): Promise<T> {
+    const [started, limited] = await Promise.allSettled([starting, this.setLimit(id, diskBytes)]);
+    if (started.status === 'rejected') throw started.reason;
+    if (limited.status === 'rejected') {
+      await started.value.destroy().catch(() => undefined);
+      throw limited.reason;
+    }
+    return started.value;
+  }
+
   async delete(id: string): Promise<void> {
     const path = this.path(id);
     this.subvolumeIds.delete(id);

@@ -184,16 +184,8 @@ export class GvisorBackend implements Backend {
       });
       // Nothing runs in the sandbox before create() returns (the agent only waits for requests),
       // so the quota is set while runsc boots instead of before: one btrfs spawn off the path.
-      const [started, limited] = await Promise.allSettled([
-        how.mode === 'run' ? sandbox.start() : sandbox.adoptCheckpoint(),
-        how.reuseWorkspace ? Promise.resolve() : this.host.volume.setLimit(id, spec.limits.diskBytes),
-      ]);
-      if (started.status === 'rejected') throw started.reason;
-      if (limited.status === 'rejected') {
-        cleanup.push(() => sandbox.destroy());
-        throw limited.reason;
-      }
-      return sandbox;
+      const starting = (how.mode === 'run' ? sandbox.start() : sandbox.adoptCheckpoint()).then(() => sandbox);
+      return await (how.reuseWorkspace ? starting : this.host.volume.limitWhile(id, spec.limits.diskBytes, starting));
     } catch (error) {
       for (const step of cleanup.reverse()) await step().catch(() => undefined);
       if (how.signal?.aborted) throw new SandboxError('ABORTED', `creating sandbox ${id} was aborted`, { cause: error });

@@ -112,16 +112,7 @@ export class NamespaceBackend implements Backend {
           }
         },
       });
-      const [started, limited] = await Promise.allSettled([
-        starting,
-        options.reuseWorkspace ? Promise.resolve() : this.host.volume.setLimit(options.id, spec.limits.diskBytes),
-      ]);
-      if (started.status === 'rejected') throw started.reason;
-      if (limited.status === 'rejected') {
-        await started.value.destroy().catch(() => undefined);
-        throw limited.reason;
-      }
-      return started.value;
+      return await (options.reuseWorkspace ? starting : this.host.volume.limitWhile(options.id, spec.limits.diskBytes, starting));
     } catch (error) {
       for (const step of cleanup.reverse()) await step().catch(() => undefined);
       if (options.signal?.aborted) throw new SandboxError('ABORTED', `creating sandbox ${options.id} was aborted`, { cause: error });
