@@ -20,7 +20,7 @@ import { GvisorBackend } from '../src/backends/gvisor/gvisor-backend.host.js';
 import { buildRunscFlags, type OciSpec } from '../src/backends/gvisor/oci-bundle.js';
 import { probeRunsc, writeRootfs } from '../src/backends/gvisor/runsc.host.js';
 import { NamespaceBackend } from '../src/backends/namespace/namespace-backend.host.js';
-import { baseEnv } from '../src/backends/namespace/bwrap-args.js';
+import { baseEnv } from '../src/host/sandbox-layout.js';
 import { HostEnvironment } from '../src/host/host-env.host.js';
 import { parseSpec } from '../src/spec/index.js';
 import { summarize, table, timeIt, type Summary } from './stats.js';

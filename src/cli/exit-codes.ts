@@ -1,4 +1,4 @@
-import type { LimitResource } from '../engine/result.js';
+import type { LimitResource } from '../wire/index.js';
 
 /**
  * `capsule run` exits with the sandboxed command's own code (128+N when a signal ended it), or

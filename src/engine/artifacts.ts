@@ -1,7 +1,8 @@
 import { realpath } from 'node:fs/promises';
 import type { BackendSandbox } from '../backends/backend.js';
 import { openRegular, resolveWorkspacePath, walkOutput, normalizeWorkspacePath, type OutputEntry } from '../host/output-files.host.js';
-import type { ArtifactOutcome } from '../metrics/metrics.js';
+import type { ArtifactOutcome } from '../wire/index.js';
+import type { ArtifactCollection, ArtifactRef, SkipReason } from '../wire/index.js';
 import { chunkBytesFor, isVerifyFailure, type Artifact, type ArtifactStore } from '../store/artifacts/index.js';
 
 const MiB = 1024 * 1024;
@@ -38,36 +39,8 @@ export interface CollectOptions {
   signal?: AbortSignal;
 }
 
-/** A file delivered to the artifact store. */
-export interface DeliveredArtifact {
-  /** Path relative to the collected directory, e.g. `plots/a.png`. */
-  name: string;
-  /** Path as the sandbox saw it. */
-  path: string;
-  size: number;
-  sha256: string;
-  /** `capsule://artifacts/<sha256>` (over HTTP: `/v1/artifacts/<sha256>`). */
-  uri: string;
-  id: string;
-  expiresAt: string;
-}
-
-export type SkipReason = 'too_large' | 'total_cap' | 'symlink' | 'special' | 'changing' | 'verify_failed';
-
-/** A file that was seen but not delivered, and why. */
-export interface SkippedArtifact {
-  name: string;
-  path: string;
-  size?: number;
-  skipped: SkipReason;
-}
-
-export type ArtifactRef = DeliveredArtifact | SkippedArtifact;
-
-export interface Collection {
-  artifacts: ArtifactRef[];
-  /** Some files were left out by the total cap or the file-count cap. */
-  truncated: boolean;
+/** A collection as the engine makes it: the wire's, plus the bytes delivered (for quotas). */
+export interface Collection extends ArtifactCollection {
   deliveredBytes: number;
 }
 

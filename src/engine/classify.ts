@@ -2,7 +2,7 @@ import { constants } from 'node:os';
 import type { Limits } from '../spec/index.js';
 import { formatBytes, formatDurationMs } from '../spec/index.js';
 import type { SandboxCounters } from '../backends/backend.js';
-import type { LimitHit } from './result.js';
+import type { LimitHit } from '../wire/index.js';
 
 /** What the supervisor saw of one exec, enough to tell a limit from the program's own failure. */
 export interface ExecObservation {

@@ -8,5 +8,3 @@ export function newSandboxId(): string {
   for (const byte of bytes) id += alphabet[byte & 31];
   return id;
 }
-
-export const SANDBOX_ID_PATTERN = /^[a-z2-7]{20}$/;

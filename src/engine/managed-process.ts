@@ -1,7 +1,8 @@
 import { SandboxError } from '../errors/index.js';
 import type { AgentProcess } from '../backends/agent/index.js';
-import type { ExecResult } from './result.js';
-import type { ProcessEvent, ProcessHandle, ProcessInfo } from './types.js';
+import type { ExecResult } from '../wire/index.js';
+import type { ProcessEvent, ProcessHandle } from './types.js';
+import type { ProcessInfo } from '../wire/index.js';
 
 /**
  * A process's event log: every event is kept (output only up to the sandbox's caps, like the

@@ -1,5 +1,5 @@
 import type { SandboxCounters } from '../backends/backend.js';
-import type { LimitHit } from './result.js';
+import type { LimitHit } from '../wire/index.js';
 
 /**
  * The egress limit, when it ended an exec: the proxy refused connections past

@@ -6,13 +6,14 @@ import type { Backend, BackendSandbox } from '../backends/backend.js';
 import { createBackends } from '../backends/registry.js';
 import { HostEnvironment, type HostEnvironmentOptions } from '../host/host-env.host.js';
 import { copyOut, type CopyOutReport } from '../host/copy-out.host.js';
-import { baseEnv } from '../backends/namespace/bwrap-args.js';
+import { baseEnv } from '../host/sandbox-layout.js';
 import { assertEnforceable } from './capabilities.js';
 import { newSandboxId } from './ids.js';
 import { WarmPool } from './warm-pool.js';
 import { superviseExec, type SuperviseOptions } from './supervise.js';
-import type { ExecResult } from './result.js';
-import { checkCollectOptions, collectArtifacts, type ArtifactRef, type CollectOptions } from './artifacts.js';
+import type { ExecResult } from '../wire/index.js';
+import { checkCollectOptions, collectArtifacts, type CollectOptions } from './artifacts.js';
+import { type ArtifactRef } from '../wire/index.js';
 import { compileReportSchema, readReport, type ReportError, type ReportOptions } from './report.js';
 import { LocalArtifactStore, type ArtifactStore } from '../store/artifacts/index.js';
 

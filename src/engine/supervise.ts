@@ -4,7 +4,8 @@ import type { AgentProcess } from '../backends/agent/index.js';
 import { classifyLimit, memoryWarningMessage } from './classify.js';
 import { egressLimitHit } from './network-limit.js';
 import { OutputBuffer, outputFields } from './output-buffer.js';
-import { diagnose, TailBuffer, type ExecResult, type Warning } from './result.js';
+import { diagnose, TailBuffer } from './result.js';
+import { type ExecResult, type Warning } from '../wire/index.js';
 
 const MEMORY_POLL_MS = 50;
 

@@ -1,30 +1,16 @@
 import type { Readable } from 'node:stream';
-import type { NetworkPolicyInput, SandboxSpec, SandboxSpecInput } from '../spec/index.js';
-import type { ExecResult, Warning } from './result.js';
+import type { NetworkPolicyInput, SandboxSpecInput } from '../spec/index.js';
+import type { ExecResult, FileEntry, ProcessInfo, SandboxInfo, SandboxState, UsageSample, Warning, WatchEvent } from '../wire/index.js';
+import type { Collection, CollectOptions } from './artifacts.js';
+import type { InterpreterService } from './interpreter/index.js';
+
+/** What a caller chooses of a collection; the engine sets the tenant, metrics hook and freezing. */
+export type EngineCollectOptions = Pick<CollectOptions, 'dir' | 'maxFileBytes' | 'maxTotalBytes' | 'signal'>;
 
 /**
  * The engine's contract with the server, SDK-facing routes and the E2B facade. The server turns a
  * request into one of these commands; the engine owns live sandboxes, processes and files.
  */
-export type SandboxState = 'starting' | 'running' | 'paused' | 'killed' | 'expired' | 'failed';
-
-export interface SandboxInfo {
-  sandboxId: string;
-  tenantId: string;
-  state: SandboxState;
-  backend: string;
-  spec: SandboxSpec;
-  metadata: Record<string, string>;
-  createdAt: string;
-  /** When the TTL ends the sandbox (ISO 8601). */
-  expiresAt: string;
-  endedAt?: string;
-  /** Why it ended: `killed`, `expired`, `crashed: ...`, `server restarted`. */
-  endReason?: string;
-  /** Set while paused: what the pause kept, so callers know what a resume will find. */
-  pause?: { keepsMemory: boolean; survivesRestart: boolean; pausedAt: string };
-}
-
 export interface CreateSandboxCommand {
   tenantId: string;
   spec?: SandboxSpecInput;
@@ -60,15 +46,6 @@ export type ProcessEvent =
   | { type: 'warning'; warning: Warning }
   | { type: 'exit'; result: ExecResult };
 
-export interface ProcessInfo {
-  pid: number;
-  argv: string[];
-  cwd: string;
-  tag?: string;
-  running: boolean;
-  startedAt: string;
-}
-
 /** A process in a sandbox. Its events can be read from the start by any number of readers. */
 export interface ProcessHandle {
   readonly pid: number;
@@ -80,25 +57,6 @@ export interface ProcessHandle {
   closeStdin(): void;
   signal(signal: NodeJS.Signals): void;
   resize(cols: number, rows: number): void;
-}
-
-export type FileType = 'file' | 'dir' | 'symlink' | 'other';
-
-export interface FileEntry {
-  name: string;
-  /** Absolute path as the sandbox sees it. */
-  path: string;
-  type: FileType;
-  size: number;
-  /** Permission bits, e.g. 0o644. */
-  mode: number;
-  modifiedAt: string;
-  symlinkTarget?: string;
-}
-
-export interface WatchEvent {
-  type: 'create' | 'write' | 'remove' | 'rename' | 'chmod';
-  path: string;
 }
 
 /** File operations as the sandbox sees paths: never a host path, whatever symlinks say. */
@@ -130,5 +88,11 @@ export interface SandboxEngine {
   resume(tenantId: string, sandboxId: string): Promise<SandboxInfo>;
   /** Replaces the network policy; file and process policy stay fixed. */
   setNetworkPolicy(tenantId: string, sandboxId: string, policy: NetworkPolicyInput): Promise<SandboxInfo>;
+  /** The interpreter contexts of a running sandbox, shared by every API surface. */
+  interpreter(tenantId: string, sandboxId: string): InterpreterService;
+  /** Usage samples of the sandbox, oldest first, plus one taken now while it runs. */
+  usage(tenantId: string, sandboxId: string): Promise<UsageSample[]>;
+  /** Copies a directory of a running sandbox into the artifact store (the sandbox frozen meanwhile). */
+  collectArtifacts(tenantId: string, sandboxId: string, options: EngineCollectOptions): Promise<Collection>;
   close(): Promise<void>;
 }

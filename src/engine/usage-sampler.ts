@@ -1,18 +1,5 @@
 import type { BackendSandbox } from '../backends/backend.js';
-
-/** One reading of a sandbox's resource use. */
-export interface UsageSample {
-  timestamp: string;
-  /** CPU used since the previous sample, as a share of the sandbox's `limits.cpus` (0–100). */
-  cpuUsedPct: number;
-  /** CPU time used since the sandbox started. */
-  cpuTimeMs: number;
-  memoryBytes: number;
-  /** Peak memory since the last exec reset the watermark. */
-  memoryPeakBytes: number;
-  /** Workspace bytes as the disk limit counts them; null when the backend cannot tell. */
-  diskBytes: number | null;
-}
+import type { UsageSample } from '../wire/index.js';
 
 export interface UsageSamplerOptions {
   /** @default 5000 */

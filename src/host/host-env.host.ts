@@ -6,7 +6,7 @@ import { dirname, join, resolve } from 'node:path';
 import { CGROUP_PREFIX } from './cgroups.host.js';
 import { fileURLToPath } from 'node:url';
 import { SandboxError } from '../errors/index.js';
-import { ETC_ALLOWLIST, SANDBOX_UID, SANDBOX_USER } from '../backends/namespace/bwrap-args.js';
+import { ETC_ALLOWLIST, SANDBOX_UID, SANDBOX_USER } from './sandbox-layout.js';
 import { WorkspaceVolume } from './volume.host.js';
 import { prepareSandboxEtc } from './sandbox-etc.host.js';
 import { pathExists } from './fs-util.js';

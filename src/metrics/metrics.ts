@@ -1,15 +1,11 @@
 import { Counter, Gauge, Histogram, Registry } from 'prom-client';
-import type { ExecResult, Outcome } from '../engine/result.js';
+import { ARTIFACT_OUTCOMES, OUTCOMES, type ArtifactOutcome, type ExecResult } from '../wire/index.js';
 
 /** Resources whose limit can end work; `egress` comes from the network policy, not a cgroup. */
 export const TERMINATION_RESOURCES = ['cpu', 'memory', 'disk', 'wall_clock', 'pids', 'output', 'file_size', 'egress'] as const;
 export type TerminationResource = (typeof TERMINATION_RESOURCES)[number];
 
-export const ARTIFACT_OUTCOMES = ['ok', 'too_large', 'verify_failed', 'skipped'] as const;
-/** How one artifact delivery ended: delivered, over a cap, failed verification, or not a regular file. */
-export type ArtifactOutcome = (typeof ARTIFACT_OUTCOMES)[number];
 
-const OUTCOMES: readonly Outcome[] = ['ok', 'exit_nonzero', 'limit_exceeded', 'error'];
 
 export interface CreateLabels {
   backend: string;

@@ -1,62 +1,9 @@
 import { resolveConfig, type ConnectionOptions } from './config.js';
 import { callOptions, HttpClient } from './http.js';
 import type { CallOptions } from './types.js';
+import type { ArtifactCollection, ArtifactRef, DeliveredArtifact, SkippedArtifact, StoredArtifact, UsageSample } from '../wire/index.js';
 
-/** A file delivered to the artifact store. */
-export interface DeliveredArtifact {
-  /** Path relative to the collected directory, e.g. `plots/a.png`. */
-  name: string;
-  /** Path as the sandbox saw it. */
-  path: string;
-  size: number;
-  sha256: string;
-  /** `capsule://artifacts/<sha256>`; `Artifacts.download` takes it or the sha256. */
-  uri: string;
-  id: string;
-  expiresAt: string;
-}
-
-/** A file that was seen but not delivered, and why. */
-export interface SkippedArtifact {
-  name: string;
-  path: string;
-  size?: number;
-  skipped: 'too_large' | 'total_cap' | 'symlink' | 'special' | 'changing' | 'verify_failed';
-}
-
-export type ArtifactRef = DeliveredArtifact | SkippedArtifact;
-
-/** One reading of a sandbox's resource use (`sandbox.getMetrics()`). */
-export interface UsageSample {
-  timestamp: string;
-  /** CPU used since the previous sample, as a share of the sandbox's `limits.cpus` (0–100). */
-  cpuUsedPct: number;
-  cpuTimeMs: number;
-  memoryBytes: number;
-  memoryPeakBytes: number;
-  /** null when the backend cannot tell. */
-  diskBytes: number | null;
-}
-
-/** What `collect` returns: one reference per file; skipped files say why. */
-export interface ArtifactCollection {
-  artifacts: ArtifactRef[];
-  /** Some files were left out by the total cap or the file-count cap. */
-  truncated: boolean;
-}
-
-/** One stored artifact, as `list` returns it. */
-export interface StoredArtifact {
-  id: string;
-  name: string;
-  path: string;
-  size: number;
-  sha256: string;
-  uri: string;
-  sandboxId: string;
-  createdAt: string;
-  expiresAt: string;
-}
+export type { ArtifactCollection, ArtifactRef, DeliveredArtifact, SkippedArtifact, StoredArtifact, UsageSample };
 
 export interface CollectOptions extends CallOptions {
   /** Sandbox directory under /workspace. @default '/workspace/output' */

@@ -3,8 +3,9 @@ import { callOptions, type HttpClient } from './http.js';
 import { readNdjson } from './ndjson.js';
 import type { CallOptions } from './types.js';
 
-// The wire shapes are the engine's own types (type-only: the SDK loads no engine code).
-import type { ContextInfo, Execution, ExecutionError, InterpreterLanguage, Result } from '../engine/interpreter/types.js';
+// The wire contract's types (type-only: the SDK loads no zod schema at run time). `Result` is the
+// name E2B's SDK gives a rich output.
+import type { CodeEvent, CodeResult as Result, ContextInfo, Execution, ExecutionError, InterpreterLanguage } from '../wire/index.js';
 export type { ContextInfo, Execution, ExecutionError, InterpreterLanguage, Result };
 
 export interface RunCodeOptions {
@@ -41,15 +42,6 @@ export interface CreateContextOptions extends CallOptions {
   envVars?: Record<string, string>;
 }
 
-/** One line of `POST /v1/sandboxes/{id}/code`. */
-type WireCodeEvent =
-  | { type: 'stdout' | 'stderr'; text: string }
-  | { type: 'result'; result: Result }
-  /** The code's exception, or (with `code`) the server failing mid-stream. */
-  | { type: 'error'; error: ExecutionError | { code: string; message: string } }
-  | { type: 'executionCount'; count: number }
-  | { type: 'end'; execution: Execution };
-
 /** Runs code in an interpreter context of the sandbox at `base`; see `Sandbox.runCode`. */
 export async function runCode(http: HttpClient, base: string, code: string, options: RunCodeOptions = {}): Promise<Execution> {
   const open = await http.open({
@@ -61,7 +53,7 @@ export async function runCode(http: HttpClient, base: string, code: string, opti
   });
   let execution: Execution | undefined;
   try {
-    for await (const event of readNdjson<WireCodeEvent>(open.chunks())) {
+    for await (const event of readNdjson<CodeEvent>(open.chunks())) {
       switch (event.type) {
         case 'stdout':
           options.onStdout?.(event.text);

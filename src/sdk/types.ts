@@ -1,30 +1,24 @@
 /**
- * The wire types the SDK returns. They are the engine's own types (type-only imports: nothing of
- * the engine is loaded), so the server and the SDK cannot drift apart silently.
+ * The wire types the SDK returns: the wire contract's own (src/wire; type-only imports, so no
+ * schema is loaded), which the server validates and documents with the same schemas.
  */
 export type {
+  ExecReply,
+  ExecResult,
   FileEntry,
   FileType,
+  LimitHit,
+  LimitResource,
+  Outcome,
   ProcessInfo,
   SandboxInfo,
   SandboxState,
+  Usage,
+  Warning,
   WatchEvent,
-} from '../engine/types.js';
-export type { ExecResult, LimitHit, LimitResource, Outcome, Usage, Warning } from '../engine/result.js';
-export type { SandboxSpec, SandboxSpecInput } from '../spec/index.js';
-export type { NetworkPolicyInput } from '../engine/sandbox-manager.js';
-
-import type { ExecResult, Warning } from '../engine/result.js';
-
-/** A process event as it travels: output is base64. */
-export type WireProcessEvent =
-  | { type: 'start'; pid: number }
-  | { type: 'stdout'; data: string }
-  | { type: 'stderr'; data: string }
-  | { type: 'warning'; warning: Warning }
-  | { type: 'exit'; result: ExecResult }
-  /** The server failed mid-stream; the code is a wire error code. */
-  | { type: 'error'; error: { code: string; message: string; hint?: string; requestId?: string } };
+  WireProcessEvent,
+} from '../wire/index.js';
+export type { NetworkPolicyInput, SandboxSpec, SandboxSpecInput } from '../spec/index.js';
 
 /** Per-call options every SDK method takes. */
 export interface CallOptions {

@@ -1,9 +1,17 @@
 import { SandboxError } from '../errors/index.js';
-import type { ExecResult } from '../engine/result.js';
+import type { ExecResult } from '../wire/index.js';
 import { sha256Hex, type AuditLog } from '../store/index.js';
 import type { Principal } from './auth.js';
 import { toSandboxError } from './errors.js';
-import type { AuditSubject } from './route.js';
+
+/** What the audit log records about a call: its sandbox, its subject (hashed) and policy. */
+export interface AuditSubject {
+  sandboxId?: string;
+  /** The argv, file path or code the call acts on; only its sha256 is stored. */
+  subject?: string;
+  /** Capabilities the call opens (network mode other than none, mounts, handles). */
+  policy?: Record<string, unknown> | null;
+}
 
 /**
  * The audit records of one call: `attempt` before the work (if it cannot be written, the work

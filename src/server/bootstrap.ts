@@ -2,11 +2,9 @@ import { isIP } from 'node:net';
 import type { FastifyServerOptions } from 'fastify';
 import { SandboxError } from '../errors/index.js';
 import { createSandboxFiles } from '../engine/files/index.js';
-import { SandboxManager, type EngineEvent } from '../engine/sandbox-manager.js';
-import { createBackends } from '../backends/registry.js';
-import { HostEnvironment } from '../host/host-env.host.js';
-import { EgressNetwork } from '../host/netns-network.host.js';
-import type { EgressEvent } from '../host/egress/egress-proxy.js';
+import { SandboxManager } from '../engine/sandbox-manager.js';
+import type { EngineEvent } from '../engine/events.js';
+import type { EgressEvent } from '../engine/engine-host.js';
 import type { OperatorMaxima } from '../spec/index.js';
 import { API_KEY_PATTERN, ApiKeyStore, AuditLog, OperationStore, SqliteSandboxRecords, openDatabase, type SqliteDatabase } from '../store/index.js';
 import { CapsuleApp, type CapsuleAppOptions } from './app.js';
@@ -74,22 +72,22 @@ export async function startServer(options: StartServerOptions): Promise<RunningS
     const audit = new AuditLog(db);
     const { source, generated } = ensureOperatorKey(new ApiKeyStore(db), options.env ?? process.env);
     new OperationStore(db).settleInterrupted('startup');
-    // Metrics, usage samples, output logs and the artifact store (docs/operations.md).
+    // Metrics, output logs and the artifact store (docs/operations.md).
     const observability = (observed = await Observability.open({ dataDir: options.dataDir, records }));
     // Sandbox networking with the operator's settings; started only when a sandbox asks for a
     // network. The broker reads <dataDir>/broker (handles.json, secrets/); docs/api.md.
     let egressLog = (event: EgressEvent): void => void process.stderr.write(`${JSON.stringify({ egress: event })}\n`);
-    const host = new HostEnvironment({ dataDir: options.dataDir });
-    const network = new EgressNetwork({
-      host,
-      operatorDeny: options.operatorDeny,
-      ...(options.egressHosts ? { hosts: options.egressHosts, hostsOnly: true } : {}),
-      log: (event) => egressLog(event),
-    });
     const engine = await SandboxManager.open({
       dataDir: options.dataDir,
-      host,
-      backends: createBackends(host, { namespace: { network } }),
+      egress: {
+        operatorDeny: options.operatorDeny,
+        hosts: options.egressHosts,
+        log: (event) => egressLog(event),
+        // egress_blocked_total; a connection-limit hit ends the work and is counted with its exec.
+        onEvent: (event) => {
+          if (event.kind === 'blocked') observability.metrics.recordEgressBlocked();
+        },
+      },
       store: records,
       maxima: options.maxima,
       warmPool: options.warmPool,
@@ -98,15 +96,11 @@ export async function startServer(options: StartServerOptions): Promise<RunningS
         observability.onEvent(event);
       },
       processObserver: observability.processObserver,
+      artifacts: observability.artifacts,
       filesFactory: (sandbox) => createSandboxFiles(sandbox),
     });
     const app = new CapsuleApp({ engine, db, maxSandboxesPerTenant: options.maxSandboxesPerTenant, logger: options.logger, extensions: options.extensions, observability: observability.services });
-    observability.attach(engine);
     egressLog = (event) => app.app.log.warn({ egress: event }, 'egress denied');
-    // egress_blocked_total; a connection-limit hit ends the work and is counted with its exec.
-    network.proxy.onEvent((event) => {
-      if (event.kind === 'blocked') app.services.metrics?.recordEgressBlocked();
-    });
     let url: string;
     try {
       url = await app.listen(options.port ?? 7070, options.host ?? '127.0.0.1');

@@ -1,11 +1,8 @@
 import { join } from 'node:path';
-import type { EngineEvent, ProcessObserver } from '../engine/sandbox-manager.js';
-import type { SandboxEngine } from '../engine/types.js';
-import { UsageSampler } from '../engine/usage-sampler.js';
-import type { BackendSandbox } from '../backends/backend.js';
+import type { EngineEvent, ProcessObserver } from '../engine/events.js';
 import { CapsuleMetrics } from '../metrics/metrics.js';
 import { LocalArtifactStore } from '../store/artifacts/index.js';
-import type { SandboxRecordStore } from '../engine/sandbox-manager.js';
+import type { SandboxRecordStore } from '../store/index.js';
 import { ProcessLogs } from './process-logs.js';
 import type { ServerServices } from './services.js';
 
@@ -17,15 +14,13 @@ export interface ObservabilityOptions {
 }
 
 /**
- * What the server records beside the engine's own work: Prometheus metrics, per-sandbox usage
- * samples, process output logs and the artifact store. Fed by the engine's event and process
+ * What the server records beside the engine's own work: Prometheus metrics, process output logs
+ * and the artifact store. Fed by the engine's event and process
  * hooks (the one place they are recorded); `close()` stops the timers and closes the store.
  */
 export class Observability {
   readonly metrics = new CapsuleMetrics();
-  readonly usage = new UsageSampler();
   readonly processLogs: ProcessLogs;
-  private engine: SandboxEngine | undefined;
   private sweepTimer: NodeJS.Timeout | undefined;
   private sweeping: Promise<void> | undefined;
 
@@ -46,8 +41,8 @@ export class Observability {
     return observability;
   }
 
-  get services(): Pick<ServerServices, 'metrics' | 'artifacts' | 'usage' | 'processLogs'> {
-    return { metrics: this.metrics, artifacts: this.artifacts, usage: this.usage, processLogs: this.processLogs };
+  get services(): Pick<ServerServices, 'metrics' | 'artifacts' | 'processLogs'> {
+    return { metrics: this.metrics, artifacts: this.artifacts, processLogs: this.processLogs };
   }
 
   /** For SandboxManagerOptions.processObserver. */
@@ -58,12 +53,8 @@ export class Observability {
       this.metrics.recordExec(result, process.backend);
       this.processLogs.ended(process);
     },
+    onArtifact: (outcome) => this.metrics.recordArtifact(outcome),
   };
-
-  /** The engine whose live sandboxes are sampled (set once it is open). */
-  attach(engine: SandboxEngine): void {
-    this.engine = engine;
-  }
 
   /** For SandboxManagerOptions.onEvent. */
   onEvent(event: EngineEvent): void {
@@ -72,13 +63,10 @@ export class Observability {
       case 'sandbox.created':
         // createdAt is when the engine accepted the request; the event fires once it is running.
         this.metrics.recordCreate((Date.now() - Date.parse(sandbox.createdAt)) / 1000, { backend: sandbox.backend, template: 'base', poolWarm: event.poolWarm === true });
-        this.track(sandbox.tenantId, sandbox.sandboxId, Date.parse(sandbox.createdAt));
         break;
       case 'sandbox.recovered':
-        this.track(sandbox.tenantId, sandbox.sandboxId, Date.now());
         break;
       default:
-        this.usage.untrack(sandbox.sandboxId);
         this.processLogs.sandboxEnded(sandbox.sandboxId);
     }
   }
@@ -101,19 +89,8 @@ export class Observability {
   /** After the engine closed: timers stop, logs are flushed, the store is closed. */
   async close(): Promise<void> {
     clearInterval(this.sweepTimer);
-    this.usage.close();
     await this.sweeping;
     await this.processLogs.close();
     await this.artifacts.close();
-  }
-
-  private track(tenantId: string, sandboxId: string, startedAtMs: number): void {
-    const engine = this.engine as { backendSandbox?(tenantId: string, sandboxId: string): BackendSandbox } | undefined;
-    try {
-      const sandbox = engine?.backendSandbox?.(tenantId, sandboxId);
-      if (sandbox) this.usage.track(sandbox, startedAtMs);
-    } catch {
-      // Not running (a sandbox recovered paused): sampled from its next create or recovery.
-    }
   }
 }

@@ -1,6 +1,6 @@
 import { z } from 'zod';
 import type { AnyRoute } from './route.js';
-import { ErrorBodySchema } from './schemas.js';
+import { ErrorBodySchema } from '../wire/index.js';
 
 type JsonObject = Record<string, unknown>;
 

@@ -1,7 +1,7 @@
 import { mkdir, readdir } from 'node:fs/promises';
 import { join } from 'node:path';
 import { DEFAULT_OUTPUT_LOG_BYTES, OutputLogWriter, outputLogDir, removeOutputLogs, type OutputStream } from '../engine/output-log.js';
-import type { ObservedProcess } from '../engine/sandbox-manager.js';
+import type { ObservedProcess } from '../engine/events.js';
 
 
 /**

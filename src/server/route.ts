@@ -6,7 +6,7 @@ import type { ApiKeyStore, AuditLog, OperationStore, StoredResponse } from '../s
 import { authenticate, type AuthLevel, type Principal } from './auth.js';
 import { invalidRequest, toSandboxError } from './errors.js';
 import { beginIdempotent, type Idempotency } from './idempotency.js';
-import { AuditTrail } from './audit-trail.js';
+import { AuditTrail, type AuditSubject } from './audit-trail.js';
 
 /** What a handler returns; the seam turns it into the HTTP response. */
 export type RouteResult =
@@ -25,15 +25,6 @@ export type RouteResult =
        */
       final?: Promise<{ type: string }>;
     };
-
-/** What the audit log records about a call: its sandbox, its subject (hashed) and policy. */
-export interface AuditSubject {
-  sandboxId?: string;
-  /** The argv, file path or code the call acts on; only its sha256 is stored. */
-  subject?: string;
-  /** Capabilities the call opens (network mode other than none, mounts, handles). */
-  policy?: Record<string, unknown> | null;
-}
 
 export interface RouteContext<P, Q, B> {
   params: P;

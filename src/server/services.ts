@@ -1,5 +1,5 @@
-import type { SandboxEngine, SandboxInfo } from '../engine/types.js';
-import type { UsageSampler } from '../engine/usage-sampler.js';
+import type { SandboxEngine } from '../engine/types.js';
+import type { SandboxInfo } from '../wire/index.js';
 import type { CapsuleMetrics } from '../metrics/metrics.js';
 import type { ArtifactStore } from '../store/artifacts/index.js';
 import type { ProcessLogs } from './process-logs.js';
@@ -22,8 +22,6 @@ export interface ServerServices {
   metrics?: CapsuleMetrics;
   /** Where collected artifacts go (/v1/artifacts). */
   artifacts?: ArtifactStore;
-  /** Per-sandbox usage over time (GET /v1/sandboxes/{id}/metrics). */
-  usage?: UsageSampler;
   /** Full output of processes (GET /v1/sandboxes/{id}/processes/{pid}/log). */
   processLogs?: ProcessLogs;
 }

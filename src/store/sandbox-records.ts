@@ -1,9 +1,7 @@
 import { SandboxError } from '../errors/index.js';
-import type { SandboxRecordStore } from '../engine/sandbox-manager.js';
-import type { SandboxInfo, SandboxState } from '../engine/types.js';
+import { LIVE_STATES, type SandboxInfo, type SandboxState } from '../wire/index.js';
+import type { SandboxRecordStore } from './record-store.js';
 import type { SqliteDatabase } from './database.js';
-
-export const LIVE_STATES: readonly SandboxState[] = ['starting', 'running', 'paused'];
 
 export interface SandboxPageQuery {
   tenantId: string;

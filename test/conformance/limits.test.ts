@@ -1,6 +1,6 @@
 import { afterEach, describe, expect } from 'vitest';
 import { describeResult, expectNoLeaks } from '../helpers/sandbox.js';
-import type { Warning } from '../../src/engine/result.js';
+import type { Warning } from '../../src/wire/index.js';
 import { backendRunner, CONFORMANCE_BACKENDS, conformanceIt } from './backends.js';
 
 const MiB = 1024 * 1024;

@@ -3,7 +3,7 @@ import { join } from 'node:path';
 import { afterEach, describe, expect } from 'vitest';
 import { createBackends } from '../../src/backends/registry.js';
 import type { BackendSandbox } from '../../src/backends/backend.js';
-import { baseEnv } from '../../src/backends/namespace/bwrap-args.js';
+import { baseEnv } from '../../src/host/sandbox-layout.js';
 import { HostEnvironment } from '../../src/host/host-env.host.js';
 import { parseSpec, type BackendName } from '../../src/spec/index.js';
 import { expectNoLeaks, testDataDir } from '../helpers/sandbox.js';

@@ -1,5 +1,5 @@
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
-import type { Execution as EngineExecution, ContextInfo as EngineContextInfo } from '../../src/engine/interpreter/types.js';
+import type { Execution as EngineExecution, ContextInfo as EngineContextInfo } from '../../src/wire/index.js';
 import type { RunningServer } from '../../src/server/bootstrap.js';
 import { AbortedError, NotFoundError, Sandbox, type ConnectionOptions, type ContextInfo, type Execution } from '../../src/sdk/index.js';
 import { expectNoLeaks } from '../helpers/sandbox.js';

@@ -1,7 +1,7 @@
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { NetworkNames } from '../../src/host/netns-pool.host.js';
-import type { ExecResult } from '../../src/engine/result.js';
-import type { SandboxInfo } from '../../src/engine/types.js';
+import type { ExecResult } from '../../src/wire/index.js';
+import type { SandboxInfo } from '../../src/wire/index.js';
 import { HostEnvironment } from '../../src/host/host-env.host.js';
 import { Sandbox, InvalidSpecError } from '../../src/sdk/index.js';
 import { expectNoLeaks, testDataDir } from '../helpers/sandbox.js';

@@ -2,7 +2,7 @@ import { mkdtempSync, rmSync } from 'node:fs';
 import { readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
-import type { SandboxInfo } from '../../src/engine/types.js';
+import type { SandboxInfo } from '../../src/wire/index.js';
 import { HostEnvironment } from '../../src/host/host-env.host.js';
 import { Sandbox } from '../../src/sdk/index.js';
 import { LOCK_FILE } from '../../src/server/instance-lock.js';

@@ -5,7 +5,8 @@ import { createBackends } from '../../src/backends/registry.js';
 import { GvisorBackend } from '../../src/backends/gvisor/gvisor-backend.host.js';
 import { InterpreterService } from '../../src/engine/interpreter/index.js';
 import { parseSpec } from '../../src/spec/index.js';
-import { MemoryRecordStore, SandboxManager } from '../../src/engine/sandbox-manager.js';
+import { SandboxManager } from '../../src/engine/sandbox-manager.js';
+import { MemoryRecordStore } from '../../src/store/index.js';
 import type { ProcessHandle } from '../../src/engine/types.js';
 import { HostEnvironment } from '../../src/host/host-env.host.js';
 import { expectNoLeaks, testDataDir } from '../helpers/sandbox.js';
@@ -63,24 +64,24 @@ describe('gVisor sandboxes under the engine (SandboxManager)', () => {
       const proc = await manager.startProcess(T, info.sandboxId, { argv: ['python3', '-c', STATEFUL], stdin: true });
       const secret = (await lineStartingWith(proc, 'secret')).line.split(' ')[1];
       const counter = await manager.startProcess(T, info.sandboxId, { argv: ['sh', '-c', COUNTER] });
-      const workspace = manager.backendSandbox(T, info.sandboxId).workspaceDir;
+      const workspace = new HostEnvironment({ dataDir: testDataDir() }).volume.path(info.sandboxId);
       const count = async (): Promise<number> => Number((await readFile(join(workspace, 'n'), 'utf8').catch(() => '0')).trim() || 0);
       await countAbove(count, 3);
 
-      // The engine's pause today: a freeze of the sandbox's cgroup (every runsc process in it).
+      // The engine's pause keeps memory: on gVisor a checkpoint on disk.
       const paused = await manager.pause(T, info.sandboxId);
       expect(paused.state).toBe('paused');
+      expect(paused.pause).toMatchObject({ keepsMemory: true, survivesRestart: true });
       await manager.resume(T, info.sandboxId);
       proc.writeStdin('show\n');
       const first = await lineStartingWith(proc, 'show');
       expect(first.line.split(' ')[1]).toBe(secret);
 
-      // The backend's pause with memory on disk, driven under the engine: the manager's process
-      // handle keeps working, because the agent client hands its processes to the restored agent.
-      const sandbox = manager.backendSandbox(T, info.sandboxId);
-      expect(await sandbox.pause!({ keepMemory: true })).toEqual({ keepsMemory: true, survivesRestart: true });
+      // A second round: the manager's process handle keeps working, because the agent client
+      // hands its processes to the restored agent.
+      expect((await manager.pause(T, info.sandboxId)).pause).toMatchObject({ keepsMemory: true, survivesRestart: true });
       const atPause = await count();
-      await sandbox.resume!();
+      await manager.resume(T, info.sandboxId);
       // The background counter continues from where it was, not from zero.
       await countAbove(count, atPause + 3);
       proc.writeStdin('show\n');
@@ -136,7 +137,7 @@ describe('pause to disk survives an engine restart (gVisor)', () => {
     const proc = await before.startProcess(T, info.sandboxId, { argv: ['python3', '-c', STATEFUL], stdin: true });
     const secret = (await lineStartingWith(proc, 'secret')).line.split(' ')[1];
     await before.startProcess(T, info.sandboxId, { argv: ['sh', '-c', COUNTER] });
-    const workspace = before.backendSandbox(T, info.sandboxId).workspaceDir;
+    const workspace = new HostEnvironment({ dataDir }).volume.path(info.sandboxId);
     const count = async (): Promise<number> => Number((await readFile(join(workspace, 'n'), 'utf8').catch(() => '0')).trim() || 0);
     await countAbove(count, 3);
     const paused = await before.pause(T, info.sandboxId);

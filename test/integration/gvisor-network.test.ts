@@ -9,12 +9,12 @@ import { listTables } from '../../src/host/nftables.host.js';
 import { createBackends } from '../../src/backends/registry.js';
 import { GvisorLayout } from '../../src/backends/gvisor/layout.js';
 import type { OciSpec } from '../../src/backends/gvisor/oci-bundle.js';
-import { baseEnv } from '../../src/backends/namespace/bwrap-args.js';
+import { baseEnv } from '../../src/host/sandbox-layout.js';
 import { superviseExec } from '../../src/engine/supervise.js';
 import { newSandboxId } from '../../src/engine/ids.js';
 import { parseSpec, type SandboxSpecInput } from '../../src/spec/index.js';
 import type { Backend, BackendSandbox } from '../../src/backends/backend.js';
-import type { ExecResult } from '../../src/engine/result.js';
+import type { ExecResult } from '../../src/wire/index.js';
 import { FAKE_ADDRESSES, FakeInternet } from './network-fake-internet.js';
 
 /*

@@ -4,7 +4,7 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { GvisorBackend } from '../../src/backends/gvisor/gvisor-backend.host.js';
 import type { BackendSandbox } from '../../src/backends/backend.js';
 import type { AgentProcess } from '../../src/backends/agent/index.js';
-import { baseEnv } from '../../src/backends/namespace/bwrap-args.js';
+import { baseEnv } from '../../src/host/sandbox-layout.js';
 import { HostEnvironment } from '../../src/host/host-env.host.js';
 import { parseSpec } from '../../src/spec/index.js';
 import { expectNoLeaks, testDataDir } from '../helpers/sandbox.js';

@@ -13,12 +13,12 @@ import { listTables } from '../../src/host/nftables.host.js';
 import type { EgressEvent } from '../../src/host/egress/egress-proxy.js';
 import type { BrokerLogEntry } from '../../src/host/egress/broker.js';
 import { CredentialBroker } from '../../src/host/egress/broker.js';
-import { baseEnv } from '../../src/backends/namespace/bwrap-args.js';
+import { baseEnv } from '../../src/host/sandbox-layout.js';
 import { superviseExec } from '../../src/engine/supervise.js';
 import { newSandboxId } from '../../src/engine/ids.js';
 import { parseSpec, type SandboxSpecInput } from '../../src/spec/index.js';
 import type { BackendSandbox } from '../../src/backends/backend.js';
-import type { ExecResult } from '../../src/engine/result.js';
+import type { ExecResult } from '../../src/wire/index.js';
 import { FakeInternet } from './network-fake-internet.js';
 
 /*

@@ -1,5 +1,7 @@
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
-import { SandboxManager, MemoryRecordStore, type EngineEvent } from '../../src/engine/sandbox-manager.js';
+import { SandboxManager } from '../../src/engine/sandbox-manager.js';
+import { MemoryRecordStore } from '../../src/store/index.js';
+import { type EngineEvent } from '../../src/engine/events.js';
 import type { ProcessEvent } from '../../src/engine/types.js';
 import { isSandboxError } from '../../src/errors/index.js';
 import { expectNoLeaks, testDataDir } from '../helpers/sandbox.js';
@@ -135,7 +137,7 @@ describe('pause and resume (namespace backend: freeze)', () => {
       const p = await engine.startProcess(T, s.sandboxId, { argv: ['cat', '/workspace/n'] });
       return Number((await p.result).stdout);
     };
-    const workspace = engine.backendSandbox(T, s.sandboxId).workspaceDir;
+    const workspace = new HostEnvironment({ dataDir: testDataDir() }).volume.path(s.sandboxId);
     await waitFor(() => existsSync(join(workspace, 'n')), 5000);
     const paused = await engine.pause(T, s.sandboxId);
     // The kernel reports the whole group frozen, and the counter file stands still.

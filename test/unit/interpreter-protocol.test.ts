@@ -2,7 +2,7 @@ import { describe, expect, it } from 'vitest';
 import { ExecutionBuilder, LineDecoder, parseEvent } from '../../src/engine/interpreter/protocol.js';
 import { driverArgv } from '../../src/engine/interpreter/driver.js';
 import { memoryLimit, timeoutLimit } from '../../src/engine/interpreter/limits.js';
-import type { Result } from '../../src/engine/interpreter/types.js';
+import type { CodeResult } from '../../src/wire/index.js';
 
 describe('interpreter driver protocol', () => {
   it('splits lines across chunks, including a multi-byte character cut in two', () => {
@@ -25,7 +25,7 @@ describe('interpreter driver protocol', () => {
   });
 
   it('folds events into an Execution, capping output and flagging truncation', () => {
-    const seen: Result[] = [];
+    const seen: CodeResult[] = [];
     const builder = new ExecutionBuilder('py-1', { stdoutBytes: 5, stderrBytes: 100 }, { onResult: (r) => seen.push(r) });
     builder.apply({ type: 'executionCount', id: '1', count: 4 });
     builder.apply({ type: 'stdout', id: '1', text: 'abc' });

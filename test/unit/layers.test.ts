@@ -4,18 +4,23 @@ import { describe, expect, it } from 'vitest';
 
 const SRC = resolve(import.meta.dirname, '..', '..', 'src');
 
-/** Which top-level folders each folder may import (value imports and type imports alike). */
+/**
+ * Which top-level folders each folder may import (value imports and type imports alike): a strict
+ * order with no exception, errors < spec < wire < host < backends < store < engine < metrics <
+ * server < cli, and the SDK on the wire contract alone.
+ */
 const ALLOWED: Record<string, string[]> = {
   errors: [],
   spec: ['errors'],
-  host: ['errors', 'spec', 'backends'],
-  backends: ['errors', 'spec', 'host'],
-  metrics: ['errors', 'engine'],
-  engine: ['errors', 'spec', 'host', 'backends', 'metrics', 'store'],
-  store: ['errors', 'spec', 'engine'],
-  server: ['errors', 'spec', 'engine', 'store', 'metrics', 'backends', 'host'],
-  sdk: ['errors', 'spec', 'engine'],
-  cli: ['errors', 'spec', 'engine', 'sdk', 'server', 'store', 'backends', 'host', 'metrics'],
+  wire: ['errors', 'spec'],
+  host: ['errors', 'spec', 'wire'],
+  backends: ['errors', 'spec', 'wire', 'host'],
+  store: ['errors', 'spec', 'wire'],
+  engine: ['errors', 'spec', 'wire', 'host', 'backends', 'store'],
+  metrics: ['errors', 'spec', 'wire', 'engine'],
+  server: ['errors', 'spec', 'wire', 'engine', 'store', 'metrics'],
+  sdk: ['errors', 'spec', 'wire'],
+  cli: ['errors', 'spec', 'wire', 'engine', 'sdk', 'server', 'store', 'backends', 'host', 'metrics'],
 };
 
 function files(dir: string): string[] {

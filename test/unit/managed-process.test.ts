@@ -1,7 +1,7 @@
 import { getEventListeners } from 'node:events';
 import { describe, expect, it } from 'vitest';
 import { ManagedProcess } from '../../src/engine/managed-process.js';
-import type { ExecResult } from '../../src/engine/result.js';
+import type { ExecResult } from '../../src/wire/index.js';
 import type { ProcessEvent } from '../../src/engine/types.js';
 
 function process(): { managed: ManagedProcess; finish: (result: ExecResult) => void } {

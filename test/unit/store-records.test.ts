@@ -2,7 +2,7 @@ import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
-import type { SandboxInfo } from '../../src/engine/types.js';
+import type { SandboxInfo } from '../../src/wire/index.js';
 import { parseSpec } from '../../src/spec/index.js';
 import { ApiKeyStore, OperationStore, SqliteSandboxRecords, openDatabase, type SqliteDatabase } from '../../src/store/index.js';
 import { isSandboxError } from '../../src/errors/index.js';

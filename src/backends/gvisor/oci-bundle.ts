@@ -1,5 +1,5 @@
 import type { SandboxSpec } from '../../spec/index.js';
-import { AGENT_PATH, SANDBOX_UID, TOOLS_DIR } from '../namespace/bwrap-args.js';
+import { AGENT_PATH, SANDBOX_UID, TOOLS_DIR } from '../../host/sandbox-layout.js';
 
 /**
  * Host threads and stub processes of runsc itself (sentry, gofer, Go runtime) that share the

@@ -1,20 +1,6 @@
 import type { SandboxSpec } from '../../spec/index.js';
+import { AGENT_PATH, SANDBOX_UID, SANDBOX_USER, TOOLS_DIR } from '../../host/sandbox-layout.js';
 
-/** Host files under /etc that programs need and that hold nothing about the host worth hiding. */
-export const ETC_ALLOWLIST = [
-  'alternatives', 'ld.so.cache', 'ld.so.conf', 'ld.so.conf.d', 'ssl', 'ca-certificates',
-  'ca-certificates.conf', 'localtime', 'nsswitch.conf', 'protocols', 'services', 'mime.types',
-  'gai.conf', 'profile', 'bash.bashrc', 'inputrc', 'terminfo', 'magic', 'magic.mime',
-  'python3', 'python3.11', 'matplotlibrc', 'fonts', 'gitconfig', 'environment', 'login.defs',
-] as const;
-
-/** The uid and gid every sandboxed process has inside its user namespace. */
-export const SANDBOX_UID = 1000;
-export const SANDBOX_USER = 'user';
-/** Capsule's own read-only tools inside the sandbox (the agent, interpreter drivers). */
-export const TOOLS_DIR = '/.capsule';
-/** Where the resident agent lives inside the sandbox. */
-export const AGENT_PATH = `${TOOLS_DIR}/capsule-agent`;
 /** Fds the launcher opens for bwrap: the seccomp program, then one per read-only mount. */
 export const SECCOMP_FD = 3;
 export const FIRST_MOUNT_FD = 10;
@@ -78,16 +64,4 @@ export function buildBwrapArgs(spec: SandboxSpec, options: BwrapOptions): string
   const command = options.command ?? [AGENT_PATH];
   args.push('--chdir', '/workspace', '--clearenv', '--seccomp', String(options.seccompFd), '--', ...command);
   return args;
-}
-
-/** The environment every process starts from; the spec's env and the call's env go on top. */
-export function baseEnv(): Record<string, string> {
-  return {
-    PATH: '/usr/local/bin:/usr/bin:/bin',
-    HOME: '/workspace',
-    USER: SANDBOX_USER,
-    LOGNAME: SANDBOX_USER,
-    LANG: 'C.UTF-8',
-    SHELL: '/bin/bash',
-  };
 }

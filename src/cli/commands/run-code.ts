@@ -1,7 +1,7 @@
 import { Command, Option } from 'commander';
 import { SandboxError } from '../../errors/index.js';
 import type { RunCodeOnceResult } from '../../engine/interpreter/run-once.js';
-import { INTERPRETER_LANGUAGES, type Execution, type ExecutionError, type InterpreterLanguage, type Result } from '../../engine/interpreter/types.js';
+import { INTERPRETER_LANGUAGES, type Execution, type ExecutionError, type InterpreterLanguage, type CodeResult } from '../../wire/index.js';
 import { Sandbox } from '../../sdk/index.js';
 import { bytesOption, durationOption } from '../options.js';
 import { LIMIT_EXIT_CODES } from '../exit-codes.js';
@@ -54,7 +54,7 @@ Exit status: 0, or 1 when the code raised an exception, or
       const output = {
         onStdout: (text: string) => (json ? event({ type: 'stdout', text }) : context.stdout.write(text)),
         onStderr: (text: string) => (json ? event({ type: 'stderr', text }) : context.stderr.write(text)),
-        onResult: (r: Result) => (json ? event({ type: 'result', ...r }) : context.stdout.write(describeResult(r))),
+        onResult: (r: CodeResult) => (json ? event({ type: 'result', ...r }) : context.stdout.write(describeResult(r))),
         onError: (e: ExecutionError) => (json ? event({ type: 'error', ...e }) : context.stderr.write(`${e.traceback || `${e.name}: ${e.value}`}\n`)),
       };
       let result: Execution;
@@ -108,7 +108,7 @@ function endEvent(result: Execution & Pick<RunCodeOnceResult, 'sandboxId'> & Par
 }
 
 /** A result for people: its text, and a note for what a terminal cannot show. */
-function describeResult(result: Result): string {
+function describeResult(result: CodeResult): string {
   const rich = (['png', 'jpeg', 'svg', 'html'] as const).filter((field) => result[field] !== undefined);
   const note = rich.length > 0 ? `[${result.isMainResult ? 'result' : 'display'} with ${rich.join(', ')}; use --json to get it]\n` : '';
   const text = result.text !== undefined && !(rich.length > 0 && result.text.startsWith('<Figure')) ? `${result.text}\n` : '';

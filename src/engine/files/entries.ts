@@ -1,5 +1,5 @@
 import { SandboxError } from '../../errors/index.js';
-import type { FileEntry, FileType } from '../types.js';
+import type { FileEntry, FileType } from '../../wire/index.js';
 import { baseName } from './paths.js';
 
 /**

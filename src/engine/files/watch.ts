@@ -1,7 +1,7 @@
 import type { AgentProcess } from '../../backends/agent/index.js';
 import type { BackendSandbox } from '../../backends/backend.js';
 import { SandboxError } from '../../errors/index.js';
-import type { WatchEvent } from '../types.js';
+import type { WatchEvent } from '../../wire/index.js';
 import { fileError, type FileErrorContext } from './errors.js';
 import { HelperGuard, StderrTail, helperRequest, lostError, startHelper } from './helper.js';
 import { UPLOAD_TEMP_PREFIX, WATCH_EVENTS } from './scripts.js';

@@ -2,7 +2,7 @@ import { randomBytes } from 'node:crypto';
 import type { Readable } from 'node:stream';
 import { SandboxError, isSandboxError } from '../../errors/index.js';
 import type { BackendSandbox } from '../../backends/backend.js';
-import type { FileEntry } from '../types.js';
+import type { FileEntry } from '../../wire/index.js';
 import { parseEntries, FIND_FORMAT } from './entries.js';
 import { fileError, type FileErrorContext } from './errors.js';
 import { HelperGuard, StderrTail, helperRequest, lostError, shArgv, startHelper } from './helper.js';

@@ -5,7 +5,8 @@ import { DriverProcess } from './driver.js';
 import { ExecutionBuilder, type DriverEvent } from './protocol.js';
 import { memoryLimit, timeoutLimit } from './limits.js';
 import type { TypeStripper } from './typescript.js';
-import type { ContextInfo, Execution, RunCodeOptions } from './types.js';
+import type { RunCodeOptions } from './types.js';
+import type { ContextInfo, Execution } from '../../wire/index.js';
 
 /** How long interrupted code has to stop before the driver is killed and the context restarted. */
 export const INTERRUPT_GRACE_MS = 2000;

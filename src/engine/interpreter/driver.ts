@@ -1,9 +1,9 @@
 import { SandboxError } from '../../errors/index.js';
 import type { BackendSandbox } from '../../backends/backend.js';
 import type { AgentExit, AgentProcess } from '../../backends/agent/index.js';
-import { TOOLS_DIR } from '../../backends/namespace/bwrap-args.js';
+import { TOOLS_DIR } from '../../host/sandbox-layout.js';
 import { LineDecoder, parseEvent, type DriverEvent, type DriverRequest } from './protocol.js';
-import type { InterpreterLanguage } from './types.js';
+import type { InterpreterLanguage } from '../../wire/index.js';
 
 const STDERR_TAIL_CHARS = 4096;
 

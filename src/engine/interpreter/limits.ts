@@ -1,6 +1,6 @@
 import { formatBytes, formatDurationMs } from '../../spec/index.js';
-import type { LimitHit } from '../result.js';
-import type { InterpreterLanguage } from './types.js';
+import type { LimitHit } from '../../wire/index.js';
+import type { InterpreterLanguage } from '../../wire/index.js';
 
 /** The wall-clock limit of one runCode: the code was interrupted (or, if it would not stop, the context restarted). */
 export function timeoutLimit(contextId: string, timeoutMs: number, durationMs: number, stateLost: boolean): LimitHit {

@@ -3,7 +3,7 @@
  * one JSON object per line each way. Pure code: decoding lines and folding events into an
  * Execution, so both are unit-tested without a sandbox.
  */
-import type { Execution, ExecutionError, Result } from './types.js';
+import type { CodeResult, Execution, ExecutionError } from '../../wire/index.js';
 
 export type DriverRequest =
   | { op: 'execute'; id: string; code: string; envVars?: Record<string, string> }
@@ -20,7 +20,7 @@ export type DriverEvent =
   | { type: 'restarted' }
   | { type: 'fatal'; message: string }
   | { type: 'stdout' | 'stderr'; id: string; text: string }
-  | ({ type: 'result'; id: string } & Result)
+  | ({ type: 'result'; id: string } & CodeResult)
   | ({ type: 'error'; id: string } & ExecutionError)
   | { type: 'executionCount'; id: string; count: number }
   | { type: 'died'; id: string }
@@ -83,8 +83,8 @@ function str(value: unknown, fallback = ''): string {
   return typeof value === 'string' ? value : fallback;
 }
 
-function toResult(event: Record<string, unknown>): Result {
-  const result: Result = { isMainResult: event.isMainResult === true };
+function toResult(event: Record<string, unknown>): CodeResult {
+  const result: CodeResult = { isMainResult: event.isMainResult === true };
   for (const field of RESULT_FIELDS) {
     const value = event[field];
     if (typeof value === 'string') result[field] = value;
@@ -107,7 +107,7 @@ export interface ExecutionCaps {
 export interface ExecutionListeners {
   onStdout?: (text: string) => void;
   onStderr?: (text: string) => void;
-  onResult?: (result: Result) => void;
+  onResult?: (result: CodeResult) => void;
   onError?: (error: ExecutionError) => void;
 }
 

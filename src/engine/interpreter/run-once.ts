@@ -5,7 +5,8 @@ import { SandboxError } from '../../errors/index.js';
 import { assertEnforceable } from '../capabilities.js';
 import { newSandboxId } from '../ids.js';
 import { InterpreterService } from './service.js';
-import type { Execution, InterpreterLanguage, RunCodeOptions } from './types.js';
+import type { RunCodeOptions } from './types.js';
+import type { Execution, InterpreterLanguage } from '../../wire/index.js';
 
 export interface RunCodeOnceOptions extends Omit<RunCodeOptions, 'contextId'> {
   /** @default 'python' */

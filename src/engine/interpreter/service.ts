@@ -1,17 +1,11 @@
 import { randomBytes } from 'node:crypto';
 import { SandboxError } from '../../errors/index.js';
 import type { BackendSandbox } from '../../backends/backend.js';
-import { baseEnv } from '../../backends/namespace/bwrap-args.js';
+import { baseEnv } from '../../host/sandbox-layout.js';
 import { InterpreterContext } from './context.js';
 import { TypeStripper } from './typescript.js';
-import {
-  INTERPRETER_LANGUAGES,
-  type ContextInfo,
-  type CreateContextOptions,
-  type Execution,
-  type InterpreterLanguage,
-  type RunCodeOptions,
-} from './types.js';
+import { type CreateContextOptions, type RunCodeOptions } from './types.js';
+import { INTERPRETER_LANGUAGES, type ContextInfo, type Execution, type InterpreterLanguage } from '../../wire/index.js';
 
 const ID_PREFIX: Record<InterpreterLanguage, string> = { python: 'py', js: 'js', ts: 'ts' };
 

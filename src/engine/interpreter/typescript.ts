@@ -1,5 +1,5 @@
 import { SandboxError } from '../../errors/index.js';
-import type { ExecutionError } from './types.js';
+import type { ExecutionError } from '../../wire/index.js';
 
 type TypeScriptModule = typeof import('typescript');
 

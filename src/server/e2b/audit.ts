@@ -1,6 +1,5 @@
 import type { FastifyRequest } from 'fastify';
-import { AuditTrail } from '../audit-trail.js';
-import type { AuditSubject } from '../route.js';
+import { AuditTrail, type AuditSubject } from '../audit-trail.js';
 import type { SandboxAccess } from './access.js';
 import type { E2bContext } from './deps.js';
 

@@ -1,6 +1,7 @@
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import { SandboxError, isSandboxError } from '../../errors/index.js';
-import type { InterpreterService, ContextInfo, InterpreterLanguage, Result } from '../../engine/interpreter/index.js';
+import type { InterpreterService } from '../../engine/interpreter/index.js';
+import type { ContextInfo, InterpreterLanguage, CodeResult } from '../../wire/index.js';
 import type { SandboxAccess } from './access.js';
 import { audited } from './audit.js';
 import { ConnectError, connectStatus } from './connect-protocol.js';
@@ -46,7 +47,7 @@ function sendTextError(request: FastifyRequest, reply: FastifyReply, error: unkn
   return reply.code(status).type('text/plain').send(message);
 }
 
-function resultLine(result: Result): object {
+function resultLine(result: CodeResult): object {
   return {
     type: 'result',
     text: result.text ?? null,
@@ -69,11 +70,7 @@ const contextBody = (info: ContextInfo) => ({ id: info.id, language: info.langua
 export function registerCodeInterpreter(app: FastifyInstance, ctx: E2bContext, constraints: PortConstraint): void {
   const { engine, tokens } = ctx;
   // The engine's service of the sandbox: the v1 routes (/v1/sandboxes/{id}/code) see the same contexts.
-  const interpreter = (access: SandboxAccess): InterpreterService => {
-    const owner = engine as { interpreter?(tenantId: string, sandboxId: string): InterpreterService };
-    if (!owner.interpreter) throw new SandboxError('UNIMPLEMENTED', 'this engine has no interpreter contexts');
-    return owner.interpreter(access.tenantId, access.sandboxId);
-  };
+  const interpreter = (access: SandboxAccess): InterpreterService => engine.interpreter(access.tenantId, access.sandboxId);
 
   lenientJson(app);
   app.setErrorHandler((error, request, reply) => sendTextError(request, reply, error));

@@ -1,13 +1,14 @@
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import { z } from 'zod';
 import { SandboxError, isSandboxError } from '../../errors/index.js';
-import type { CreateSandboxCommand, SandboxInfo, SandboxState } from '../../engine/types.js';
+import type { CreateSandboxCommand, SandboxEngine } from '../../engine/types.js';
+import type { SandboxInfo, SandboxState } from '../../wire/index.js';
 import type { SandboxSpecInput } from '../../spec/index.js';
 import { AuditTrail } from '../audit-trail.js';
 import type { Principal } from '../auth.js';
 import { sendError } from '../errors.js';
 import { e2bPrincipal, isE2bCaller } from './access.js';
-import { ENVD_VERSION, lenientJson, type E2bContext, type E2bEngine } from './deps.js';
+import { ENVD_VERSION, lenientJson, type E2bContext } from './deps.js';
 import { E2B_HOME, E2B_USER } from './paths.js';
 
 /** Templates the facade serves: one image, Capsule's, under E2B's default names. */
@@ -69,7 +70,7 @@ function specFor(body: z.infer<typeof CreateBody>): SandboxSpecInput {
  * E2B's sizes are Capsule's defaults for E2B sandboxes, not the caller's request: where the
  * operator's maxima are lower, the sandbox gets the maximum (the user's timeout is never cut).
  */
-async function createWithinMaxima(engine: E2bEngine, command: CreateSandboxCommand & { spec: SandboxSpecInput }): Promise<SandboxInfo> {
+async function createWithinMaxima(engine: SandboxEngine, command: CreateSandboxCommand & { spec: SandboxSpecInput }): Promise<SandboxInfo> {
   for (let attempt = 0; ; attempt++) {
     try {
       return await engine.create(command);
@@ -289,46 +290,22 @@ export function registerControlPlane(app: FastifyInstance, ctx: E2bContext): voi
     return reply.code(204).send();
   });
 
-  // With the server's usage sampler: its time series. Without: one sample taken now, its CPU
-  // share averaged since the previous sample (or the sandbox's start). A paused sandbox has none.
-  const lastCpu = new WeakMap<object, { atMs: number; usec: number }>();
+  // The engine's usage samples (every 5 s since the sandbox started, plus one now), in E2B's shape.
   app.get('/sandboxes/:id/metrics', async (request: FastifyRequest<{ Params: { id: string } }>) => {
     const principal = e2bPrincipal(request, ctx.keys);
     const info = live(principal.tenantId, request.params.id);
-    if (info.state !== 'running' || !engine.backendSandbox) return [];
-    const sandbox = engine.backendSandbox(principal.tenantId, info.sandboxId);
-    const cpus = info.spec.limits.cpus;
-    if (ctx.usage) {
-      // The server's sampler: a sample every 5 s since the sandbox started, plus one now.
-      return (await ctx.usage.samples(info.sandboxId, sandbox)).map((s) => ({
-        timestamp: s.timestamp,
-        timestampUnix: Math.floor(Date.parse(s.timestamp) / 1000),
-        cpuCount: Math.ceil(cpus),
-        cpuUsedPct: s.cpuUsedPct,
-        memUsed: s.memoryBytes,
-        memTotal: info.spec.limits.memoryBytes,
-        memCache: 0,
-        diskUsed: s.diskBytes ?? 0,
-        diskTotal: info.spec.limits.diskBytes,
-      }));
-    }
-    const [counters, diskUsed] = await Promise.all([sandbox.counters(), sandbox.diskUsedBytes()]);
-    const now = Date.now();
-    const previous = lastCpu.get(sandbox) ?? { atMs: Date.parse(info.createdAt), usec: 0 };
-    lastCpu.set(sandbox, { atMs: now, usec: counters.cpuUsageUsec });
-    const cpuUsedPct = ((counters.cpuUsageUsec - previous.usec) / 1000 / Math.max(1, now - previous.atMs) / cpus) * 100;
-    return [
-      {
-        timestamp: new Date(now).toISOString(),
-        timestampUnix: Math.floor(now / 1000),
-        cpuCount: Math.ceil(cpus),
-        cpuUsedPct: Math.round(Math.min(100, Math.max(0, cpuUsedPct)) * 100) / 100,
-        memUsed: counters.memoryUsageBytes,
-        memTotal: info.spec.limits.memoryBytes,
-        memCache: 0,
-        diskUsed: diskUsed ?? 0,
-        diskTotal: info.spec.limits.diskBytes,
-      },
-    ];
+    if (info.state !== 'running') return [];
+    const { cpus, memoryBytes, diskBytes } = info.spec.limits;
+    return (await engine.usage(principal.tenantId, info.sandboxId)).map((s) => ({
+      timestamp: s.timestamp,
+      timestampUnix: Math.floor(Date.parse(s.timestamp) / 1000),
+      cpuCount: Math.ceil(cpus),
+      cpuUsedPct: s.cpuUsedPct,
+      memUsed: s.memoryBytes,
+      memTotal: memoryBytes,
+      memCache: 0,
+      diskUsed: s.diskBytes ?? 0,
+      diskTotal: diskBytes,
+    }));
   });
 }

@@ -1,19 +1,12 @@
 import type { FastifyInstance } from 'fastify';
-import type { BackendSandbox } from '../../backends/backend.js';
-import type { SandboxEngine, SandboxInfo } from '../../engine/types.js';
-import type { UsageSampler } from '../../engine/usage-sampler.js';
+import type { SandboxEngine } from '../../engine/types.js';
+import type { SandboxInfo } from '../../wire/index.js';
 import type { ApiKeyStore, AuditLog } from '../../store/index.js';
 import type { TenantQuota } from '../quota.js';
 import type { EnvdTokens } from './access.js';
 
-/** The engine, with access to a live backend sandbox when it has it (SandboxManager does). */
-export interface E2bEngine extends SandboxEngine {
-  /** The live backend sandbox, for the interpreter contexts built on it. */
-  backendSandbox?(tenantId: string, sandboxId: string): BackendSandbox;
-}
-
 export interface E2bFacadeDeps {
-  engine: E2bEngine;
+  engine: SandboxEngine;
   keys: ApiKeyStore;
   /** Records create/kill/pause/connect/timeout like the v1 routes do. */
   audit?: AuditLog;
@@ -25,8 +18,6 @@ export interface E2bFacadeDeps {
   tokenSecret?: Buffer;
   /** Aborted when the server closes: ends streams that never end by themselves (watch). */
   closeSignal?: AbortSignal;
-  /** Per-sandbox usage over time (GET /sandboxes/{id}/metrics answers its samples). */
-  usage?: UsageSampler;
 }
 
 /** What the facade's resources share. */

@@ -4,7 +4,7 @@ import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import type { SandboxAccess, SignedQuery } from './access.js';
 import { SandboxError, isSandboxError } from '../../errors/index.js';
 import { sendError } from '../errors.js';
-import type { FileEntry } from '../../engine/types.js';
+import type { FileEntry } from '../../wire/index.js';
 import { audited } from './audit.js';
 import { ConnectError, connectStatus } from './connect-protocol.js';
 import type { E2bContext, PortConstraint } from './deps.js';

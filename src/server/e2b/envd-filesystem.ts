@@ -1,5 +1,6 @@
 import type { FastifyInstance, FastifyRequest } from 'fastify';
-import type { FileEntry, SandboxFiles } from '../../engine/types.js';
+import type { SandboxFiles } from '../../engine/types.js';
+import type { FileEntry } from '../../wire/index.js';
 import { audited } from './audit.js';
 import { readEnvelope, serverStream, unary, unaryBody } from './connect-protocol.js';
 import type { E2bContext, PortConstraint } from './deps.js';

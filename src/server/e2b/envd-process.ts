@@ -1,5 +1,5 @@
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
-import type { ExecResult } from '../../engine/result.js';
+import type { ExecResult } from '../../wire/index.js';
 import type { ProcessHandle } from '../../engine/types.js';
 import type { SandboxAccess } from './access.js';
 import { audited } from './audit.js';

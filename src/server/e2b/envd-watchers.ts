@@ -1,7 +1,7 @@
 import { randomBytes } from 'node:crypto';
 import { posix } from 'node:path';
 import type { FastifyInstance } from 'fastify';
-import type { WatchEvent } from '../../engine/types.js';
+import type { WatchEvent } from '../../wire/index.js';
 import type { SandboxAccess } from './access.js';
 import { ConnectError, unary, unaryBody } from './connect-protocol.js';
 import type { E2bContext, PortConstraint } from './deps.js';

@@ -8,7 +8,7 @@ import { registerEnvdFilesRest } from './envd-files-rest.js';
 import { registerEnvdFilesystem } from './envd-filesystem.js';
 import { registerEnvdProcess } from './envd-process.js';
 
-export type { E2bFacadeDeps, E2bEngine } from './deps.js';
+export type { E2bFacadeDeps } from './deps.js';
 export { ENVD_VERSION } from './deps.js';
 
 /** The ports E2B's SDK names in `E2b-Sandbox-Port` when one sandboxUrl serves everything. */

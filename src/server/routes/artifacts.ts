@@ -1,77 +1,23 @@
 import { z } from 'zod';
-import { collectArtifacts, type Collection, type CollectOptions } from '../../engine/artifacts.js';
-import type { BackendSandbox } from '../../backends/backend.js';
-import { SandboxError } from '../../errors/index.js';
-import type { ArtifactStore } from '../../store/artifacts/index.js';
-import { SANDBOX_ID_PATTERN } from '../../engine/ids.js';
+import type { EngineCollectOptions } from '../../engine/types.js';
+import {
+  ArtifactCollectionSchema,
+  ArtifactParams,
+  CollectArtifactsBody,
+  ErrorBodySchema,
+  ListArtifactsQuery,
+  SandboxIdParams,
+  StoredArtifactSchema,
+  type ArtifactCollection,
+} from '../../wire/index.js';
 import { defineRoute, type AnyRoute } from '../route.js';
-import { ErrorBodySchema, SandboxIdParams, SandboxPath } from '../schemas.js';
 import { requireSandbox, type ServerServices } from '../services.js';
 
 const error = (description: string) => ({ description, schema: ErrorBodySchema });
-const GiB = 1024 * 1024 * 1024;
 
-export const CollectArtifactsBody = z.strictObject({
-  dir: SandboxPath.optional().meta({ description: 'Sandbox directory under /workspace. Default /workspace/output' }),
-  maxFileBytes: z.number().int().positive().max(GiB).optional().meta({ description: 'A larger file is skipped (too_large). Default 64 MiB' }),
-  maxTotalBytes: z.number().int().positive().max(4 * GiB).optional().meta({ description: 'Files past this total are skipped (total_cap). Default 128 MiB' }),
-});
-export type CollectArtifactsRequest = z.infer<typeof CollectArtifactsBody>;
-
-const ArtifactRefSchema = z.object({
-  name: z.string(),
-  path: z.string(),
-  size: z.number().optional(),
-  sha256: z.string().optional(),
-  uri: z.string().optional(),
-  id: z.string().optional(),
-  expiresAt: z.string().optional(),
-  skipped: z.enum(['too_large', 'total_cap', 'symlink', 'special', 'changing', 'verify_failed']).optional(),
-});
-const CollectionSchema = z.object({ artifacts: z.array(ArtifactRefSchema), truncated: z.boolean() });
-const ArtifactSchema = z.object({
-  id: z.string(),
-  name: z.string(),
-  path: z.string(),
-  size: z.number(),
-  sha256: z.string(),
-  uri: z.string(),
-  sandboxId: z.string(),
-  createdAt: z.string(),
-  expiresAt: z.string(),
-});
-
-const ArtifactParams = z.strictObject({ ref: z.string().regex(/^(?:[0-9a-f]{64}|art_[0-9a-z]{20})$/, 'must be a sha256 or an artifact id') });
-const ListArtifactsQuery = z.strictObject({
-  sandboxId: z.string().regex(SANDBOX_ID_PATTERN, 'must be a sandbox id').optional(),
-  limit: z.string().regex(/^\d{1,4}$/, 'must be a number').transform(Number).pipe(z.number().int().min(1).max(1000)).optional(),
-});
-
-function requireStore(services: ServerServices): ArtifactStore {
-  if (!services.artifacts) throw new SandboxError('UNIMPLEMENTED', 'this server has no artifact store configured');
-  return services.artifacts;
-}
-
-function liveSandbox(services: ServerServices, tenantId: string, sandboxId: string): BackendSandbox {
-  const engine = services.engine as { backendSandbox?(tenantId: string, sandboxId: string): BackendSandbox };
-  if (!engine.backendSandbox) throw new SandboxError('UNIMPLEMENTED', 'this engine cannot collect artifacts');
-  return engine.backendSandbox(tenantId, sandboxId);
-}
-
-/** Collects a running sandbox's directory into the store (frozen copy), counting each outcome. */
-export async function collectFor(
-  services: ServerServices,
-  tenantId: string,
-  sandboxId: string,
-  options: Pick<CollectOptions, 'dir' | 'maxFileBytes' | 'maxTotalBytes' | 'signal'>,
-): Promise<Omit<Collection, 'deliveredBytes'>> {
-  const store = requireStore(services);
-  const sandbox = liveSandbox(services, tenantId, sandboxId);
-  const { artifacts, truncated } = await collectArtifacts(sandbox, store, {
-    ...options,
-    tenantId,
-    onOutcome: (outcome) => services.metrics?.recordArtifact(outcome),
-  });
+/** Collects a running sandbox's directory into the store (frozen copy); the engine counts each outcome. */
+export async function collectFor(services: ServerServices, tenantId: string, sandboxId: string, options: EngineCollectOptions): Promise<ArtifactCollection> {
+  const { artifacts, truncated } = await services.engine.collectArtifacts(tenantId, sandboxId, options);
   return { artifacts, truncated };
 }
 
@@ -89,7 +35,7 @@ export function artifactRoutes(services: ServerServices): AnyRoute[] {
       params: SandboxIdParams,
       body: CollectArtifactsBody.optional(),
       responses: {
-        200: { description: 'One reference per file; skipped files say why', schema: CollectionSchema },
+        200: { description: 'One reference per file; skipped files say why', schema: ArtifactCollectionSchema },
         409: error('The sandbox is not running'),
       },
       audit: ({ params, body }) => ({ sandboxId: params.sandboxId, subject: body?.dir ?? '/workspace/output' }),
@@ -106,7 +52,7 @@ export function artifactRoutes(services: ServerServices): AnyRoute[] {
       summary: "List the tenant's artifacts, optionally of one sandbox (also ended ones)",
       auth: 'tenant',
       query: ListArtifactsQuery,
-      responses: { 200: { description: 'Artifacts, oldest first', schema: z.object({ artifacts: z.array(ArtifactSchema) }) } },
+      responses: { 200: { description: 'Artifacts, oldest first', schema: z.object({ artifacts: z.array(StoredArtifactSchema) }) } },
       async handler({ query, principal }) {
         const artifacts = await store.list({ tenantId: principal.tenantId, sandboxId: query.sandboxId, limit: query.limit });
         return { kind: 'json', status: 200, body: { artifacts: artifacts.map(({ tenantId: _tenant, ...rest }) => rest) } };

@@ -1,9 +1,17 @@
 import { z } from 'zod';
+import type { InterpreterService } from '../../engine/interpreter/index.js';
 import { SandboxError } from '../../errors/index.js';
-import { SANDBOX_ID_PATTERN } from '../../engine/ids.js';
-import { INTERPRETER_LANGUAGES, type Execution, type InterpreterService } from '../../engine/interpreter/index.js';
+import {
+  CodeEventSchema,
+  ContextInfoSchema,
+  ContextParams,
+  CreateContextBody,
+  ErrorBodySchema,
+  RunCodeBody,
+  SandboxIdParams,
+  type Execution,
+} from '../../wire/index.js';
 import { defineRoute, type AnyRoute, type RouteResult } from '../route.js';
-import { ErrorBodySchema, SandboxIdParams } from '../schemas.js';
 import { requireSandbox, type ServerServices } from '../services.js';
 
 /**
@@ -11,40 +19,6 @@ import { requireSandbox, type ServerServices } from '../services.js';
  * `/contexts` creates, lists, restarts and deletes. The contexts are the engine's, shared with
  * the E2B facade's code interpreter.
  */
-
-const envVars = z.record(
-  z.string().regex(/^[A-Za-z_][A-Za-z0-9_]*$/, 'must be a valid environment variable name'),
-  z.string().refine((s) => !s.includes('\0'), 'must not contain NUL bytes'),
-);
-const language = z.enum(INTERPRETER_LANGUAGES);
-/** Context ids as the service makes them: `py-`, `js-` or `ts-` and 12 hex digits. */
-const contextId = z.string().regex(/^(py|js|ts)-[0-9a-f]{12}$/, 'must be a context id');
-
-export const RunCodeBody = z.strictObject({
-  code: z.string(),
-  /** The context to run in; without it, the default context of `language`. */
-  contextId: contextId.optional(),
-  /** @default 'python' */
-  language: language.optional(),
-  envVars: envVars.optional(),
-  timeoutMs: z.number().int().positive().max(2 ** 31 - 1).optional(),
-});
-
-export const CreateContextBody = z.strictObject({
-  language: language.optional(),
-  cwd: z.string().min(1).max(4096).optional(),
-  envVars: envVars.optional(),
-});
-
-const ContextParams = z.strictObject({ sandboxId: z.string().regex(SANDBOX_ID_PATTERN), contextId });
-
-export const ContextInfoSchema = z.object({ id: z.string(), language, cwd: z.string() });
-
-/** One line of a `POST /code` stream: stdout, stderr, result, error, executionCount, end. */
-const CodeEventSchema = z
-  .object({ type: z.enum(['stdout', 'stderr', 'result', 'error', 'executionCount', 'end']) })
-  .loose()
-  .meta({ description: 'stdout/stderr {text}, result {result}, error {error: {name, value, traceback}}, executionCount {count}, end {execution}' });
 
 const error = (description: string) => ({ description, schema: ErrorBodySchema });
 
@@ -88,9 +62,7 @@ function streamRun(start: (push: Push) => Promise<Execution>): RouteResult {
 export function codeRoutes(services: ServerServices): AnyRoute[] {
   const interpreter = (tenantId: string, sandboxId: string): InterpreterService => {
     requireSandbox(services, tenantId, sandboxId);
-    const engine = services.engine as { interpreter?(tenantId: string, sandboxId: string): InterpreterService };
-    if (!engine.interpreter) throw new SandboxError('UNIMPLEMENTED', 'this engine has no interpreter contexts');
-    return engine.interpreter(tenantId, sandboxId);
+    return services.engine.interpreter(tenantId, sandboxId);
   };
   const base = '/v1/sandboxes/:sandboxId';
   return [

@@ -1,17 +1,7 @@
 import type { Readable } from 'node:stream';
 import { z } from 'zod';
 import { defineRoute, type AnyRoute } from '../route.js';
-import {
-  ErrorBodySchema,
-  FileEntrySchema,
-  ListFilesQuery,
-  MkdirBody,
-  MoveBody,
-  PathQuery,
-  SandboxIdParams,
-  WatchEventSchema,
-  WatchQuery,
-} from '../schemas.js';
+import { ErrorBodySchema, FileEntrySchema, ListFilesQuery, MkdirBody, MoveBody, PathQuery, SandboxIdParams, WatchEventSchema, WatchQuery } from '../../wire/index.js';
 import { requireSandbox, type ServerServices } from '../services.js';
 
 const error = (description: string) => ({ description, schema: ErrorBodySchema });

@@ -1,7 +1,7 @@
 import { z } from 'zod';
 import { NetworkPolicySchema } from '../../spec/index.js';
 import { defineRoute, type AnyRoute } from '../route.js';
-import { ErrorBodySchema, SandboxIdParams, SandboxInfoSchema } from '../schemas.js';
+import { ErrorBodySchema, SandboxIdParams, SandboxInfoSchema } from '../../wire/index.js';
 import { requireSandbox, type ServerServices } from '../services.js';
 
 /** Any JSON object: the engine validates it with the spec's schema (INVALID_SPEC names the field). */

@@ -1,7 +1,7 @@
 import { z } from 'zod';
 import { SandboxError } from '../../errors/index.js';
 import { defineRoute, type AnyRoute } from '../route.js';
-import { AuditQuery, AuditRecordSchema, ErrorBodySchema, MintedKeySchema, MintKeyBody, OperationParams, OperationSchema } from '../schemas.js';
+import { AuditQuery, AuditRecordSchema, ErrorBodySchema, MintedKeySchema, MintKeyBody, OperationParams, OperationSchema } from '../../wire/index.js';
 import type { ServerServices } from '../services.js';
 
 const error = (description: string) => ({ description, schema: ErrorBodySchema });

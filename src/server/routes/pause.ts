@@ -1,6 +1,6 @@
 import { z } from 'zod';
 import { defineRoute, type AnyRoute } from '../route.js';
-import { ErrorBodySchema, SandboxIdParams, SandboxInfoSchema } from '../schemas.js';
+import { ErrorBodySchema, SandboxIdParams, SandboxInfoSchema } from '../../wire/index.js';
 import { requireSandbox, type ServerServices } from '../services.js';
 
 const PauseBody = z.strictObject({

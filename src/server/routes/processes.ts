@@ -3,15 +3,7 @@ import { z } from 'zod';
 import { SandboxError, isSandboxError } from '../../errors/index.js';
 import type { ProcessEvent } from '../../engine/types.js';
 import { defineRoute, type AnyRoute } from '../route.js';
-import {
-  ErrorBodySchema,
-  ProcessEventSchema,
-  ProcessInfoSchema,
-  ProcessParams,
-  SandboxIdParams,
-  SignalBody,
-  StartProcessBody,
-} from '../schemas.js';
+import { ErrorBodySchema, ProcessEventSchema, ProcessInfoSchema, ProcessParams, SandboxIdParams, SignalBody, StartProcessBody } from '../../wire/index.js';
 import { requireSandbox, type ServerServices } from '../services.js';
 import { checkCollectOptions } from '../../engine/artifacts.js';
 import { collectFor } from './artifacts.js';

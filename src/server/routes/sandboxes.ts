@@ -2,16 +2,7 @@ import { isSandboxError } from '../../errors/index.js';
 import { parseSpec, SandboxSpecSchema, type SandboxSpec, type SandboxSpecInput } from '../../spec/index.js';
 import { z } from 'zod';
 import { defineRoute, type AnyRoute } from '../route.js';
-import {
-  CreateSandboxBody,
-  ErrorBodySchema,
-  ListSandboxesQuery,
-  MetadataSchema,
-  SandboxIdParams,
-  SandboxInfoSchema,
-  SandboxPageSchema,
-  SetTimeoutBody,
-} from '../schemas.js';
+import { CreateSandboxBody, ErrorBodySchema, ListSandboxesQuery, MetadataSchema, SandboxIdParams, SandboxInfoSchema, SandboxPageSchema, SetTimeoutBody } from '../../wire/index.js';
 import { requireSandbox, type ServerServices } from '../services.js';
 
 const error = (description: string) => ({ description, schema: ErrorBodySchema });

@@ -1,22 +1,11 @@
 import { z } from 'zod';
 import { outputLogInfo, readOutputLog, type OutputLogEntry } from '../../engine/output-log.js';
-import type { BackendSandbox } from '../../backends/backend.js';
 import { SandboxError } from '../../errors/index.js';
 import { defineRoute, type AnyRoute } from '../route.js';
-import { ErrorBodySchema, ProcessParams, SandboxIdParams } from '../schemas.js';
+import { ErrorBodySchema, LogLineSchema, ProcessParams, SandboxIdParams, UsageSampleSchema } from '../../wire/index.js';
 import { requireSandbox, type ServerServices } from '../services.js';
 
 const error = (description: string) => ({ description, schema: ErrorBodySchema });
-
-const UsageSampleSchema = z.object({
-  timestamp: z.string(),
-  cpuUsedPct: z.number(),
-  cpuTimeMs: z.number(),
-  memoryBytes: z.number(),
-  memoryPeakBytes: z.number(),
-  diskBytes: z.number().nullable(),
-});
-const LogLineSchema = z.object({ t: z.number(), stream: z.enum(['stdout', 'stderr']), data: z.string().meta({ description: 'base64' }) });
 
 async function* wireLog(entries: AsyncIterable<OutputLogEntry>): AsyncGenerator<object> {
   for await (const entry of entries) yield { t: entry.t, stream: entry.stream, data: entry.data.toString('base64') };
@@ -24,27 +13,22 @@ async function* wireLog(entries: AsyncIterable<OutputLogEntry>): AsyncGenerator<
 
 /** Per-sandbox usage over time and the full output log of a process. */
 export function usageRoutes(services: ServerServices): AnyRoute[] {
-  const routes: AnyRoute[] = [];
-  const { usage, processLogs } = services;
-  if (usage) {
-    routes.push(
-      defineRoute({
-        name: 'sandboxes.metrics',
-        method: 'GET',
-        url: '/v1/sandboxes/:sandboxId/metrics',
-        summary: 'CPU, memory and disk use over time (a sample every 5 s, the last 120, plus one taken now)',
-        auth: 'tenant',
-        params: SandboxIdParams,
-        responses: { 200: { description: 'Samples, oldest first', schema: z.object({ samples: z.array(UsageSampleSchema) }) }, 404: error('No such sandbox') },
-        async handler({ params, principal }) {
-          const record = requireSandbox(services, principal.tenantId, params.sandboxId);
-          const engine = services.engine as { backendSandbox?(tenantId: string, sandboxId: string): BackendSandbox };
-          const live = record.state === 'running' ? engine.backendSandbox?.(principal.tenantId, params.sandboxId) : undefined;
-          return { kind: 'json', status: 200, body: { samples: await usage.samples(params.sandboxId, live) } };
-        },
-      }),
-    );
-  }
+  const routes: AnyRoute[] = [
+    defineRoute({
+      name: 'sandboxes.metrics',
+      method: 'GET',
+      url: '/v1/sandboxes/:sandboxId/metrics',
+      summary: 'CPU, memory and disk use over time (a sample every 5 s, the last 120, plus one taken now)',
+      auth: 'tenant',
+      params: SandboxIdParams,
+      responses: { 200: { description: 'Samples, oldest first', schema: z.object({ samples: z.array(UsageSampleSchema) }) }, 404: error('No such sandbox') },
+      async handler({ params, principal }) {
+        requireSandbox(services, principal.tenantId, params.sandboxId);
+        return { kind: 'json', status: 200, body: { samples: await services.engine.usage(principal.tenantId, params.sandboxId) } };
+      },
+    }),
+  ];
+  const { processLogs } = services;
   if (processLogs) {
     routes.push(
       defineRoute({

@@ -1,0 +1,149 @@
+import { SandboxError } from '../errors/index.js';
+import type { AgentProcess } from '../backends/agent/index.js';
+import type { BackendSandbox } from '../backends/backend.js';
+import { baseEnv } from '../host/sandbox-layout.js';
+import type { ExecResult, ProcessInfo, SandboxInfo } from '../wire/index.js';
+import type { ObservedProcess, ProcessObserver } from './events.js';
+import { ManagedProcess } from './managed-process.js';
+import { OutputBuffer, outputFields } from './output-buffer.js';
+import { superviseExec } from './supervise.js';
+import type { ProcessHandle, StartProcessCommand } from './types.js';
+
+/** Ended processes kept per sandbox for late reattach. */
+const MAX_ENDED_PROCESSES = 100;
+
+export interface ProcessTableOptions {
+  observer: ProcessObserver;
+  now: () => number;
+  /** The operator's ceiling of one process's wall clock. */
+  maxWallClockMs: number;
+}
+
+/**
+ * The processes of one sandbox by pid: the running ones and the last ended ones, each with its
+ * replayable event log, so a client that lost a stream reattaches by pid.
+ */
+export class ProcessTable {
+  private readonly processes = new Map<number, ManagedProcess>();
+
+  constructor(private readonly options: ProcessTableOptions) {}
+
+  /** Starts `command` under the sandbox's limits; resolves once it runs (EXEC_FAILED if it cannot). */
+  async start(info: SandboxInfo, sandbox: BackendSandbox, command: StartProcessCommand): Promise<ProcessHandle> {
+    const { observer, now, maxWallClockMs } = this.options;
+    const spec = info.spec;
+    if (command.timeoutMs !== undefined && (command.timeoutMs <= 0 || command.timeoutMs > maxWallClockMs)) {
+      throw new SandboxError('INVALID_ARGUMENT', `timeoutMs must be between 1 and ${maxWallClockMs}`, {
+        details: { field: 'timeoutMs', value: command.timeoutMs },
+        hint: `Pass a wall clock of at most ${maxWallClockMs} ms, the operator's maximum.`,
+      });
+    }
+    let resolveStarted: (() => void) | undefined;
+    const started = new Promise<void>((resolve) => (resolveStarted = resolve));
+    let settle: ((result: Promise<ExecResult>) => void) | undefined;
+    const settled = new Promise<ExecResult>((resolve) => (settle = (r) => resolve(r)));
+    const managed = new ManagedProcess(
+      { argv: [...command.argv], cwd: command.cwd ?? spec.cwd, tag: command.tag, startedAt: new Date(now()).toISOString() },
+      spec.limits,
+      settled,
+    );
+    const observed = (): ObservedProcess => ({ tenantId: info.tenantId, sandboxId: info.sandboxId, backend: info.backend, pid: managed.pid });
+    const result = superviseExec(
+      sandbox,
+      {
+        argv: command.argv,
+        env: { ...baseEnv(), ...spec.env, ...(command.env ?? {}) },
+        cwd: command.cwd ?? spec.cwd,
+        stdin: command.stdin ?? false,
+        ...(command.pty ? { pty: command.pty } : {}),
+      },
+      {
+        timeoutMs: command.timeoutMs ?? spec.limits.wallClockMs,
+        onStart: (agent) => {
+          managed.started(agent);
+          this.processes.set(agent.pid, managed);
+          this.trimEnded();
+          observer.onProcessStart?.(observed());
+          resolveStarted?.();
+        },
+        onStdout: (chunk) => {
+          managed.output('stdout', chunk);
+          observer.onProcessOutput?.(observed(), 'stdout', chunk);
+        },
+        onStderr: (chunk) => {
+          managed.output('stderr', chunk);
+          observer.onProcessOutput?.(observed(), 'stderr', chunk);
+        },
+        onWarning: (warning) => managed.push({ type: 'warning', warning }),
+      },
+    );
+    settle?.(result);
+    // Observer hook: where a process's result settles (also for programs that never started).
+    void result.then((r) => observer.onExecResult?.(observed(), r), () => undefined);
+    const outcome = await Promise.race([started.then(() => undefined), result]);
+    if (outcome !== undefined && outcome.error?.code === 'EXEC_FAILED') {
+      throw new SandboxError('EXEC_FAILED', outcome.error.message, {
+        details: { argv0: command.argv[0] },
+        hint: 'Check that the program exists in the sandbox (PATH is /usr/local/bin:/usr/bin:/bin) and the cwd exists.',
+      });
+    }
+    return managed;
+  }
+
+  /**
+   * Takes over a process a previous Capsule process started (restored from a checkpoint): its
+   * events from now on; output written while no host listened is gone.
+   */
+  adopt(info: SandboxInfo, agent: AgentProcess): void {
+    if (this.processes.has(agent.pid)) return;
+    const { now } = this.options;
+    const spec = info.spec;
+    const stdout = new OutputBuffer(spec.limits.stdoutBytes);
+    const stderr = new OutputBuffer(spec.limits.stderrBytes);
+    const started = now();
+    const result = agent.exited.then((exit): ExecResult => ({
+      outcome: exit.lost ? 'error' : exit.exitCode === 0 ? 'ok' : 'exit_nonzero',
+      exitCode: exit.exitCode,
+      signal: exit.signal,
+      ...outputFields(stdout, stderr),
+      durationMs: now() - started,
+      usage: { memoryPeakBytes: 0, cpuTimeMs: 0, cpuThrottledMs: 0, diskUsedBytes: null },
+      warnings: [],
+      ...(exit.lost ? { error: { code: 'SANDBOX_CRASHED', message: `sandbox ${info.sandboxId} stopped while the process ran` } } : {}),
+    }));
+    const managed = new ManagedProcess({ argv: ['(restored)'], cwd: spec.cwd, startedAt: new Date(started).toISOString() }, spec.limits, result);
+    managed.started(agent);
+    agent.onStdout((chunk) => {
+      stdout.push(chunk);
+      managed.output('stdout', chunk);
+    });
+    agent.onStderr((chunk) => {
+      stderr.push(chunk);
+      managed.output('stderr', chunk);
+    });
+    this.processes.set(agent.pid, managed);
+  }
+
+  get(sandboxId: string, pid: number): ProcessHandle {
+    const process = this.processes.get(pid);
+    if (!process) {
+      throw new SandboxError('PROCESS_NOT_FOUND', `no process ${pid} in sandbox ${sandboxId}`, {
+        details: { sandboxId, pid },
+        hint: 'List processes to see the pids this sandbox knows.',
+      });
+    }
+    return process;
+  }
+
+  list(): ProcessInfo[] {
+    return [...this.processes.values()].map((p) => ({ ...p.info }));
+  }
+
+  private trimEnded(): void {
+    if (this.processes.size <= MAX_ENDED_PROCESSES) return;
+    for (const [pid, process] of this.processes) {
+      if (this.processes.size <= MAX_ENDED_PROCESSES) break;
+      if (!process.info.running) this.processes.delete(pid);
+    }
+  }
+}

@@ -1,0 +1,55 @@
+import { z } from 'zod';
+import { queryNumber } from './common.js';
+
+export const TENANT_ID_PATTERN = /^[a-z0-9][a-z0-9_-]{0,63}$/;
+
+export const MintKeyBody = z.strictObject({
+  tenantId: z.string().regex(TENANT_ID_PATTERN, 'must be 1-64 lowercase letters, digits, "_" or "-"'),
+  name: z.string().max(128).optional(),
+  admin: z.boolean().optional(),
+});
+
+export const MintedKeySchema = z.object({
+  keyId: z.string(),
+  tenantId: z.string(),
+  /** null on an idempotent replay: the key is shown once. */
+  apiKey: z.string().nullable(),
+  name: z.string().nullable(),
+  admin: z.boolean(),
+  note: z.string().optional(),
+});
+
+export const AuditQuery = z.strictObject({
+  limit: queryNumber(4, 1, 1000).optional(),
+  after: z.string().regex(/^\d{1,15}$/, 'must be a record number').transform(Number).optional(),
+});
+
+export const AUDIT_PHASES = ['attempt', 'outcome', 'event'] as const;
+
+export const AuditRecordSchema = z.object({
+  seq: z.number().int(),
+  at: z.string(),
+  tenantId: z.string(),
+  keyId: z.string().nullable(),
+  operation: z.string(),
+  phase: z.enum(AUDIT_PHASES),
+  attemptSeq: z.number().int().nullable(),
+  requestId: z.string().nullable(),
+  sandboxId: z.string().nullable(),
+  subjectSha256: z.string().nullable(),
+  policy: z.string().nullable(),
+  outcome: z.string().nullable(),
+  prevHash: z.string(),
+  hash: z.string(),
+});
+
+export const OperationParams = z.strictObject({ key: z.string().min(1).max(200) });
+
+export const OperationSchema = z.object({
+  key: z.string(),
+  status: z.enum(['in_progress', 'completed']),
+  response: z.object({ status: z.number().int(), body: z.unknown() }).optional(),
+});
+
+export type AuditRecord = z.output<typeof AuditRecordSchema>;
+export type Operation = z.output<typeof OperationSchema>;
