@@ -50,7 +50,7 @@ export interface SandboxManagerOptions extends EngineHostOptions {
 export class SandboxManager implements SandboxEngine {
   private readonly table: SandboxTable;
   private readonly backends: Map<BackendName, Backend>;
-  private readonly maxima: OperatorMaxima;
+  readonly maxima: OperatorMaxima;
   private readonly now: () => number;
   private readonly onEvent: (event: EngineEvent) => void;
   private readonly observer: ProcessObserver;

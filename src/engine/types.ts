@@ -1,5 +1,5 @@
 import type { Readable } from 'node:stream';
-import type { NetworkPolicyInput, SandboxSpecInput } from '../spec/index.js';
+import type { NetworkPolicyInput, OperatorMaxima, SandboxSpecInput } from '../spec/index.js';
 import type { ExecResult, FileEntry, ProcessInfo, SandboxInfo, SandboxState, UsageSample, Warning, WatchEvent } from '../wire/index.js';
 import type { Collection, CollectOptions } from './artifacts.js';
 import type { InterpreterService } from './interpreter/index.js';
@@ -73,6 +73,8 @@ export interface SandboxFiles {
 }
 
 export interface SandboxEngine {
+  /** The operator's ceilings every spec is checked against. */
+  readonly maxima: OperatorMaxima;
   create(command: CreateSandboxCommand): Promise<SandboxInfo>;
   get(tenantId: string, sandboxId: string): SandboxInfo;
   list(query: ListSandboxesQuery): SandboxInfo[];

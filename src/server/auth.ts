@@ -7,6 +7,8 @@ export interface Principal {
   tenantId: string;
   keyId: string;
   isAdmin: boolean;
+  /** Set when the credential is good for one sandbox only (an E2B envd access token). */
+  sandboxId?: string;
 }
 
 export type AuthLevel = 'none' | 'tenant' | 'admin';

@@ -1,5 +1,5 @@
 import type { FastifyReply, FastifyRequest } from 'fastify';
-import { SandboxError } from '../errors/index.js';
+import { ERROR_CODES, SandboxError, type ErrorBody } from '../errors/index.js';
 import { canonicalJson, sha256Hex, type OperationStore, type StoredResponse } from '../store/index.js';
 import type { Principal } from './auth.js';
 import { toSandboxError } from './errors.js';
@@ -16,8 +16,23 @@ export interface Idempotency {
 
 export type BeginIdempotent =
   | { kind: 'started'; idempotency: Idempotency }
-  | { kind: 'replay'; send(reply: FastifyReply): FastifyReply }
+  | {
+      kind: 'replay';
+      /** The stored failure, rethrown so each API surface answers it in its own error shape. */
+      error?: SandboxError;
+      send(reply: FastifyReply): FastifyReply;
+    }
   | undefined;
+
+/** A stored response that is one of Capsule's errors, as the error. */
+function storedError(stored: StoredResponse): SandboxError | undefined {
+  const body = stored.body as Partial<ErrorBody> | null;
+  if (stored.status < 400 || !body || typeof body.code !== 'string' || !(ERROR_CODES as readonly string[]).includes(body.code)) return undefined;
+  return new SandboxError(body.code, body.message ?? '', {
+    ...(body.details ? { details: body.details } : {}),
+    ...(body.hint ? { hint: body.hint } : {}),
+  });
+}
 
 /** Statuses a retry may turn into a success: the key is forgotten, not stored. */
 function isRetryable(status: number): boolean {
@@ -52,6 +67,7 @@ export function beginIdempotent(
     const stored = begun.response;
     return {
       kind: 'replay',
+      error: storedError(stored),
       send: (reply) => {
         reply.code(stored.status).header('idempotent-replayed', 'true').type(stored.contentType);
         if (stored.contentType === 'application/x-ndjson') return reply.send(`${JSON.stringify(stored.body)}\n`);

@@ -39,7 +39,7 @@ export function buildOpenApi(routes: readonly AnyRoute[], version: string): Json
   const errorSchema = jsonSchema(ErrorBodySchema, 'output');
   for (const route of routes) {
     const responses: Record<string, unknown> = {};
-    for (const [status, doc] of Object.entries(route.responses)) {
+    for (const [status, doc] of Object.entries(route.responses ?? {})) {
       responses[status] = {
         description: doc.description,
         ...(doc.schema || doc.contentType ? { content: { [doc.contentType ?? 'application/json']: { schema: doc.schema ? jsonSchema(doc.schema, 'output') : { type: 'string', format: 'binary' } } } } : {}),

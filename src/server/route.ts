@@ -10,8 +10,8 @@ import { AuditTrail, type AuditSubject } from './audit-trail.js';
 
 /** What a handler returns; the seam turns it into the HTTP response. */
 export type RouteResult =
-  | { kind: 'json'; status: number; body: unknown }
-  | { kind: 'empty'; status: number }
+  | { kind: 'json'; status: number; body: unknown; headers?: Record<string, string> }
+  | { kind: 'empty'; status: number; headers?: Record<string, string> }
   | { kind: 'raw'; status: number; stream: Readable; contentType: string }
   | {
       kind: 'ndjson';
@@ -24,7 +24,23 @@ export type RouteResult =
        * after both are written.
        */
       final?: Promise<{ type: string }>;
+    }
+  | {
+      /**
+       * A response in a protocol of its own (Connect envelopes, E2B's code-interpreter lines):
+       * `write` sends it on the hijacked reply and resolves when it ended. With `final` the
+       * audit outcome and the stored result are written when that settles, else once it starts.
+       */
+      kind: 'stream';
+      write(reply: FastifyReply): Promise<void>;
+      final?: Promise<{ type: string }>;
     };
+
+/**
+ * Who a call is from when a route authenticates its own way (the E2B facade's keys and access
+ * tokens). Throws the surface's own error when the credential is missing or wrong.
+ */
+export type Authenticate = (request: FastifyRequest) => Principal;
 
 export interface RouteContext<P, Q, B> {
   params: P;
@@ -52,7 +68,9 @@ export interface RouteDefinition<P = unknown, Q = unknown, B = unknown> {
   /** Fastify path, e.g. `/v1/sandboxes/:sandboxId`. */
   url: string;
   summary: string;
-  auth: AuthLevel;
+  auth: AuthLevel | Authenticate;
+  /** Fastify route constraints (the E2B facade routes by its port header). */
+  constraints?: Record<string, string>;
   params?: z.ZodType<P>;
   query?: z.ZodType<Q>;
   body?: z.ZodType<B>;
@@ -60,7 +78,8 @@ export interface RouteDefinition<P = unknown, Q = unknown, B = unknown> {
   rawBody?: boolean;
   /** The body schema shown in OpenAPI when it differs from the one validated here. */
   bodyDoc?: z.ZodType;
-  responses: Record<number, ResponseDoc>;
+  /** For OpenAPI; routes of another API's shape (the E2B facade) are documented by that API. */
+  responses?: Record<number, ResponseDoc>;
   /** What an idempotent replay returns instead of the body, when the body holds a secret. */
   replayBody?(body: unknown): unknown;
   /** Present on audited routes: what to record. Runs before the attempt record is written. */
@@ -94,12 +113,18 @@ export function registerRoute(app: FastifyInstance, services: SeamServices, rout
   app.route({
     method: route.method,
     url: route.url,
+    ...(route.constraints ? { constraints: route.constraints } : {}),
     handler: (request, reply) => serve(services, route, request, reply),
   });
 }
 
+function principalOf(route: AnyRoute, request: FastifyRequest, keys: ApiKeyStore): Principal {
+  if (typeof route.auth === 'function') return route.auth(request);
+  return route.auth === 'none' ? ANONYMOUS : authenticate(request, keys, route.auth);
+}
+
 async function serve(services: SeamServices, route: AnyRoute, request: FastifyRequest, reply: FastifyReply): Promise<FastifyReply> {
-  const principal = route.auth === 'none' ? ANONYMOUS : authenticate(request, services.keys, route.auth);
+  const principal = principalOf(route, request, services.keys);
   const context: RouteContext<unknown, unknown, unknown> = {
     params: parsePart('params', route.params, request.params),
     query: parsePart('query', route.query, request.query ?? {}),
@@ -121,7 +146,11 @@ async function serve(services: SeamServices, route: AnyRoute, request: FastifyRe
     return claimed;
   };
   const begun = keyed || route.audit ? services.atomically(claim) : undefined;
-  if (begun?.kind === 'replay') return begun.send(reply);
+  if (begun?.kind === 'replay') {
+    if (!begun.error) return begun.send(reply);
+    reply.header('idempotent-replayed', 'true');
+    throw begun.error;
+  }
   const idempotency = begun?.idempotency;
 
   let result: RouteResult;
@@ -146,7 +175,7 @@ function sendResult(
   requestId: string,
   log: FastifyBaseLogger,
   route: AnyRoute,
-): FastifyReply {
+): FastifyReply | Promise<FastifyReply> {
   switch (result.kind) {
     case 'json':
     case 'empty': {
@@ -157,6 +186,7 @@ function sendResult(
         contentType: 'application/json',
       });
       reply.code(result.status);
+      if (result.headers) reply.headers(result.headers);
       return result.kind === 'json' ? reply.type('application/json').send(body) : reply.send();
     }
     case 'raw':
@@ -180,6 +210,17 @@ function sendResult(
         if (!reply.raw.headersSent) reply.raw.flushHeaders();
       });
       return reply.code(result.status).type('application/x-ndjson').send(stream);
+    }
+    case 'stream': {
+      if (!result.final) settle(services, trail, idempotency, requestId, () => trail.succeeded());
+      result.final?.then(
+        (event) => settle(services, trail, idempotency, requestId, () => trail.succeeded(undefined, event)),
+        (error: unknown) => {
+          trail.failed(error);
+          idempotency?.fail(error, requestId);
+        },
+      ).catch((error: unknown) => log.warn({ err: error }, 'stream ended without its outcome recorded'));
+      return result.write(reply).then(() => reply);
     }
   }
 }
@@ -221,8 +262,10 @@ function withUnknownEffect(error: unknown): SandboxError {
   });
 }
 
+/** The sandbox an answer names (`sandboxId`; E2B's answers spell it `sandboxID`), for the audit outcome. */
 function sandboxIdOf(body: unknown): string | undefined {
-  const id = (body as { sandboxId?: unknown } | null)?.sandboxId;
+  const answer = body as { sandboxId?: unknown; sandboxID?: unknown } | null;
+  const id = answer?.sandboxId ?? answer?.sandboxID;
   return typeof id === 'string' ? id : undefined;
 }
 

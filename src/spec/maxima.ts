@@ -46,3 +46,17 @@ export function checkMaxima(spec: SandboxSpec, maxima: OperatorMaxima = DEFAULT_
     });
   }
 }
+
+/**
+ * `limits` lowered to the operator's maxima where they are above them. For the sizes a surface
+ * picks on its callers' behalf (the E2B facade's defaults), never for what a caller asked for:
+ * that is refused with SPEC_EXCEEDS_MAXIMUM instead.
+ */
+export function clampLimits(limits: Partial<Limits>, maxima: OperatorMaxima = DEFAULT_MAXIMA): Partial<Limits> {
+  const clamped: Partial<Limits> = { ...limits };
+  for (const key of Object.keys(limits) as (keyof Limits)[]) {
+    const value = limits[key];
+    if (value !== undefined && value > maxima.limits[key]) clamped[key] = maxima.limits[key];
+  }
+  return clamped;
+}

@@ -45,6 +45,14 @@ export interface SandboxAccess {
   sandboxId: string;
 }
 
+/** The key id audit records carry for data-plane calls, which authenticate with an access token. */
+export const ENVD_TOKEN_KEY_ID = 'e2b-access-token';
+
+/** A principal good for the one sandbox of an envd access token (the seam's `Authenticate`). */
+export function envdPrincipal(access: SandboxAccess): Principal & SandboxAccess {
+  return { tenantId: access.tenantId, sandboxId: access.sandboxId, keyId: ENVD_TOKEN_KEY_ID, isAdmin: false };
+}
+
 /** The query of an envd `/files` call, signed or not. */
 export interface SignedQuery {
   path?: string;
@@ -119,4 +127,10 @@ export class EnvdTokens {
   private mac(tenantId: string, sandboxId: string): string {
     return createHmac('sha256', this.secret).update(`${tenantId}\0${sandboxId}`).digest('base64url');
   }
+}
+
+/** The sandbox an envd principal is good for. */
+export function sandboxOf(principal: Principal): SandboxAccess {
+  if (principal.sandboxId === undefined) throw new ConnectError('unauthenticated', 'this call needs a sandbox access token');
+  return { tenantId: principal.tenantId, sandboxId: principal.sandboxId };
 }

@@ -1,9 +1,12 @@
+import { Readable } from 'node:stream';
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
+import { z } from 'zod';
 import { SandboxError, isSandboxError } from '../../errors/index.js';
 import type { InterpreterService } from '../../engine/interpreter/index.js';
-import type { ContextInfo, InterpreterLanguage, CodeResult } from '../../wire/index.js';
-import type { SandboxAccess } from './access.js';
-import { audited } from './audit.js';
+import type { CodeResult, ContextInfo, InterpreterLanguage } from '../../wire/index.js';
+import type { Principal } from '../auth.js';
+import { defineRoute, registerRoute, type AnyRoute, type Authenticate } from '../route.js';
+import { envdPrincipal, sandboxOf } from './access.js';
 import { ConnectError, connectStatus } from './connect-protocol.js';
 import { lenientJson, type E2bContext, type PortConstraint } from './deps.js';
 import { toSandboxPath } from './paths.js';
@@ -67,83 +70,162 @@ function resultLine(result: CodeResult): object {
 
 const contextBody = (info: ContextInfo) => ({ id: info.id, language: info.language === 'js' ? 'javascript' : info.language === 'ts' ? 'typescript' : 'python', cwd: info.cwd.replace(/^\/workspace(?=\/|$)/, '/home/user') });
 
-export function registerCodeInterpreter(app: FastifyInstance, ctx: E2bContext, constraints: PortConstraint): void {
-  const { engine, tokens } = ctx;
-  // The engine's service of the sandbox: the v1 routes (/v1/sandboxes/{id}/code) see the same contexts.
-  const interpreter = (access: SandboxAccess): InterpreterService => engine.interpreter(access.tenantId, access.sandboxId);
+const ExecuteBody = z
+  .object({ code: z.string({ error: 'code must be a string' }), context_id: z.string().nullish(), language: z.unknown().optional(), env_vars: z.record(z.string(), z.string()).nullish() })
+  .loose();
+const ContextBody = z.object({ language: z.unknown().optional(), cwd: z.unknown().optional() }).loose().optional();
+const ContextParams = z.object({ id: z.string().min(1) });
+/** Calls the SDK may send a body with, which the server ignores. */
+const AnyBody = z.unknown().optional();
 
+/**
+ * The template's code-interpreter server in its own scope (its plain-text errors, lenient JSON),
+ * through the seam: authenticated by the sandbox's access token, runs audited.
+ */
+export function registerCodeInterpreter(app: FastifyInstance, ctx: E2bContext, constraints: PortConstraint): void {
   lenientJson(app);
   app.setErrorHandler((error, request, reply) => sendTextError(request, reply, error));
+  for (const route of codeInterpreterRoutes(ctx, constraints)) registerRoute(app, ctx, route);
+}
 
-  app.get('/health', { constraints }, (_request, reply) => reply.code(200).type('text/plain').send('OK'));
+function codeInterpreterRoutes(ctx: E2bContext, constraints: PortConstraint): AnyRoute[] {
+  const { engine, tokens } = ctx;
+  const auth: Authenticate = (request) => envdPrincipal(tokens.verify(request));
+  // The engine's service of the sandbox: the v1 routes (/v1/sandboxes/{id}/code) see the same contexts.
+  const interpreter = (principal: { tenantId: string; sandboxId?: string }): InterpreterService => {
+    const access = sandboxOf(principal as Principal);
+    return engine.interpreter(access.tenantId, access.sandboxId);
+  };
 
-  app.post('/execute', { constraints }, async (request, reply) => {
-    const access = tokens.verify(request);
-    const service = interpreter(access);
-    const body = (request.body ?? {}) as { code?: unknown; context_id?: unknown; language?: unknown; env_vars?: unknown };
-    if (typeof body.code !== 'string') throw new SandboxError('INVALID_ARGUMENT', 'code must be a string');
-    if (body.context_id && body.language) throw new SandboxError('INVALID_ARGUMENT', 'pass context_id or language, not both');
-    const lang = language(body.language);
-    // An unknown context is a 404 before the stream starts, as the template answers.
-    if (typeof body.context_id === 'string' && !service.listContexts().some((c) => c.id === body.context_id)) {
-      throw new SandboxError('NOT_FOUND', `Context ${body.context_id} not found`);
-    }
-    const raw = reply.raw;
-    const controller = new AbortController();
-    raw.once('close', () => {
-      if (!raw.writableFinished) controller.abort();
-    });
-    reply.hijack();
-    raw.writeHead(200, { 'content-type': 'application/x-ndjson', 'x-request-id': request.id });
-    raw.flushHeaders();
-    const line = (value: object): void => {
-      if (!raw.writableEnded) raw.write(`${JSON.stringify(value)}\n`);
-    };
-    const timestamp = () => new Date().toISOString();
-    try {
-      const code = body.code;
-      const execution = await audited(ctx, request, access, 'code.run', { subject: code }, () => service.runCode(code, {
-        ...(typeof body.context_id === 'string' ? { contextId: body.context_id } : {}),
-        ...(lang ? { language: lang } : {}),
-        ...(body.env_vars && typeof body.env_vars === 'object' ? { envVars: body.env_vars as Record<string, string> } : {}),
-        signal: controller.signal,
-        onStdout: (text) => line({ type: 'stdout', text, timestamp: timestamp() }),
-        onStderr: (text) => line({ type: 'stderr', text, timestamp: timestamp() }),
-        onResult: (result) => line(resultLine(result)),
-        onError: (error) => line({ type: 'error', name: error.name, value: error.value, traceback: error.traceback }),
-      }));
-      if (execution.limit && !execution.error) {
-        line({ type: 'error', name: execution.limit.resource === 'wall_clock' ? 'TimeoutError' : 'LimitExceeded', value: execution.limit.message, traceback: '' });
-      }
-      if (execution.executionCount !== undefined) line({ type: 'number_of_executions', execution_count: execution.executionCount });
-      line({ type: 'end_of_execution' });
-    } catch (error) {
-      // The headers are out: the failure becomes the execution's error.
-      const wire = isSandboxError(error) ? error : undefined;
-      if (!wire) request.log.error({ err: error }, 'execute failed');
-      line({ type: 'error', name: wire?.code ?? 'InternalError', value: wire?.message ?? 'internal error; the server log has the details', traceback: '' });
-      line({ type: 'unexpected_end_of_execution' });
-    } finally {
-      if (!raw.writableEnded) raw.end();
-    }
-  });
-
-  app.post('/contexts', { constraints }, async (request) => {
-    const service = interpreter(tokens.verify(request));
-    const body = (request.body ?? {}) as { language?: unknown; cwd?: unknown };
-    const cwd = typeof body.cwd === 'string' && body.cwd !== '' ? toSandboxPath(body.cwd) : undefined;
-    return contextBody(await service.createContext({ language: language(body.language) ?? 'python', ...(cwd ? { cwd } : {}) }));
-  });
-
-  app.get('/contexts', { constraints }, (request, reply) => reply.send(interpreter(tokens.verify(request)).listContexts().map(contextBody)));
-
-  app.delete('/contexts/:id', { constraints }, async (request: FastifyRequest<{ Params: { id: string } }>, reply) => {
-    await interpreter(tokens.verify(request)).deleteContext(request.params.id);
-    return reply.code(200).send();
-  });
-
-  app.post('/contexts/:id/restart', { constraints }, async (request: FastifyRequest<{ Params: { id: string } }>, reply) => {
-    await interpreter(tokens.verify(request)).restartContext(request.params.id);
-    return reply.code(200).send();
-  });
+  return [
+    defineRoute({
+      name: 'e2b.code.health',
+      method: 'GET',
+      url: '/health',
+      summary: 'E2B code interpreter: alive',
+      auth: 'none',
+      constraints,
+      handler: () => ({ kind: 'raw', status: 200, stream: Readable.from(['OK']), contentType: 'text/plain' }),
+    }),
+    defineRoute({
+      name: 'e2b.code.run',
+      method: 'POST',
+      url: '/execute',
+      summary: 'E2B code interpreter: run code, streaming NDJSON',
+      auth,
+      constraints,
+      body: ExecuteBody,
+      audit: ({ body, principal }) => ({ sandboxId: principal.sandboxId, subject: body.code }),
+      handler({ body, principal, request }) {
+        const service = interpreter(principal);
+        if (body.context_id && body.language) throw new SandboxError('INVALID_ARGUMENT', 'pass context_id or language, not both');
+        const lang = language(body.language);
+        const contextId = body.context_id ?? undefined;
+        // An unknown context is a 404 before the stream starts, as the template answers.
+        if (contextId !== undefined && !service.listContexts().some((c) => c.id === contextId)) {
+          throw new SandboxError('NOT_FOUND', `Context ${contextId} not found`);
+        }
+        let settle: ((event: { type: string }) => void) | undefined;
+        let fail: ((error: unknown) => void) | undefined;
+        const final = new Promise<{ type: string }>((resolve, reject) => ((settle = resolve), (fail = reject)));
+        const write = async (reply: FastifyReply): Promise<void> => {
+          const raw = reply.raw;
+          const controller = new AbortController();
+          raw.once('close', () => {
+            if (!raw.writableFinished) controller.abort();
+          });
+          reply.hijack();
+          raw.writeHead(200, { 'content-type': 'application/x-ndjson', 'x-request-id': request.id });
+          raw.flushHeaders();
+          const line = (value: object): void => {
+            if (!raw.writableEnded) raw.write(`${JSON.stringify(value)}\n`);
+          };
+          const timestamp = () => new Date().toISOString();
+          try {
+            const execution = await service.runCode(body.code, {
+              ...(contextId !== undefined ? { contextId } : {}),
+              ...(lang ? { language: lang } : {}),
+              ...(body.env_vars ? { envVars: body.env_vars } : {}),
+              signal: controller.signal,
+              onStdout: (text) => line({ type: 'stdout', text, timestamp: timestamp() }),
+              onStderr: (text) => line({ type: 'stderr', text, timestamp: timestamp() }),
+              onResult: (result) => line(resultLine(result)),
+              onError: (error) => line({ type: 'error', name: error.name, value: error.value, traceback: error.traceback }),
+            });
+            const end = { type: 'end', execution };
+            settle?.(end);
+            if (execution.limit && !execution.error) {
+              line({ type: 'error', name: execution.limit.resource === 'wall_clock' ? 'TimeoutError' : 'LimitExceeded', value: execution.limit.message, traceback: '' });
+            }
+            if (execution.executionCount !== undefined) line({ type: 'number_of_executions', execution_count: execution.executionCount });
+            line({ type: 'end_of_execution' });
+          } catch (error) {
+            fail?.(error);
+            // The headers are out: the failure becomes the execution's error.
+            const wire = isSandboxError(error) ? error : undefined;
+            if (!wire) request.log.error({ err: error }, 'execute failed');
+            line({ type: 'error', name: wire?.code ?? 'InternalError', value: wire?.message ?? 'internal error; the server log has the details', traceback: '' });
+            line({ type: 'unexpected_end_of_execution' });
+          } finally {
+            if (!raw.writableEnded) raw.end();
+          }
+        };
+        return { kind: 'stream', final, write };
+      },
+    }),
+    defineRoute({
+      name: 'e2b.contexts.create',
+      method: 'POST',
+      url: '/contexts',
+      summary: 'E2B code interpreter: create a context',
+      auth,
+      constraints,
+      body: ContextBody,
+      audit: ({ principal }) => ({ sandboxId: principal.sandboxId }),
+      async handler({ body, principal }) {
+        const service = interpreter(principal);
+        const cwd = typeof body?.cwd === 'string' && body.cwd !== '' ? toSandboxPath(body.cwd) : undefined;
+        const info = await service.createContext({ language: language(body?.language) ?? 'python', ...(cwd ? { cwd } : {}) });
+        return { kind: 'json', status: 200, body: contextBody(info) };
+      },
+    }),
+    defineRoute({
+      name: 'e2b.contexts.list',
+      method: 'GET',
+      url: '/contexts',
+      summary: 'E2B code interpreter: list contexts',
+      auth,
+      constraints,
+      handler: ({ principal }) => ({ kind: 'json', status: 200, body: interpreter(principal).listContexts().map(contextBody) }),
+    }),
+    defineRoute({
+      name: 'e2b.contexts.delete',
+      method: 'DELETE',
+      url: '/contexts/:id',
+      summary: 'E2B code interpreter: delete a context',
+      auth,
+      constraints,
+      params: ContextParams,
+      audit: ({ principal }) => ({ sandboxId: principal.sandboxId }),
+      async handler({ params, principal }) {
+        await interpreter(principal).deleteContext(params.id);
+        return { kind: 'empty', status: 200 };
+      },
+    }),
+    defineRoute({
+      name: 'e2b.contexts.restart',
+      method: 'POST',
+      url: '/contexts/:id/restart',
+      summary: 'E2B code interpreter: restart a context',
+      auth,
+      constraints,
+      params: ContextParams,
+      body: AnyBody,
+      audit: ({ principal }) => ({ sandboxId: principal.sandboxId }),
+      async handler({ params, principal }) {
+        await interpreter(principal).restartContext(params.id);
+        return { kind: 'empty', status: 200 };
+      },
+    }),
+  ];
 }

@@ -1,5 +1,4 @@
-import type { Readable } from 'node:stream';
-import type { FastifyReply, FastifyRequest } from 'fastify';
+import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import { isSandboxError, type ErrorCode } from '../../errors/index.js';
 
 /**
@@ -89,51 +88,43 @@ export function connectStatus(code: ConnectCode): number {
   return HTTP_STATUS[code];
 }
 
-/** Sends a unary answer, or the error as `{code, message}` with its HTTP status. */
-export async function unary(request: FastifyRequest, reply: FastifyReply, run: () => Promise<object> | object): Promise<FastifyReply> {
-  try {
-    const body = await run();
-    return reply.code(200).type('application/json').send(body);
-  } catch (error) {
-    const wire = toConnectError(error);
-    if (wire.code === 'internal') request.log.error({ err: error }, 'envd call failed');
-    return reply.code(connectStatus(wire.code)).type('application/json').send(wire);
-  }
-}
-
-/** The JSON body of a unary call (parsed by Fastify) as an object. */
-export function unaryBody(request: FastifyRequest): Record<string, unknown> {
-  const body = request.body;
-  if (body && typeof body === 'object' && !('pipe' in body)) return body as Record<string, unknown>;
-  throw new ConnectError('invalid_argument', 'the request body must be a JSON object sent as application/json');
-}
-
 const MAX_REQUEST_ENVELOPE_BYTES = 4 * 1024 * 1024;
 
-/** Reads the single request envelope of a server-streaming call. */
-export async function readEnvelope(request: FastifyRequest): Promise<Record<string, unknown>> {
-  const body = request.body as Readable | undefined;
-  if (!body || typeof body !== 'object' || !('pipe' in body)) {
-    throw new ConnectError('invalid_argument', 'a streaming call takes an application/connect+json envelope');
-  }
-  const chunks: Buffer[] = [];
-  let size = 0;
-  for await (const chunk of body) {
-    size += (chunk as Buffer).length;
-    if (size > MAX_REQUEST_ENVELOPE_BYTES + 5) throw new ConnectError('resource_exhausted', 'the request message is larger than 4 MiB');
-    chunks.push(chunk as Buffer);
-  }
-  const all = Buffer.concat(chunks);
-  if (all.length < 5) throw new ConnectError('invalid_argument', 'the request envelope is truncated');
-  const length = all.readUInt32BE(1);
-  if (all.length < 5 + length) throw new ConnectError('invalid_argument', 'the request envelope is shorter than its length');
-  try {
-    const message: unknown = JSON.parse(all.subarray(5, 5 + length).toString('utf8'));
-    if (message && typeof message === 'object') return message as Record<string, unknown>;
-  } catch {
-    // Reported below.
-  }
-  throw new ConnectError('invalid_argument', 'the request message is not a JSON object');
+/**
+ * Server-streaming calls send their one request message as an envelope
+ * (`application/connect+json`): it is decoded as the body is parsed, so the seam validates,
+ * fingerprints and audits it like any JSON body.
+ */
+export function parseConnectEnvelopes(app: FastifyInstance): void {
+  app.addContentTypeParser('application/connect+json', { parseAs: 'buffer', bodyLimit: MAX_REQUEST_ENVELOPE_BYTES + 5 }, (_request, body, done) => {
+    const all = body as Buffer;
+    if (all.length < 5) return done(new ConnectError('invalid_argument', 'the request envelope is truncated'), undefined);
+    const length = all.readUInt32BE(1);
+    if (all.length < 5 + length) return done(new ConnectError('invalid_argument', 'the request envelope is shorter than its length'), undefined);
+    try {
+      const message: unknown = JSON.parse(all.subarray(5, 5 + length).toString('utf8'));
+      if (message && typeof message === 'object' && !Array.isArray(message)) return done(null, message);
+    } catch {
+      // Reported below.
+    }
+    return done(new ConnectError('invalid_argument', 'the request message is not a JSON object'), undefined);
+  });
+}
+
+/** Whether a call is a server stream (its error goes in an end-stream envelope, with status 200). */
+function isStreamingCall(request: FastifyRequest): boolean {
+  return String(request.headers['content-type'] ?? '').startsWith('application/connect+json');
+}
+
+/**
+ * An envd call's error as Connect sends it: a unary call gets `{code, message}` with its HTTP
+ * status; a server stream gets status 200 and an end-stream envelope carrying the error.
+ */
+export function sendConnectError(request: FastifyRequest, reply: FastifyReply, error: unknown): FastifyReply {
+  const wire = toConnectError(error);
+  if (wire.code === 'internal') request.log.error({ err: error }, 'envd call failed');
+  if (isStreamingCall(request)) return reply.code(200).type('application/connect+json').send(envelope(2, { error: wire }));
+  return reply.code(connectStatus(wire.code)).type('application/json').send(wire);
 }
 
 function envelope(flags: number, message: object): Buffer {

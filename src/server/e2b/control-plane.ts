@@ -1,12 +1,10 @@
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import { z } from 'zod';
 import { SandboxError, isSandboxError } from '../../errors/index.js';
-import type { CreateSandboxCommand, SandboxEngine } from '../../engine/types.js';
-import type { SandboxInfo, SandboxState } from '../../wire/index.js';
-import type { SandboxSpecInput } from '../../spec/index.js';
-import { AuditTrail } from '../audit-trail.js';
-import type { Principal } from '../auth.js';
+import { clampLimits, type SandboxSpecInput } from '../../spec/index.js';
+import { isLiveState, type SandboxInfo, type SandboxState } from '../../wire/index.js';
 import { sendError } from '../errors.js';
+import { defineRoute, registerRoute, type AnyRoute, type Authenticate } from '../route.js';
 import { e2bPrincipal, isE2bCaller } from './access.js';
 import { ENVD_VERSION, lenientJson, type E2bContext } from './deps.js';
 import { E2B_HOME, E2B_USER } from './paths.js';
@@ -29,9 +27,13 @@ const CreateBody = z
     volumeMounts: z.array(z.unknown()).optional(),
   })
   .loose();
-const ConnectBody = z.object({ timeout: z.number().int().positive().optional() }).loose();
+const ConnectBody = z.object({ timeout: z.number().int().positive().optional() }).loose().optional();
 const TimeoutBody = z.object({ timeout: z.number().int().min(0) }).loose();
-const RefreshBody = z.object({ duration: z.number().int().min(0).optional() }).loose();
+const RefreshBody = z.object({ duration: z.number().int().min(0).optional() }).loose().optional();
+const IdParams = z.object({ id: z.string().min(1) });
+const ListQuery = z.record(z.string(), z.string().optional());
+/** Calls the SDK may send a body with, which the facade ignores. */
+const AnyBody = z.unknown().optional();
 
 /** Errors as E2B's API sends them, `{ code: <HTTP status>, message }`, to E2B clients. */
 function sendE2bError(request: FastifyRequest, reply: FastifyReply, error: unknown): FastifyReply {
@@ -43,13 +45,6 @@ function sendE2bError(request: FastifyRequest, reply: FastifyReply, error: unkno
   return reply.code(status).type('application/json').send({ code: status, message });
 }
 
-function parse<T>(schema: z.ZodType<T>, value: unknown): T {
-  const result = schema.safeParse(value ?? {});
-  if (result.success) return result.data;
-  const issue = result.error.issues[0];
-  throw new SandboxError('INVALID_ARGUMENT', `body.${issue?.path.join('.') ?? ''}: ${issue?.message ?? 'invalid'}`);
-}
-
 function unsupported(field: string, why: string): SandboxError {
   return new SandboxError('INVALID_ARGUMENT', `${field} is not supported by Capsule's E2B facade: ${why}`, {
     details: { field },
@@ -57,9 +52,15 @@ function unsupported(field: string, why: string): SandboxError {
   });
 }
 
-function specFor(body: z.infer<typeof CreateBody>): SandboxSpecInput {
+/**
+ * E2B's sizes are Capsule's defaults for E2B sandboxes, not the caller's request: where the
+ * operator's maxima are lower, the sandbox gets the maximum. The user's timeout is never cut (a
+ * timeout over the maximum is refused).
+ */
+function specFor(body: z.infer<typeof CreateBody>, ctx: E2bContext): SandboxSpecInput {
+  const e2bLimits = { cpus: 2, memoryBytes: 512 * MiB, diskBytes: 1024 * MiB, wallClockMs: 3_600_000, pids: 1024, stdoutBytes: 64 * MiB, stderrBytes: 64 * MiB };
   return {
-    limits: { cpus: 2, memoryBytes: 512 * MiB, diskBytes: 1024 * MiB, wallClockMs: 3_600_000, pids: 1024, stdoutBytes: 64 * MiB, stderrBytes: 64 * MiB },
+    limits: clampLimits(e2bLimits, ctx.engine.maxima),
     env: { HOME: E2B_HOME, USER: E2B_USER, LOGNAME: E2B_USER, ...(body.envVars ?? {}) },
     cwd: E2B_HOME,
     ttlMs: (body.timeout ?? 300) * 1000,
@@ -67,33 +68,24 @@ function specFor(body: z.infer<typeof CreateBody>): SandboxSpecInput {
 }
 
 /**
- * E2B's sizes are Capsule's defaults for E2B sandboxes, not the caller's request: where the
- * operator's maxima are lower, the sandbox gets the maximum (the user's timeout is never cut).
+ * E2B's control plane (`/sandboxes`, `/v2/sandboxes`) over the engine, through the same seam as
+ * /v1: authentication (E2B keys are Capsule keys under E2B's prefix), validation, idempotency
+ * and the audit chain committed together. Errors go out in E2B's shape.
  */
-async function createWithinMaxima(engine: SandboxEngine, command: CreateSandboxCommand & { spec: SandboxSpecInput }): Promise<SandboxInfo> {
-  for (let attempt = 0; ; attempt++) {
-    try {
-      return await engine.create(command);
-    } catch (error) {
-      const details = isSandboxError(error, 'SPEC_EXCEEDS_MAXIMUM') ? (error.details as { field?: unknown; maximum?: unknown } | undefined) : undefined;
-      const key = typeof details?.field === 'string' ? /^limits\.(\w+)$/.exec(details.field)?.[1] : undefined;
-      if (!key || typeof details?.maximum !== 'number' || attempt >= 12) throw error;
-      command.spec.limits = { ...command.spec.limits, [key]: details.maximum };
-    }
-  }
-}
-
-function isLive(state: SandboxState): boolean {
-  return state === 'starting' || state === 'running' || state === 'paused';
-}
-
 export function registerControlPlane(app: FastifyInstance, ctx: E2bContext): void {
+  lenientJson(app);
+  app.setErrorHandler((error, request, reply) => sendE2bError(request, reply, error));
+  for (const route of controlPlaneRoutes(ctx)) registerRoute(app, ctx, route);
+}
+
+function controlPlaneRoutes(ctx: E2bContext): AnyRoute[] {
   const { engine } = ctx;
+  const auth: Authenticate = (request) => e2bPrincipal(request, ctx.keys);
 
   /** The tenant's sandbox if it is live; ended ones are gone as far as E2B clients know. */
   const live = (tenantId: string, sandboxId: string): SandboxInfo => {
     const info = engine.get(tenantId, sandboxId);
-    if (!isLive(info.state)) {
+    if (!isLiveState(info.state)) {
       throw new SandboxError('SANDBOX_NOT_FOUND', `sandbox ${sandboxId} not found (it is ${info.state})`, {
         details: { sandboxId },
         hint: 'Create a new sandbox.',
@@ -136,176 +128,205 @@ export function registerControlPlane(app: FastifyInstance, ctx: E2bContext): voi
     };
   };
 
-  /** Runs a mutating call with an audit record, as the v1 routes' seam does. */
-  const audited = async <T>(request: FastifyRequest, principal: Principal, name: string, sandboxId: string | undefined, run: () => Promise<T>): Promise<T> => {
-    const trail = ctx.audit ? new AuditTrail(ctx.audit, `e2b.${name}`, principal, request.id) : undefined;
-    trail?.attempt({ sandboxId });
-    try {
-      const result = await run();
-      trail?.succeeded((result as { sandboxId?: string } | undefined)?.sandboxId);
-      return result;
-    } catch (error) {
-      trail?.failed(error);
-      throw error;
-    }
-  };
-
-  lenientJson(app);
-  app.setErrorHandler((error, request, reply) => sendE2bError(request, reply, error));
-
-  const create = async (request: FastifyRequest, reply: FastifyReply) => {
-    const principal = e2bPrincipal(request, ctx.keys);
-    const body = parse(CreateBody, request.body);
-    if (!TEMPLATES.has(body.templateID)) {
-      throw new SandboxError('NOT_FOUND', `template ${body.templateID} not found: Capsule serves one image under the names ${[...TEMPLATES].join(', ')}`, {
-        hint: 'Use the default template (omit it) or code-interpreter-v1.',
-      });
-    }
-    if (body.autoPause) throw unsupported('autoPause', 'a sandbox is killed when its timeout ends');
-    if (body.mcp !== undefined) throw unsupported('mcp', 'there is no MCP gateway in Capsule sandboxes');
-    if (body.network !== undefined) throw unsupported('network', 'E2B sandboxes served by Capsule have no network (only loopback)');
-    if (body.volumeMounts?.length) throw unsupported('volumeMounts', 'volumes are not implemented');
-    const info = await audited(request, principal, 'sandboxes.create', undefined, async () => {
-      const release = ctx.quota?.reserve(principal.tenantId);
-      try {
-        const metadata = { ...(body.metadata ?? {}), [TEMPLATE_KEY]: body.templateID };
-        return await createWithinMaxima(engine, { tenantId: principal.tenantId, spec: specFor(body), metadata });
-      } finally {
-        release?.();
-      }
+  const create = (url: string) =>
+    defineRoute({
+      name: 'e2b.sandboxes.create',
+      method: 'POST',
+      url,
+      summary: 'E2B: create a sandbox',
+      auth,
+      body: CreateBody,
+      audit: ({ body }) => ({ subject: body.templateID }),
+      async handler({ body, principal, signal }) {
+        if (!TEMPLATES.has(body.templateID)) {
+          throw new SandboxError('NOT_FOUND', `template ${body.templateID} not found: Capsule serves one image under the names ${[...TEMPLATES].join(', ')}`, {
+            hint: 'Use the default template (omit it) or code-interpreter-v1.',
+          });
+        }
+        if (body.autoPause) throw unsupported('autoPause', 'a sandbox is killed when its timeout ends');
+        if (body.mcp !== undefined) throw unsupported('mcp', 'there is no MCP gateway in Capsule sandboxes');
+        if (body.network !== undefined) throw unsupported('network', 'E2B sandboxes served by Capsule have no network (only loopback)');
+        if (body.volumeMounts?.length) throw unsupported('volumeMounts', 'volumes are not implemented');
+        const release = ctx.quota.reserve(principal.tenantId);
+        try {
+          const metadata = { ...(body.metadata ?? {}), [TEMPLATE_KEY]: body.templateID };
+          const info = await engine.create({ tenantId: principal.tenantId, spec: specFor(body, ctx), metadata, signal });
+          return { kind: 'json', status: 201, body: sandboxBody(info) };
+        } finally {
+          release();
+        }
+      },
     });
-    return reply.code(201).send(sandboxBody(info));
-  };
-  app.post('/sandboxes', create);
-  app.post('/v2/sandboxes', create);
 
-  const connect = async (request: FastifyRequest<{ Params: { id: string } }>, reply: FastifyReply) => {
-    const principal = e2bPrincipal(request, ctx.keys);
-    const body = parse(ConnectBody, request.body);
-    const { id } = request.params;
-    const result = await audited(request, principal, 'sandboxes.connect', id, async () => {
-      let info = live(principal.tenantId, id);
-      const resumed = info.state === 'paused';
-      if (resumed) {
-        info = await engine.resume(principal.tenantId, id);
-      }
-      // Connecting only ever extends the TTL.
-      const wantedMs = (body.timeout ?? 300) * 1000;
-      if (Date.parse(info.expiresAt) < Date.now() + wantedMs) info = engine.setTimeout(principal.tenantId, id, wantedMs);
-      return { info, resumed };
+  const connect = (url: string) =>
+    defineRoute({
+      name: 'e2b.sandboxes.connect',
+      method: 'POST',
+      url,
+      summary: 'E2B: connect to (and resume) a sandbox',
+      auth,
+      params: IdParams,
+      body: ConnectBody,
+      audit: ({ params }) => ({ sandboxId: params.id }),
+      async handler({ params, body, principal }) {
+        let info = live(principal.tenantId, params.id);
+        const resumed = info.state === 'paused';
+        if (resumed) info = await engine.resume(principal.tenantId, params.id);
+        // Connecting only ever extends the TTL.
+        const wantedMs = (body?.timeout ?? 300) * 1000;
+        if (Date.parse(info.expiresAt) < Date.now() + wantedMs) info = engine.setTimeout(principal.tenantId, params.id, wantedMs);
+        return { kind: 'json', status: resumed ? 201 : 200, body: sandboxBody(info) };
+      },
     });
-    return reply.code(result.resumed ? 201 : 200).send(sandboxBody(result.info));
-  };
-  app.post('/sandboxes/:id/connect', connect);
-  app.post('/v2/sandboxes/:id/connect', connect);
-  app.post('/sandboxes/:id/resume', connect);
 
-  app.get('/sandboxes/:id', (request: FastifyRequest<{ Params: { id: string } }>, reply) => {
-    const principal = e2bPrincipal(request, ctx.keys);
-    const info = live(principal.tenantId, request.params.id);
-    return reply.send({
-      ...listed(info),
-      envdAccessToken: ctx.tokens.issue(info.tenantId, info.sandboxId),
-      allowInternetAccess: false,
-      domain: null,
-      lifecycle: { onTimeout: 'kill', autoResume: false },
+  const list = (url: string, defaults: SandboxState[]) =>
+    defineRoute({
+      name: 'e2b.sandboxes.list',
+      method: 'GET',
+      url,
+      summary: 'E2B: list sandboxes',
+      auth,
+      query: ListQuery,
+      handler({ query, principal }) {
+        const states = query.state ? query.state.split(',').map((s) => s.trim()) : defaults;
+        for (const state of states) {
+          if (state !== 'running' && state !== 'paused') throw new SandboxError('INVALID_ARGUMENT', `state "${state}" is not one of running, paused`);
+        }
+        const metadata = Object.fromEntries(new URLSearchParams(query.metadata ?? ''));
+        // Sorted by start, then id. The page token is the key of the last item sent: the next page
+        // starts after it, even if that sandbox has ended since.
+        const key = (info: SandboxInfo) => `${info.createdAt}|${info.sandboxId}`;
+        const wanted = new Set<SandboxState>(states.includes('running') ? [...(states as SandboxState[]), 'starting'] : (states as SandboxState[]));
+        let all = engine
+          .list({ tenantId: principal.tenantId, states: [...wanted], metadata })
+          .filter((info) => !query.template || (info.metadata[TEMPLATE_KEY] ?? 'base') === query.template)
+          .filter((info) => !query.startedAfter || info.createdAt > query.startedAfter)
+          .sort((a, b) => (key(a) < key(b) ? -1 : key(a) > key(b) ? 1 : 0));
+        const descending = query.order === 'desc';
+        if (descending) all = all.reverse();
+        const after = query.nextToken ? Buffer.from(query.nextToken, 'base64url').toString() : undefined;
+        const rest = after === undefined ? all : all.filter((info) => (descending ? key(info) < after : key(info) > after));
+        const limit = Math.min(Math.max(Number(query.limit) || 100, 1), 1000);
+        const page = rest.slice(0, limit);
+        const last = page[page.length - 1];
+        const headers = last && rest.length > limit ? { 'x-next-token': Buffer.from(key(last)).toString('base64url') } : undefined;
+        return { kind: 'json', status: 200, body: page.map(listed), ...(headers ? { headers } : {}) };
+      },
     });
-  });
 
-  const list = (request: FastifyRequest<{ Querystring: Record<string, string | undefined> }>, reply: FastifyReply, defaults: SandboxState[]) => {
-    const principal = e2bPrincipal(request, ctx.keys);
-    const query = request.query;
-    const states = query.state ? query.state.split(',').map((s) => s.trim()) : defaults;
-    for (const state of states) {
-      if (state !== 'running' && state !== 'paused') throw new SandboxError('INVALID_ARGUMENT', `state "${state}" is not one of running, paused`);
-    }
-    const metadata = Object.fromEntries(new URLSearchParams(query.metadata ?? ''));
-    // Sorted by start, then id. The page token is the key of the last item sent: the next page
-    // starts after it, even if that sandbox has ended since.
-    const key = (info: SandboxInfo) => `${info.createdAt}|${info.sandboxId}`;
-    const wanted = new Set<SandboxState>(states.includes('running') ? [...(states as SandboxState[]), 'starting'] : (states as SandboxState[]));
-    let all = engine
-      .list({ tenantId: principal.tenantId, states: [...wanted], metadata })
-      .filter((info) => !query.template || (info.metadata[TEMPLATE_KEY] ?? 'base') === query.template)
-      .filter((info) => !query.startedAfter || info.createdAt > query.startedAfter)
-      .sort((a, b) => (key(a) < key(b) ? -1 : key(a) > key(b) ? 1 : 0));
-    const descending = query.order === 'desc';
-    if (descending) all = all.reverse();
-    const after = query.nextToken ? Buffer.from(query.nextToken, 'base64url').toString() : undefined;
-    const rest = after === undefined ? all : all.filter((info) => (descending ? key(info) < after : key(info) > after));
-    const limit = Math.min(Math.max(Number(query.limit) || 100, 1), 1000);
-    const page = rest.slice(0, limit);
-    const last = page[page.length - 1];
-    if (last && rest.length > limit) reply.header('x-next-token', Buffer.from(key(last)).toString('base64url'));
-    return page.map(listed);
-  };
-  app.get('/v2/sandboxes', (request: FastifyRequest<{ Querystring: Record<string, string | undefined> }>, reply) =>
-    Promise.resolve(list(request, reply, ['running', 'paused'])),
-  );
-  app.get('/sandboxes', (request: FastifyRequest<{ Querystring: Record<string, string | undefined> }>, reply) =>
-    Promise.resolve(list(request, reply, ['running'])),
-  );
-
-  app.delete('/sandboxes/:id', async (request: FastifyRequest<{ Params: { id: string } }>, reply) => {
-    const principal = e2bPrincipal(request, ctx.keys);
-    const { id } = request.params;
-    await audited(request, principal, 'sandboxes.kill', id, async () => {
-      const before = engine.get(principal.tenantId, id);
-      // An ended sandbox is a 404, once its clean-up is over (kill waits for it).
-      const after = await engine.kill(principal.tenantId, id);
-      if (!isLive(before.state)) live(principal.tenantId, id);
-      return after;
-    });
-    return reply.code(204).send();
-  });
-
-  app.post('/sandboxes/:id/pause', async (request: FastifyRequest<{ Params: { id: string } }>, reply) => {
-    const principal = e2bPrincipal(request, ctx.keys);
-    const { id } = request.params;
-    await audited(request, principal, 'sandboxes.pause', id, async () => {
-      const info = live(principal.tenantId, id);
-      if (info.state === 'paused') throw new SandboxError('CONFLICT', `sandbox ${id} is already paused`);
-      return engine.pause(principal.tenantId, id);
-    });
-    return reply.code(204).send();
-  });
-
-  app.post('/sandboxes/:id/timeout', async (request: FastifyRequest<{ Params: { id: string } }>, reply) => {
-    const principal = e2bPrincipal(request, ctx.keys);
-    const body = parse(TimeoutBody, request.body);
-    const { id } = request.params;
-    await audited(request, principal, 'sandboxes.timeout', id, () => {
-      live(principal.tenantId, id);
-      return Promise.resolve(engine.setTimeout(principal.tenantId, id, Math.max(1, body.timeout * 1000)));
-    });
-    return reply.code(204).send();
-  });
-
-  app.post('/sandboxes/:id/refreshes', async (request: FastifyRequest<{ Params: { id: string } }>, reply) => {
-    const principal = e2bPrincipal(request, ctx.keys);
-    const body = parse(RefreshBody, request.body);
-    const info = live(principal.tenantId, request.params.id);
-    const wantedMs = (body.duration ?? 60) * 1000;
-    if (Date.parse(info.expiresAt) < Date.now() + wantedMs) engine.setTimeout(principal.tenantId, info.sandboxId, wantedMs);
-    return reply.code(204).send();
-  });
-
-  // The engine's usage samples (every 5 s since the sandbox started, plus one now), in E2B's shape.
-  app.get('/sandboxes/:id/metrics', async (request: FastifyRequest<{ Params: { id: string } }>) => {
-    const principal = e2bPrincipal(request, ctx.keys);
-    const info = live(principal.tenantId, request.params.id);
-    if (info.state !== 'running') return [];
-    const { cpus, memoryBytes, diskBytes } = info.spec.limits;
-    return (await engine.usage(principal.tenantId, info.sandboxId)).map((s) => ({
-      timestamp: s.timestamp,
-      timestampUnix: Math.floor(Date.parse(s.timestamp) / 1000),
-      cpuCount: Math.ceil(cpus),
-      cpuUsedPct: s.cpuUsedPct,
-      memUsed: s.memoryBytes,
-      memTotal: memoryBytes,
-      memCache: 0,
-      diskUsed: s.diskBytes ?? 0,
-      diskTotal: diskBytes,
-    }));
-  });
+  return [
+    create('/sandboxes'),
+    create('/v2/sandboxes'),
+    connect('/sandboxes/:id/connect'),
+    connect('/v2/sandboxes/:id/connect'),
+    connect('/sandboxes/:id/resume'),
+    list('/v2/sandboxes', ['running', 'paused']),
+    list('/sandboxes', ['running']),
+    defineRoute({
+      name: 'e2b.sandboxes.get',
+      method: 'GET',
+      url: '/sandboxes/:id',
+      summary: 'E2B: a sandbox',
+      auth,
+      params: IdParams,
+      handler({ params, principal }) {
+        const info = live(principal.tenantId, params.id);
+        const body = {
+          ...listed(info),
+          envdAccessToken: ctx.tokens.issue(info.tenantId, info.sandboxId),
+          allowInternetAccess: false,
+          domain: null,
+          lifecycle: { onTimeout: 'kill', autoResume: false },
+        };
+        return { kind: 'json', status: 200, body };
+      },
+    }),
+    defineRoute({
+      name: 'e2b.sandboxes.kill',
+      method: 'DELETE',
+      url: '/sandboxes/:id',
+      summary: 'E2B: kill a sandbox',
+      auth,
+      params: IdParams,
+      audit: ({ params }) => ({ sandboxId: params.id }),
+      async handler({ params, principal }) {
+        const before = engine.get(principal.tenantId, params.id);
+        // An ended sandbox is a 404, once its clean-up is over (kill waits for it).
+        await engine.kill(principal.tenantId, params.id);
+        if (!isLiveState(before.state)) live(principal.tenantId, params.id);
+        return { kind: 'empty', status: 204 };
+      },
+    }),
+    defineRoute({
+      name: 'e2b.sandboxes.pause',
+      method: 'POST',
+      url: '/sandboxes/:id/pause',
+      summary: 'E2B: pause a sandbox',
+      auth,
+      params: IdParams,
+      body: AnyBody,
+      audit: ({ params }) => ({ sandboxId: params.id }),
+      async handler({ params, principal }) {
+        const info = live(principal.tenantId, params.id);
+        if (info.state === 'paused') throw new SandboxError('CONFLICT', `sandbox ${params.id} is already paused`);
+        await engine.pause(principal.tenantId, params.id);
+        return { kind: 'empty', status: 204 };
+      },
+    }),
+    defineRoute({
+      name: 'e2b.sandboxes.timeout',
+      method: 'POST',
+      url: '/sandboxes/:id/timeout',
+      summary: 'E2B: set the time to live from now',
+      auth,
+      params: IdParams,
+      body: TimeoutBody,
+      audit: ({ params }) => ({ sandboxId: params.id }),
+      handler({ params, body, principal }) {
+        live(principal.tenantId, params.id);
+        engine.setTimeout(principal.tenantId, params.id, Math.max(1, body.timeout * 1000));
+        return { kind: 'empty', status: 204 };
+      },
+    }),
+    defineRoute({
+      name: 'e2b.sandboxes.refresh',
+      method: 'POST',
+      url: '/sandboxes/:id/refreshes',
+      summary: 'E2B: keep a sandbox alive',
+      auth,
+      params: IdParams,
+      body: RefreshBody,
+      handler({ params, body, principal }) {
+        const info = live(principal.tenantId, params.id);
+        const wantedMs = (body?.duration ?? 60) * 1000;
+        if (Date.parse(info.expiresAt) < Date.now() + wantedMs) engine.setTimeout(principal.tenantId, info.sandboxId, wantedMs);
+        return { kind: 'empty', status: 204 };
+      },
+    }),
+    defineRoute({
+      name: 'e2b.sandboxes.metrics',
+      method: 'GET',
+      url: '/sandboxes/:id/metrics',
+      summary: "E2B: the engine's usage samples in E2B's shape",
+      auth,
+      params: IdParams,
+      async handler({ params, principal }) {
+        const info = live(principal.tenantId, params.id);
+        if (info.state !== 'running') return { kind: 'json', status: 200, body: [] };
+        const { cpus, memoryBytes, diskBytes } = info.spec.limits;
+        const samples = (await engine.usage(principal.tenantId, info.sandboxId)).map((s) => ({
+          timestamp: s.timestamp,
+          timestampUnix: Math.floor(Date.parse(s.timestamp) / 1000),
+          cpuCount: Math.ceil(cpus),
+          cpuUsedPct: s.cpuUsedPct,
+          memUsed: s.memoryBytes,
+          memTotal: memoryBytes,
+          memCache: 0,
+          diskUsed: s.diskBytes ?? 0,
+          diskTotal: diskBytes,
+        }));
+        return { kind: 'json', status: 200, body: samples };
+      },
+    }),
+  ];
 }

@@ -1,27 +1,9 @@
 import type { FastifyInstance } from 'fastify';
-import type { SandboxEngine } from '../../engine/types.js';
-import type { SandboxInfo } from '../../wire/index.js';
-import type { ApiKeyStore, AuditLog } from '../../store/index.js';
-import type { TenantQuota } from '../quota.js';
+import type { ServerServices } from '../services.js';
 import type { EnvdTokens } from './access.js';
 
-export interface E2bFacadeDeps {
-  engine: SandboxEngine;
-  keys: ApiKeyStore;
-  /** Records create/kill/pause/connect/timeout like the v1 routes do. */
-  audit?: AuditLog;
-  /** Every tenant's live sandboxes: the candidates for a signed file URL, which names none. */
-  records?: { listLive(): SandboxInfo[] };
-  /** Concurrent sandboxes per tenant, shared with the v1 routes. */
-  quota?: TenantQuota;
-  /** HMAC key of envd access tokens. @default random per server start */
-  tokenSecret?: Buffer;
-  /** Aborted when the server closes: ends streams that never end by themselves (watch). */
-  closeSignal?: AbortSignal;
-}
-
-/** What the facade's resources share. */
-export interface E2bContext extends E2bFacadeDeps {
+/** What the facade's resources share: the server's services and the envd access tokens. */
+export interface E2bContext extends ServerServices {
   tokens: EnvdTokens;
 }
 

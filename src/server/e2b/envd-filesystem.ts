@@ -1,10 +1,12 @@
-import type { FastifyInstance, FastifyRequest } from 'fastify';
+import type { FastifyRequest } from 'fastify';
 import type { SandboxFiles } from '../../engine/types.js';
 import type { FileEntry } from '../../wire/index.js';
-import { audited } from './audit.js';
-import { readEnvelope, serverStream, unary, unaryBody } from './connect-protocol.js';
+import { defineRoute, type AnyRoute, type Authenticate, type RouteResult } from '../route.js';
+import { sandboxOf, type SandboxAccess } from './access.js';
+import { serverStream } from './connect-protocol.js';
 import type { E2bContext, PortConstraint } from './deps.js';
-import { WATCH_EVENT_TYPES, registerEnvdWatchers, watchEventName } from './envd-watchers.js';
+import { ConnectMessage } from './envd-process.js';
+import { WATCH_EVENT_TYPES, envdWatcherRoutes, watchEventName } from './envd-watchers.js';
 import { E2B_USER, checkUser, toE2bPath, toSandboxPath } from './paths.js';
 
 /** envd's `filesystem.Filesystem` service over the engine's file service. */
@@ -45,70 +47,66 @@ export function entryInfo(entry: FileEntry): object {
   };
 }
 
-export function registerEnvdFilesystem(app: FastifyInstance, ctx: E2bContext, constraints: PortConstraint): void {
-  const { engine, tokens } = ctx;
-  const filesOf = (request: Parameters<typeof tokens.verify>[0]) => {
-    const access = tokens.verify(request);
-    checkUser(request);
-    return engine.files(access.tenantId, access.sandboxId);
-  };
-  /** A mutating call, audited like the v1 file routes (the path is the subject). */
-  const changing = <T>(request: FastifyRequest, operation: string, subject: string, run: (files: SandboxFiles) => Promise<T>): Promise<T> => {
-    const files = filesOf(request);
-    return audited(ctx, request, tokens.verify(request), operation, { subject }, () => run(files));
-  };
+type Message = Record<string, unknown>;
+type Handler = (files: SandboxFiles, body: Message, request: FastifyRequest, access: SandboxAccess) => RouteResult | Promise<RouteResult>;
 
-  app.post('/filesystem.Filesystem/Stat', { constraints }, (request, reply) =>
-    unary(request, reply, async () => ({ entry: entryInfo(await filesOf(request).stat(toSandboxPath(unaryBody(request).path))) })),
-  );
+export function envdFilesystemRoutes(ctx: E2bContext, auth: Authenticate, constraints: PortConstraint): AnyRoute[] {
+  const { engine } = ctx;
+  /** A call of the service; with `subject`, a mutating one, audited like the v1 file routes (the path is the subject). */
+  const rpc = (name: string, method: string, handler: Handler, subject?: (body: Message) => string) =>
+    defineRoute({
+      name: `e2b.files.${name}`,
+      method: 'POST',
+      url: `/filesystem.Filesystem/${method}`,
+      summary: `envd: filesystem.Filesystem/${method}`,
+      auth,
+      constraints,
+      body: ConnectMessage,
+      ...(subject ? { audit: ({ body, principal }: { body: Message; principal: { sandboxId?: string } }) => ({ sandboxId: principal.sandboxId, subject: subject(body) }) } : {}),
+      handler: ({ principal, body, request }) => {
+        const access = sandboxOf(principal);
+        checkUser(request);
+        return handler(engine.files(access.tenantId, access.sandboxId), body, request, access);
+      },
+    });
+  const json = (body: object): RouteResult => ({ kind: 'json', status: 200, body });
 
-  app.post('/filesystem.Filesystem/ListDir', { constraints }, (request, reply) =>
-    unary(request, reply, async () => {
-      const body = unaryBody(request);
+  return [
+    rpc('stat', 'Stat', async (files, body) => json({ entry: entryInfo(await files.stat(toSandboxPath(body.path))) })),
+    rpc('list', 'ListDir', async (files, body) => {
       const depth = typeof body.depth === 'number' && body.depth > 0 ? body.depth : 1;
-      const entries = await filesOf(request).list(toSandboxPath(body.path), depth);
-      return { entries: entries.map(entryInfo) };
+      return json({ entries: (await files.list(toSandboxPath(body.path), depth)).map(entryInfo) });
     }),
-  );
-
-  app.post('/filesystem.Filesystem/MakeDir', { constraints }, (request, reply) =>
-    unary(request, reply, async () => {
-      const path = toSandboxPath(unaryBody(request).path);
-      return { entry: entryInfo(await changing(request, 'files.mkdir', path, (files) => files.mkdir(path))) };
-    }),
-  );
-
-  app.post('/filesystem.Filesystem/Move', { constraints }, (request, reply) =>
-    unary(request, reply, async () => {
-      const body = unaryBody(request);
-      const [source, destination] = [toSandboxPath(body.source), toSandboxPath(body.destination)];
-      const subject = JSON.stringify([source, destination]);
-      return { entry: entryInfo(await changing(request, 'files.move', subject, (files) => files.move(source, destination))) };
-    }),
-  );
-
-  app.post('/filesystem.Filesystem/Remove', { constraints }, (request, reply) =>
-    unary(request, reply, async () => {
-      const path = toSandboxPath(unaryBody(request).path);
-      await changing(request, 'files.remove', path, (files) => files.remove(path));
-      return {};
-    }),
-  );
-
-  app.post('/filesystem.Filesystem/WatchDir', { constraints }, (request, reply) =>
-    serverStream(request, reply, { keepalive: { keepalive: {} }, controller: new AbortController() }, async function* (clientGone) {
-      const files = filesOf(request);
-      const message = await readEnvelope(request);
-      const root = toSandboxPath(message.path);
-      // A watch never ends by itself: it ends with the client, or when the server closes.
-      const signal = ctx.closeSignal ? AbortSignal.any([clientGone, ctx.closeSignal]) : clientGone;
-      const watch = files.watch(root, { recursive: message.recursive === true, signal });
-      // The SDK's watchDir resolves on `start`: changes after it must be reported.
-      if ('ready' in watch) await (watch as { ready: Promise<void> }).ready;
-      yield { start: {} };
-      for await (const event of watch) yield { filesystem: { name: watchEventName(root, event.path), type: WATCH_EVENT_TYPES[event.type] } };
-    }),
-  );
-
-  registerEnvdWatchers(app, ctx, constraints);
+    rpc('mkdir', 'MakeDir', async (files, body) => json({ entry: entryInfo(await files.mkdir(toSandboxPath(body.path))) }), (body) => toSandboxPath(body.path)),
+    rpc(
+      'move',
+      'Move',
+      async (files, body) => json({ entry: entryInfo(await files.move(toSandboxPath(body.source), toSandboxPath(body.destination))) }),
+      (body) => JSON.stringify([toSandboxPath(body.source), toSandboxPath(body.destination)]),
+    ),
+    rpc(
+      'remove',
+      'Remove',
+      async (files, body) => {
+        await files.remove(toSandboxPath(body.path));
+        return json({});
+      },
+      (body) => toSandboxPath(body.path),
+    ),
+    rpc('watch', 'WatchDir', (files, message, request) => ({
+      kind: 'stream',
+      write: (reply) =>
+        serverStream(request, reply, { keepalive: { keepalive: {} }, controller: new AbortController() }, async function* (clientGone) {
+          const root = toSandboxPath(message.path);
+          // A watch never ends by itself: it ends with the client, or when the server closes.
+          const signal = AbortSignal.any([clientGone, ctx.closeSignal]);
+          const watch = files.watch(root, { recursive: message.recursive === true, signal });
+          // The SDK's watchDir resolves on `start`: changes after it must be reported.
+          if ('ready' in watch) await (watch as { ready: Promise<void> }).ready;
+          yield { start: {} };
+          for await (const event of watch) yield { filesystem: { name: watchEventName(root, event.path), type: WATCH_EVENT_TYPES[event.type] } };
+        }),
+    })),
+    ...envdWatcherRoutes(ctx, auth, constraints),
+  ];
 }

@@ -1,9 +1,10 @@
-import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
-import type { ExecResult } from '../../wire/index.js';
+import type { FastifyRequest } from 'fastify';
+import { z } from 'zod';
 import type { ProcessHandle } from '../../engine/types.js';
-import type { SandboxAccess } from './access.js';
-import { audited } from './audit.js';
-import { ConnectError, deadlineMs, readEnvelope, serverStream, unary, unaryBody } from './connect-protocol.js';
+import type { ExecResult } from '../../wire/index.js';
+import { defineRoute, type AnyRoute, type Authenticate, type RouteResult } from '../route.js';
+import { sandboxOf, type SandboxAccess } from './access.js';
+import { ConnectError, deadlineMs, serverStream } from './connect-protocol.js';
 import type { E2bContext, PortConstraint } from './deps.js';
 import { E2B_HOME, checkUser } from './paths.js';
 
@@ -21,7 +22,11 @@ const SIGNALS: Record<string, NodeJS.Signals> = {
   '15': 'SIGTERM',
 };
 
-function record(value: unknown, field: string): Record<string, unknown> {
+/** A Connect message: a JSON object (unary body or the stream's request envelope). */
+export const ConnectMessage = z.record(z.string(), z.unknown());
+type Message = z.infer<typeof ConnectMessage>;
+
+export function record(value: unknown, field: string): Record<string, unknown> {
   if (value && typeof value === 'object' && !Array.isArray(value)) return value as Record<string, unknown>;
   throw new ConnectError('invalid_argument', `${field} is required`);
 }
@@ -42,8 +47,8 @@ export function endEvent(result: ExecResult): object {
   return { exitCode: result.exitCode ?? -1, exited: false, status: result.signal ? `signal: ${result.signal.replace(/^SIG/, '').toLowerCase()}` : why, error: why };
 }
 
-export function registerEnvdProcess(app: FastifyInstance, ctx: E2bContext, constraints: PortConstraint): void {
-  const { engine, tokens } = ctx;
+export function envdProcessRoutes(ctx: E2bContext, auth: Authenticate, constraints: PortConstraint): AnyRoute[] {
+  const { engine } = ctx;
   /** Processes started with a pty: their output is reported as `pty` data. */
   const ptys = new WeakSet<ProcessHandle>();
 
@@ -68,107 +73,109 @@ export function registerEnvdProcess(app: FastifyInstance, ctx: E2bContext, const
     }
   }
 
-  const stream = (request: FastifyRequest, reply: FastifyReply, open: (access: SandboxAccess, message: Record<string, unknown>) => Promise<ProcessHandle>) =>
-    serverStream(request, reply, { keepalive: { event: { keepalive: {} } }, controller: new AbortController() }, async function* (signal) {
-      const access = tokens.verify(request);
-      const handle = await open(access, await readEnvelope(request));
-      yield* messages(handle, signal);
+  /** A process's events as a Connect stream; a failure to open it ends the stream with its error. */
+  const stream = (request: FastifyRequest, opened: Promise<ProcessHandle>, final?: Promise<{ type: string }>): RouteResult => ({
+    kind: 'stream',
+    ...(final ? { final } : {}),
+    write: (reply) =>
+      serverStream(request, reply, { keepalive: { event: { keepalive: {} } }, controller: new AbortController() }, async function* (signal) {
+        yield* messages(await opened, signal);
+      }),
+  });
+
+  const rpc = (name: string, method: string, handler: (access: SandboxAccess, body: Message, request: FastifyRequest) => RouteResult | Promise<RouteResult>, audit?: (body: Message) => string) =>
+    defineRoute({
+      name: `e2b.process.${name}`,
+      method: 'POST',
+      url: `/process.Process/${method}`,
+      summary: `envd: process.Process/${method}`,
+      auth,
+      constraints,
+      body: ConnectMessage,
+      ...(audit ? { audit: ({ body, principal }: { body: Message; principal: { sandboxId?: string } }) => ({ sandboxId: principal.sandboxId, subject: audit(body) }) } : {}),
+      handler: ({ principal, body, request }) => handler(sandboxOf(principal), body, request),
     });
+  const json = (body: object): RouteResult => ({ kind: 'json', status: 200, body });
 
-  app.post('/process.Process/Start', { constraints }, (request, reply) =>
-    stream(request, reply, async (access, message) => {
-      checkUser(request);
-      const config = record(message.process, 'process');
-      if (typeof config.cmd !== 'string' || config.cmd === '') throw new ConnectError('invalid_argument', 'process.cmd is required');
-      const args = Array.isArray(config.args) ? config.args.map(String) : [];
-      const size = (message.pty as { size?: { cols?: number; rows?: number } } | undefined)?.size;
-      const cwd = typeof config.cwd === 'string' && config.cwd !== '' ? (config.cwd.startsWith('/') ? config.cwd : `${E2B_HOME}/${config.cwd}`) : undefined;
-      const { spec } = engine.get(access.tenantId, access.sandboxId);
-      // envd ends the process when the call's deadline passes; without one it runs until the sandbox ends.
-      const maxMs = spec.limits.wallClockMs;
-      // PWD keeps /home/user in `pwd` (the kernel resolves the symlink to /workspace).
-      const effectiveCwd = cwd ?? spec.cwd;
-      const argv = [config.cmd, ...args];
-      const run = () => engine.startProcess(access.tenantId, access.sandboxId, {
-        argv,
-        env: { PWD: effectiveCwd, ...strings(config.envs) },
-        cwd: effectiveCwd,
-        timeoutMs: Math.min(deadlineMs(request) ?? maxMs, maxMs),
-        stdin: size ? true : message.stdin !== false,
-        ...(size ? { pty: { cols: size.cols ?? 80, rows: size.rows ?? 24 } } : {}),
-        ...(typeof message.tag === 'string' ? { tag: message.tag } : {}),
-      });
-      const handle = await audited(ctx, request, access, 'process.start', { subject: JSON.stringify(argv) }, run, (h) =>
-        h.result.then((result) => ({ type: 'exit', result })),
-      );
-      if (size) ptys.add(handle);
-      return handle;
-    }),
-  );
-
-  app.post('/process.Process/Connect', { constraints }, (request, reply) =>
-    stream(request, reply, (access, message) => Promise.resolve(find(access, message.process))),
-  );
-
-  app.post('/process.Process/List', { constraints }, (request, reply) =>
-    unary(request, reply, () => {
-      const access = tokens.verify(request);
+  return [
+    rpc(
+      'start',
+      'Start',
+      (access, message, request) => {
+        checkUser(request);
+        const config = record(message.process, 'process');
+        if (typeof config.cmd !== 'string' || config.cmd === '') throw new ConnectError('invalid_argument', 'process.cmd is required');
+        const args = Array.isArray(config.args) ? config.args.map(String) : [];
+        const size = (message.pty as { size?: { cols?: number; rows?: number } } | undefined)?.size;
+        const cwd = typeof config.cwd === 'string' && config.cwd !== '' ? (config.cwd.startsWith('/') ? config.cwd : `${E2B_HOME}/${config.cwd}`) : undefined;
+        const { spec } = engine.get(access.tenantId, access.sandboxId);
+        // envd ends the process when the call's deadline passes; without one it runs until the sandbox ends.
+        const maxMs = spec.limits.wallClockMs;
+        // PWD keeps /home/user in `pwd` (the kernel resolves the symlink to /workspace).
+        const effectiveCwd = cwd ?? spec.cwd;
+        const opened = engine
+          .startProcess(access.tenantId, access.sandboxId, {
+            argv: [config.cmd, ...args],
+            env: { PWD: effectiveCwd, ...strings(config.envs) },
+            cwd: effectiveCwd,
+            timeoutMs: Math.min(deadlineMs(request) ?? maxMs, maxMs),
+            stdin: size ? true : message.stdin !== false,
+            ...(size ? { pty: { cols: size.cols ?? 80, rows: size.rows ?? 24 } } : {}),
+            ...(typeof message.tag === 'string' ? { tag: message.tag } : {}),
+          })
+          .then((handle) => {
+            if (size) ptys.add(handle);
+            return handle;
+          });
+        const final = opened.then((handle) => handle.result).then((result) => ({ type: 'exit', result }));
+        return stream(request, opened, final);
+      },
+      (message) => {
+        const config = (message.process ?? {}) as { cmd?: unknown; args?: unknown };
+        return JSON.stringify([config.cmd, ...(Array.isArray(config.args) ? (config.args as unknown[]) : [])]);
+      },
+    ),
+    rpc('connect', 'Connect', (access, message, request) => stream(request, Promise.resolve().then(() => find(access, message.process)))),
+    rpc('list', 'List', (access) => {
       const processes = engine
         .listProcesses(access.tenantId, access.sandboxId)
         .filter((p) => p.running)
         .map((p) => ({ config: { cmd: p.argv[0] ?? '', args: p.argv.slice(1), envs: {}, cwd: p.cwd }, pid: p.pid, ...(p.tag ? { tag: p.tag } : {}) }));
-      return { processes };
+      return json({ processes });
     }),
-  );
-
-  app.post('/process.Process/SendInput', { constraints }, (request, reply) =>
-    unary(request, reply, () => {
-      const access = tokens.verify(request);
-      const body = unaryBody(request);
-      const input = record(body.input, 'input') as { stdin?: string; pty?: string };
+    rpc(
+      'input',
+      'SendInput',
+      (access, body) => {
+        const input = record(body.input, 'input') as { stdin?: string; pty?: string };
+        find(access, body.process).writeStdin(Buffer.from(input.stdin ?? input.pty ?? '', 'base64'));
+        return json({});
+      },
+      () => 'stdin',
+    ),
+    rpc('closeStdin', 'CloseStdin', (access, body) => {
+      find(access, body.process).closeStdin();
+      return json({});
+    }),
+    rpc(
+      'signal',
+      'SendSignal',
+      (access, body) => {
+        const signal = SIGNALS[String(body.signal)];
+        if (!signal) throw new ConnectError('invalid_argument', `signal ${String(body.signal)} is not one of SIGNAL_SIGKILL, SIGNAL_SIGTERM`);
+        find(access, body.process).signal(signal);
+        return json({});
+      },
+      (body) => String(body.signal),
+    ),
+    rpc('update', 'Update', (access, body) => {
       const handle = find(access, body.process);
-      return audited(ctx, request, access, 'process.input', {}, () => {
-        handle.writeStdin(Buffer.from(input.stdin ?? input.pty ?? '', 'base64'));
-        return Promise.resolve({});
-      });
-    }),
-  );
-
-  app.post('/process.Process/CloseStdin', { constraints }, (request, reply) =>
-    unary(request, reply, () => {
-      const body = unaryBody(request);
-      find(tokens.verify(request), body.process).closeStdin();
-      return {};
-    }),
-  );
-
-  app.post('/process.Process/SendSignal', { constraints }, (request, reply) =>
-    unary(request, reply, () => {
-      const body = unaryBody(request);
-      const signal = SIGNALS[String(body.signal)];
-      if (!signal) throw new ConnectError('invalid_argument', `signal ${String(body.signal)} is not one of SIGNAL_SIGKILL, SIGNAL_SIGTERM`);
-      const access = tokens.verify(request);
-      const handle = find(access, body.process);
-      return audited(ctx, request, access, 'process.signal', { subject: signal }, () => {
-        handle.signal(signal);
-        return Promise.resolve({});
-      });
-    }),
-  );
-
-  app.post('/process.Process/Update', { constraints }, (request, reply) =>
-    unary(request, reply, () => {
-      const body = unaryBody(request);
-      const handle = find(tokens.verify(request), body.process);
       const size = (body.pty as { size?: { cols?: number; rows?: number } } | undefined)?.size;
       if (size?.cols && size.rows) handle.resize(size.cols, size.rows);
-      return {};
+      return json({});
     }),
-  );
-
-  app.post('/process.Process/StreamInput', { constraints }, (request, reply) =>
-    unary(request, reply, () => {
+    rpc('streamInput', 'StreamInput', () => {
       throw new ConnectError('unimplemented', 'StreamInput is a client stream (HTTP/2 only); use SendInput');
     }),
-  );
+  ];
 }

@@ -1,10 +1,12 @@
 import { randomBytes } from 'node:crypto';
 import { posix } from 'node:path';
-import type { FastifyInstance } from 'fastify';
+import type { FastifyRequest } from 'fastify';
 import type { WatchEvent } from '../../wire/index.js';
-import type { SandboxAccess } from './access.js';
-import { ConnectError, unary, unaryBody } from './connect-protocol.js';
+import { defineRoute, type AnyRoute, type Authenticate } from '../route.js';
+import { sandboxOf, type SandboxAccess } from './access.js';
+import { ConnectError } from './connect-protocol.js';
 import type { E2bContext, PortConstraint } from './deps.js';
+import { ConnectMessage } from './envd-process.js';
 import { checkUser, toSandboxPath } from './paths.js';
 
 /**
@@ -37,10 +39,10 @@ export function watchEventName(root: string, path: string): string {
   return posix.relative(root, path) || posix.basename(path);
 }
 
-export function registerEnvdWatchers(app: FastifyInstance, ctx: E2bContext, constraints: PortConstraint): void {
-  const { engine, tokens } = ctx;
+export function envdWatcherRoutes(ctx: E2bContext, auth: Authenticate, constraints: PortConstraint): AnyRoute[] {
+  const { engine } = ctx;
   const watchers = new Map<string, Watcher>();
-  ctx.closeSignal?.addEventListener('abort', () => {
+  ctx.closeSignal.addEventListener('abort', () => {
     for (const watcher of watchers.values()) watcher.controller.abort();
     watchers.clear();
   }, { once: true });
@@ -54,13 +56,23 @@ export function registerEnvdWatchers(app: FastifyInstance, ctx: E2bContext, cons
     return [id as string, watcher];
   };
 
-  app.post('/filesystem.Filesystem/CreateWatcher', { constraints }, (request, reply) =>
-    unary(request, reply, async () => {
-      const access = tokens.verify(request);
+  const rpc = (name: string, method: string, handler: (access: SandboxAccess, body: Record<string, unknown>, request: FastifyRequest) => Promise<object> | object) =>
+    defineRoute({
+      name: `e2b.files.${name}`,
+      method: 'POST',
+      url: `/filesystem.Filesystem/${method}`,
+      summary: `envd: filesystem.Filesystem/${method}`,
+      auth,
+      constraints,
+      body: ConnectMessage,
+      handler: async ({ principal, body, request }) => ({ kind: 'json', status: 200, body: await handler(sandboxOf(principal), body, request) }),
+    });
+
+  return [
+    rpc('watcherCreate', 'CreateWatcher', async (access, body, request) => {
       checkUser(request);
       for (const [id, ended] of watchers) if (ended.failure !== undefined && watchers.size >= MAX_WATCHERS) watchers.delete(id);
       if (watchers.size >= MAX_WATCHERS) throw new ConnectError('resource_exhausted', `at most ${MAX_WATCHERS} watchers at once; remove some with RemoveWatcher`);
-      const body = unaryBody(request);
       const root = toSandboxPath(body.path);
       const watcher: Watcher = { access, events: [], controller: new AbortController() };
       const watch = engine.files(access.tenantId, access.sandboxId).watch(root, { recursive: body.recursive === true, signal: watcher.controller.signal });
@@ -80,11 +92,8 @@ export function registerEnvdWatchers(app: FastifyInstance, ctx: E2bContext, cons
       })();
       return { watcherId: id };
     }),
-  );
-
-  app.post('/filesystem.Filesystem/GetWatcherEvents', { constraints }, (request, reply) =>
-    unary(request, reply, () => {
-      const [id, watcher] = watcherOf(tokens.verify(request), unaryBody(request));
+    rpc('watcherEvents', 'GetWatcherEvents', (access, body) => {
+      const [id, watcher] = watcherOf(access, body);
       const events = watcher.events.splice(0);
       if (events.length === 0 && watcher.failure !== undefined) {
         watchers.delete(id);
@@ -92,14 +101,11 @@ export function registerEnvdWatchers(app: FastifyInstance, ctx: E2bContext, cons
       }
       return { events };
     }),
-  );
-
-  app.post('/filesystem.Filesystem/RemoveWatcher', { constraints }, (request, reply) =>
-    unary(request, reply, () => {
-      const [id, watcher] = watcherOf(tokens.verify(request), unaryBody(request));
+    rpc('watcherRemove', 'RemoveWatcher', (access, body) => {
+      const [id, watcher] = watcherOf(access, body);
       watcher.controller.abort();
       watchers.delete(id);
       return {};
     }),
-  );
+  ];
 }

@@ -3,12 +3,15 @@ import type { FastifyInstance } from 'fastify';
 import { EnvdTokens } from './access.js';
 import { registerCodeInterpreter } from './code-interpreter.js';
 import { registerControlPlane } from './control-plane.js';
-import type { E2bContext, E2bFacadeDeps } from './deps.js';
+import type { ServerServices } from '../services.js';
+import type { E2bContext } from './deps.js';
+import { registerRoute, type Authenticate } from '../route.js';
+import { envdPrincipal } from './access.js';
+import { parseConnectEnvelopes, sendConnectError } from './connect-protocol.js';
 import { registerEnvdFilesRest } from './envd-files-rest.js';
-import { registerEnvdFilesystem } from './envd-filesystem.js';
-import { registerEnvdProcess } from './envd-process.js';
+import { envdFilesystemRoutes } from './envd-filesystem.js';
+import { envdProcessRoutes } from './envd-process.js';
 
-export type { E2bFacadeDeps } from './deps.js';
 export { ENVD_VERSION } from './deps.js';
 
 /** The ports E2B's SDK names in `E2b-Sandbox-Port` when one sandboxUrl serves everything. */
@@ -42,19 +45,26 @@ const portStrategy = {
  * The E2B-compatible surface (docs/e2b-compatibility.md): a facade over the same engine, so
  * sandboxes made through it are Capsule sandboxes, visible and killable through /v1 too.
  */
-export function registerE2bFacade(app: FastifyInstance, deps: E2bFacadeDeps): void {
-  const ctx: E2bContext = { ...deps, tokens: new EnvdTokens(deps.tokenSecret) };
+export function registerE2bFacade(app: FastifyInstance, services: ServerServices, options: { tokenSecret?: Buffer } = {}): void {
+  const ctx: E2bContext = { ...services, tokens: new EnvdTokens(options.tokenSecret) };
   app.addConstraintStrategy(portStrategy as Parameters<FastifyInstance['addConstraintStrategy']>[0]);
   void app.register((scope, _options, done) => {
     registerControlPlane(scope, ctx);
     done();
   });
+  const envd = { e2bPort: ENVD_PORT };
+  // envd's Connect services: Connect's error shape, request envelopes decoded as bodies.
+  void app.register((scope, _options, done) => {
+    parseConnectEnvelopes(scope);
+    scope.setErrorHandler((error, request, reply) => sendConnectError(request, reply, error));
+    const auth: Authenticate = (request) => envdPrincipal(ctx.tokens.verify(request));
+    for (const route of [...envdProcessRoutes(ctx, auth, envd), ...envdFilesystemRoutes(ctx, auth, envd)]) registerRoute(scope, ctx, route);
+    done();
+  });
+  // envd's REST /files (multipart uploads) and /health.
   void app.register(async (scope) => {
     await scope.register(multipart, { preservePath: true, limits: { fileSize: MAX_UPLOAD_BYTES, files: 1000, fields: 100 } });
-    const constraints = { e2bPort: ENVD_PORT };
-    registerEnvdProcess(scope, ctx, constraints);
-    registerEnvdFilesystem(scope, ctx, constraints);
-    registerEnvdFilesRest(scope, ctx, constraints);
+    registerEnvdFilesRest(scope, ctx, envd);
   });
   void app.register((scope, _options, done) => {
     registerCodeInterpreter(scope, ctx, { e2bPort: CODE_INTERPRETER_PORT });
