@@ -1,5 +1,6 @@
 import type { AgentProcess, AgentStartOptions } from './agent/index.js';
 import type { BackendName, NetworkPolicy, SandboxSpec } from '../spec/index.js';
+import type { CgroupCounters } from '../host/cgroups.host.js';
 
 /** What a backend can enforce. The engine refuses a spec that needs one the backend lacks. */
 export const CAPABILITIES = [
@@ -27,13 +28,7 @@ export interface BackendProbe {
 }
 
 /** Kernel counters of one sandbox; deltas across an exec classify how it ended. */
-export interface SandboxCounters {
-  oomKills: number;
-  pidsMaxEvents: number;
-  memoryPeakBytes: number;
-  memoryUsageBytes: number;
-  cpuUsageUsec: number;
-  cpuThrottledUsec: number;
+export interface SandboxCounters extends CgroupCounters {
   /** Outbound attempts the egress proxy denied (sandboxes with a network only). */
   egressBlocked?: number;
   /** Outbound attempts refused because `network.maxConnections` was used up. */

@@ -3,6 +3,7 @@ import { createBackends } from '../backends/registry.js';
 import type { EgressEvent } from '../host/egress/egress-proxy.js';
 import { HostEnvironment } from '../host/host-env.host.js';
 import { EgressNetwork } from '../host/netns-network.host.js';
+import { InstanceLock } from '../host/lock.host.js';
 
 export type { EgressEvent } from '../host/egress/egress-proxy.js';
 
@@ -46,4 +47,12 @@ export function openEngineHost(options: EngineHostOptions): { host: HostEnvironm
   });
   if (egress.onEvent) network.proxy.onEvent(egress.onEvent);
   return { host, backends: createBackends(host, { namespace: { network } }) };
+}
+
+/**
+ * One engine per data directory: a second one would reconcile away the first one's sandboxes.
+ * Taken before anything in the directory is opened; HOST_NOT_READY names the live owner.
+ */
+export function lockDataDir(dataDir: string): { release(): void } {
+  return InstanceLock.acquire(dataDir);
 }

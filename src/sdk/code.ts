@@ -5,42 +5,15 @@ import type { CallOptions } from './types.js';
 
 // The wire contract's types (type-only: the SDK loads no zod schema at run time). `Result` is the
 // name E2B's SDK gives a rich output.
-import type { CodeEvent, CodeResult as Result, ContextInfo, Execution, ExecutionError, InterpreterLanguage } from '../wire/index.js';
+import type { CodeEvent, CodeResult as Result, CodeRunOptions, ContextInfo, ContextOptions, Execution, ExecutionError, InterpreterLanguage } from '../wire/index.js';
 export type { ContextInfo, Execution, ExecutionError, InterpreterLanguage, Result };
 
-export interface RunCodeOptions {
-  /** The context to run in (`sandbox.contexts.create`). Without it, the default context of `language`. */
-  contextId?: string;
-  /** @default 'python' */
-  language?: InterpreterLanguage;
-  /** Environment variables for this call only: set before the code runs, restored after. */
-  envVars?: Record<string, string>;
-  /**
-   * Wall-clock limit of the code, enforced by the server: past it the code is interrupted, the
-   * context keeps its earlier state, and the execution has `limit.resource: 'wall_clock'`.
-   * @default spec.limits.wallClockMs
-   */
-  timeoutMs?: number;
-  onStdout?: (text: string) => void;
-  onStderr?: (text: string) => void;
-  /** A rich result: the last expression's value (`isMainResult`) or displayed data (a plot). */
-  onResult?: (result: Result) => void;
-  /** The exception the code raised. */
-  onError?: (error: ExecutionError) => void;
-  /** Aborting interrupts the code (the context keeps its state) and rejects with `AbortedError`. */
-  signal?: AbortSignal;
+export interface RunCodeOptions extends CodeRunOptions {
   /** Deadline for the server to accept the call (not for the code). @default 60000 */
   requestTimeoutMs?: number;
 }
 
-export interface CreateContextOptions extends CallOptions {
-  /** @default 'python' */
-  language?: InterpreterLanguage;
-  /** Working directory inside the sandbox. @default spec.cwd ('/workspace') */
-  cwd?: string;
-  /** Environment of the context for its whole life. */
-  envVars?: Record<string, string>;
-}
+export interface CreateContextOptions extends CallOptions, ContextOptions {}
 
 /** Runs code in an interpreter context of the sandbox at `base`; see `Sandbox.runCode`. */
 export async function runCode(http: HttpClient, base: string, code: string, options: RunCodeOptions = {}): Promise<Execution> {

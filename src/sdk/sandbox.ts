@@ -4,7 +4,7 @@ import { Commands } from './commands.js';
 import { resolveConfig, type ConnectionOptions } from './config.js';
 import { Files } from './files.js';
 import { callOptions, HttpClient } from './http.js';
-import type { CallOptions, NetworkPolicyInput, SandboxInfo, SandboxSpecInput, SandboxState } from './types.js';
+import type { CallOptions, NetworkPolicyInput, SandboxInfo, SandboxPage, SandboxSpecInput, SandboxState } from './types.js';
 
 export interface CreateOptions extends ConnectionOptions {
   /** Free-form labels to find the sandbox by later (`Sandbox.list({ metadata })`). */
@@ -22,11 +22,6 @@ export interface ListOptions extends ConnectionOptions {
   cursor?: string;
 }
 
-/** One page of `Sandbox.list`; `nextCursor` is null on the last page. */
-export interface SandboxPage {
-  sandboxes: SandboxInfo[];
-  nextCursor: string | null;
-}
 
 /**
  * A sandbox on a Capsule server. `Sandbox.create()` makes one; `Sandbox.connect(id)` picks up one

@@ -12,6 +12,7 @@ export type {
   Outcome,
   ProcessInfo,
   SandboxInfo,
+  SandboxPage,
   SandboxState,
   Usage,
   Warning,

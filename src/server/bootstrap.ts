@@ -4,11 +4,10 @@ import { SandboxError } from '../errors/index.js';
 import { createSandboxFiles } from '../engine/files/index.js';
 import { SandboxManager } from '../engine/sandbox-manager.js';
 import type { EngineEvent } from '../engine/events.js';
-import type { EgressEvent } from '../engine/engine-host.js';
+import { lockDataDir, type EgressEvent } from '../engine/engine-host.js';
 import type { OperatorMaxima } from '../spec/index.js';
 import { API_KEY_PATTERN, ApiKeyStore, AuditLog, OperationStore, SqliteSandboxRecords, openDatabase, type SqliteDatabase } from '../store/index.js';
 import { CapsuleApp, type CapsuleAppOptions } from './app.js';
-import { InstanceLock } from './instance-lock.js';
 import { Observability } from './observability.js';
 
 export interface StartServerOptions {
@@ -63,7 +62,7 @@ export interface RunningServer {
  */
 export async function startServer(options: StartServerOptions): Promise<RunningServer> {
   checkDenyEntries(options.operatorDeny ?? []);
-  const lock = InstanceLock.acquire(options.dataDir);
+  const lock = lockDataDir(options.dataDir);
   let db: SqliteDatabase | undefined;
   let observed: Observability | undefined;
   try {

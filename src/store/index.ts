@@ -1,5 +1,5 @@
 export { atomically, openDatabase, DATABASE_FILE, type SqliteDatabase } from './database.js';
-export { SqliteSandboxRecords, type SandboxPage, type SandboxPageQuery } from './sandbox-records.js';
+export { SqliteSandboxRecords, type SandboxPageQuery } from './sandbox-records.js';
 export { MemoryRecordStore, type SandboxRecordStore } from './record-store.js';
 export { ApiKeyStore, API_KEY_PATTERN, TENANT_ID_PATTERN, DEFAULT_TENANT, newApiKey, type ApiKeyRecord, type MintedKey } from './api-keys.js';
 export { OperationStore, OPERATION_TTL_MS, type OperationRecord, type StoredResponse } from './operations.js';

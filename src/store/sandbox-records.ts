@@ -1,5 +1,5 @@
 import { SandboxError } from '../errors/index.js';
-import { LIVE_STATES, type SandboxInfo, type SandboxState } from '../wire/index.js';
+import { LIVE_STATES, type SandboxInfo, type SandboxPage, type SandboxState } from '../wire/index.js';
 import type { SandboxRecordStore } from './record-store.js';
 import type { SqliteDatabase } from './database.js';
 
@@ -14,10 +14,6 @@ export interface SandboxPageQuery {
   cursor?: string;
 }
 
-export interface SandboxPage {
-  sandboxes: SandboxInfo[];
-  nextCursor: string | null;
-}
 
 /**
  * Sandbox records in SQLite: the engine upserts every state change; the server reads them for

@@ -102,3 +102,36 @@ export type ExecutionError = z.output<typeof ExecutionErrorSchema>;
 export type Execution = z.output<typeof ExecutionSchema>;
 export type ContextInfo = z.output<typeof ContextInfoSchema>;
 export type CodeEvent = z.output<typeof CodeEventSchema>;
+
+/** What a code run takes besides the code, on every surface that runs one (engine, SDK). */
+export interface CodeRunOptions {
+  /** The context to run in. Without it, `language`'s default context (created on first use). */
+  contextId?: string;
+  /** @default 'python' */
+  language?: InterpreterLanguage;
+  /** Environment variables for this call only: set before the code runs, restored after. */
+  envVars?: Record<string, string>;
+  /**
+   * Wall-clock limit of the code: past it the code is interrupted, the context keeps its earlier
+   * state, and the execution has `limit.resource: 'wall_clock'`. @default spec.limits.wallClockMs
+   */
+  timeoutMs?: number;
+  onStdout?: (text: string) => void;
+  onStderr?: (text: string) => void;
+  /** A rich result: the last expression's value (`isMainResult`) or displayed data (a plot). */
+  onResult?: (result: CodeResult) => void;
+  /** The exception the code raised. */
+  onError?: (error: ExecutionError) => void;
+  /** Aborting interrupts the code (the context keeps its state) and rejects with ABORTED. */
+  signal?: AbortSignal;
+}
+
+/** What a new context takes. */
+export interface ContextOptions {
+  /** @default 'python' */
+  language?: InterpreterLanguage;
+  /** Working directory inside the sandbox. @default spec.cwd ('/workspace') */
+  cwd?: string;
+  /** Environment of the context for its whole life, on top of the spec's. */
+  envVars?: Record<string, string>;
+}

@@ -5,7 +5,7 @@ import { afterEach, describe, expect, it } from 'vitest';
 import type { SandboxInfo } from '../../src/wire/index.js';
 import { HostEnvironment } from '../../src/host/host-env.host.js';
 import { Sandbox } from '../../src/sdk/index.js';
-import { LOCK_FILE } from '../../src/server/instance-lock.js';
+import { LOCK_FILE } from '../../src/host/lock.host.js';
 import { expectNoLeaks, testDataDir } from '../helpers/sandbox.js';
 import { expectError, startTestServer, waitFor, type TestServer } from './server-helpers.js';
 import { runCli, type CliRun } from '../helpers/cli.js';

@@ -7,7 +7,7 @@ import type { CodeResult, ContextInfo, InterpreterLanguage } from '../../wire/in
 import type { Principal } from '../auth.js';
 import { defineRoute, registerRoute, type AnyRoute, type Authenticate } from '../route.js';
 import { envdPrincipal, sandboxOf } from './access.js';
-import { ConnectError, connectStatus } from './connect-protocol.js';
+import { plainError } from './connect-protocol.js';
 import { lenientJson, type E2bContext, type PortConstraint } from './deps.js';
 import { toSandboxPath } from './paths.js';
 
@@ -34,18 +34,7 @@ function language(name: unknown): InterpreterLanguage | undefined {
 
 /** Errors as the template's FastAPI server sends them: plain text; 404 for an unknown context. */
 function sendTextError(request: FastifyRequest, reply: FastifyReply, error: unknown): FastifyReply {
-  let status = 500;
-  let message = 'internal error in the Capsule E2B facade; the server log has the details';
-  if (error instanceof ConnectError) {
-    status = connectStatus(error.code);
-    message = error.message;
-  } else if (isSandboxError(error)) {
-    status = error.status;
-    message = error.message;
-  } else if (typeof (error as { statusCode?: unknown }).statusCode === 'number' && (error as { statusCode: number }).statusCode < 500) {
-    status = (error as { statusCode: number }).statusCode;
-    message = (error as Error).message;
-  }
+  const { status, message } = plainError(error);
   if (status >= 500) request.log.error({ err: error }, 'code interpreter call failed');
   return reply.code(status).type('text/plain').send(message);
 }

@@ -84,6 +84,18 @@ export function toConnectError(error: unknown): { code: ConnectCode; message: st
   return { code: 'internal', message: 'internal error in the Capsule E2B facade; the server log has the details' };
 }
 
+/**
+ * The HTTP status and message of a failed envd REST or code-interpreter call: a Connect error's
+ * status, a Capsule error's own (`statusFor` may remap a code), a Fastify 4xx, or an opaque 500.
+ */
+export function plainError(error: unknown, statusFor: (code: ErrorCode, status: number) => number = (_code, status) => status): { status: number; message: string } {
+  if (error instanceof ConnectError) return { status: connectStatus(error.code), message: error.message };
+  if (isSandboxError(error)) return { status: statusFor(error.code, error.status), message: [error.message, error.hint].filter(Boolean).join('. ') };
+  const statusCode = (error as { statusCode?: unknown }).statusCode;
+  if (typeof statusCode === 'number' && statusCode < 500) return { status: statusCode, message: (error as Error).message };
+  return { status: 500, message: 'internal error in the Capsule E2B facade; the server log has the details' };
+}
+
 export function connectStatus(code: ConnectCode): number {
   return HTTP_STATUS[code];
 }

@@ -2,12 +2,12 @@ import { Readable } from 'node:stream';
 import { createGunzip } from 'node:zlib';
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import { z } from 'zod';
-import { SandboxError, isSandboxError } from '../../errors/index.js';
+import { SandboxError } from '../../errors/index.js';
 import type { FileEntry } from '../../wire/index.js';
 import { sendError } from '../errors.js';
 import { defineRoute, registerRoute, type AnyRoute, type RouteContext } from '../route.js';
 import { envdPrincipal, sandboxOf, type SignedQuery } from './access.js';
-import { ConnectError, connectStatus } from './connect-protocol.js';
+import { ConnectError, plainError } from './connect-protocol.js';
 import type { E2bContext, PortConstraint } from './deps.js';
 import { checkUser, toE2bPath, toSandboxPath } from './paths.js';
 
@@ -24,18 +24,8 @@ const FilesQuery = z.object({
 function sendRestError(request: FastifyRequest, reply: FastifyReply, error: unknown): FastifyReply {
   // Without routing headers only a signed URL is an envd call; anything else has no route here.
   if (isUnrouted(request)) return sendError(request, reply, error);
-  let status = 500;
-  let message = 'internal error in the Capsule E2B facade; the server log has the details';
-  if (error instanceof ConnectError) {
-    status = connectStatus(error.code);
-    message = error.message;
-  } else if (isSandboxError(error)) {
-    status = error.code === 'IS_A_DIRECTORY' || error.code === 'NOT_A_DIRECTORY' || error.code === 'INVALID_PATH' ? 400 : error.status;
-    message = [error.message, error.hint].filter(Boolean).join('. ');
-  } else if (typeof (error as { statusCode?: unknown }).statusCode === 'number') {
-    status = (error as { statusCode: number }).statusCode;
-    message = (error as Error).message;
-  }
+  const directory = new Set(['IS_A_DIRECTORY', 'NOT_A_DIRECTORY', 'INVALID_PATH']);
+  const { status, message } = plainError(error, (code, status) => (directory.has(code) ? 400 : status));
   if (status >= 500 && status !== 507) request.log.error({ err: error }, 'envd /files call failed');
   return reply.code(status).type('application/json').send({ code: status, message });
 }

@@ -1,11 +1,10 @@
 import type { FastifyRequest } from 'fastify';
 import type { SandboxFiles } from '../../engine/types.js';
 import type { FileEntry } from '../../wire/index.js';
-import { defineRoute, type AnyRoute, type Authenticate, type RouteResult } from '../route.js';
-import { sandboxOf, type SandboxAccess } from './access.js';
+import type { AnyRoute, Authenticate, RouteResult } from '../route.js';
 import { serverStream } from './connect-protocol.js';
 import type { E2bContext, PortConstraint } from './deps.js';
-import { ConnectMessage } from './envd-process.js';
+import { envdService, reply, type Message } from './envd-rpc.js';
 import { WATCH_EVENT_TYPES, envdWatcherRoutes, watchEventName } from './envd-watchers.js';
 import { E2B_USER, checkUser, toE2bPath, toSandboxPath } from './paths.js';
 
@@ -47,29 +46,17 @@ export function entryInfo(entry: FileEntry): object {
   };
 }
 
-type Message = Record<string, unknown>;
-type Handler = (files: SandboxFiles, body: Message, request: FastifyRequest, access: SandboxAccess) => RouteResult | Promise<RouteResult>;
+/** The file service of the caller's sandboxes, for the envd user named in the call. */
+type FilesHandler = (files: SandboxFiles, message: Message, request: FastifyRequest) => RouteResult | Promise<RouteResult>;
 
 export function envdFilesystemRoutes(ctx: E2bContext, auth: Authenticate, constraints: PortConstraint): AnyRoute[] {
-  const { engine } = ctx;
-  /** A call of the service; with `subject`, a mutating one, audited like the v1 file routes (the path is the subject). */
-  const rpc = (name: string, method: string, handler: Handler, subject?: (body: Message) => string) =>
-    defineRoute({
-      name: `e2b.files.${name}`,
-      method: 'POST',
-      url: `/filesystem.Filesystem/${method}`,
-      summary: `envd: filesystem.Filesystem/${method}`,
-      auth,
-      constraints,
-      body: ConnectMessage,
-      ...(subject ? { audit: ({ body, principal }: { body: Message; principal: { sandboxId?: string } }) => ({ sandboxId: principal.sandboxId, subject: subject(body) }) } : {}),
-      handler: ({ principal, body, request }) => {
-        const access = sandboxOf(principal);
-        checkUser(request);
-        return handler(engine.files(access.tenantId, access.sandboxId), body, request, access);
-      },
-    });
-  const json = (body: object): RouteResult => ({ kind: 'json', status: 200, body });
+  const service = envdService('filesystem.Filesystem', auth, constraints);
+  const rpc = (name: string, method: string, handler: FilesHandler, subject?: (message: Message) => string) =>
+    service(`files.${name}`, method, (access, message, request) => {
+      checkUser(request);
+      return handler(ctx.engine.files(access.tenantId, access.sandboxId), message, request);
+    }, subject);
+  const json = reply;
 
   return [
     rpc('stat', 'Stat', async (files, body) => json({ entry: entryInfo(await files.stat(toSandboxPath(body.path))) })),

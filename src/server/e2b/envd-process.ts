@@ -1,11 +1,11 @@
 import type { FastifyRequest } from 'fastify';
-import { z } from 'zod';
 import type { ProcessHandle } from '../../engine/types.js';
 import type { ExecResult } from '../../wire/index.js';
-import { defineRoute, type AnyRoute, type Authenticate, type RouteResult } from '../route.js';
-import { sandboxOf, type SandboxAccess } from './access.js';
+import type { AnyRoute, Authenticate, RouteResult } from '../route.js';
+import type { SandboxAccess } from './access.js';
 import { ConnectError, deadlineMs, serverStream } from './connect-protocol.js';
 import type { E2bContext, PortConstraint } from './deps.js';
+import { envdService, record, reply } from './envd-rpc.js';
 import { E2B_HOME, checkUser } from './paths.js';
 
 /** envd's `process.Process` service over the engine's processes. */
@@ -21,15 +21,6 @@ const SIGNALS: Record<string, NodeJS.Signals> = {
   '9': 'SIGKILL',
   '15': 'SIGTERM',
 };
-
-/** A Connect message: a JSON object (unary body or the stream's request envelope). */
-export const ConnectMessage = z.record(z.string(), z.unknown());
-type Message = z.infer<typeof ConnectMessage>;
-
-export function record(value: unknown, field: string): Record<string, unknown> {
-  if (value && typeof value === 'object' && !Array.isArray(value)) return value as Record<string, unknown>;
-  throw new ConnectError('invalid_argument', `${field} is required`);
-}
 
 function strings(value: unknown): Record<string, string> {
   if (!value || typeof value !== 'object') return {};
@@ -83,23 +74,12 @@ export function envdProcessRoutes(ctx: E2bContext, auth: Authenticate, constrain
       }),
   });
 
-  const rpc = (name: string, method: string, handler: (access: SandboxAccess, body: Message, request: FastifyRequest) => RouteResult | Promise<RouteResult>, audit?: (body: Message) => string) =>
-    defineRoute({
-      name: `e2b.process.${name}`,
-      method: 'POST',
-      url: `/process.Process/${method}`,
-      summary: `envd: process.Process/${method}`,
-      auth,
-      constraints,
-      body: ConnectMessage,
-      ...(audit ? { audit: ({ body, principal }: { body: Message; principal: { sandboxId?: string } }) => ({ sandboxId: principal.sandboxId, subject: audit(body) }) } : {}),
-      handler: ({ principal, body, request }) => handler(sandboxOf(principal), body, request),
-    });
-  const json = (body: object): RouteResult => ({ kind: 'json', status: 200, body });
+  const rpc = envdService('process.Process', auth, constraints);
+  const json = reply;
 
   return [
     rpc(
-      'start',
+      'process.start',
       'Start',
       (access, message, request) => {
         checkUser(request);
@@ -135,8 +115,8 @@ export function envdProcessRoutes(ctx: E2bContext, auth: Authenticate, constrain
         return JSON.stringify([config.cmd, ...(Array.isArray(config.args) ? (config.args as unknown[]) : [])]);
       },
     ),
-    rpc('connect', 'Connect', (access, message, request) => stream(request, Promise.resolve().then(() => find(access, message.process)))),
-    rpc('list', 'List', (access) => {
+    rpc('process.connect', 'Connect', (access, message, request) => stream(request, Promise.resolve().then(() => find(access, message.process)))),
+    rpc('process.list', 'List', (access) => {
       const processes = engine
         .listProcesses(access.tenantId, access.sandboxId)
         .filter((p) => p.running)
@@ -144,7 +124,7 @@ export function envdProcessRoutes(ctx: E2bContext, auth: Authenticate, constrain
       return json({ processes });
     }),
     rpc(
-      'input',
+      'process.input',
       'SendInput',
       (access, body) => {
         const input = record(body.input, 'input') as { stdin?: string; pty?: string };
@@ -153,12 +133,12 @@ export function envdProcessRoutes(ctx: E2bContext, auth: Authenticate, constrain
       },
       () => 'stdin',
     ),
-    rpc('closeStdin', 'CloseStdin', (access, body) => {
+    rpc('process.closeStdin', 'CloseStdin', (access, body) => {
       find(access, body.process).closeStdin();
       return json({});
     }),
     rpc(
-      'signal',
+      'process.signal',
       'SendSignal',
       (access, body) => {
         const signal = SIGNALS[String(body.signal)];
@@ -168,13 +148,13 @@ export function envdProcessRoutes(ctx: E2bContext, auth: Authenticate, constrain
       },
       (body) => String(body.signal),
     ),
-    rpc('update', 'Update', (access, body) => {
+    rpc('process.update', 'Update', (access, body) => {
       const handle = find(access, body.process);
       const size = (body.pty as { size?: { cols?: number; rows?: number } } | undefined)?.size;
       if (size?.cols && size.rows) handle.resize(size.cols, size.rows);
       return json({});
     }),
-    rpc('streamInput', 'StreamInput', () => {
+    rpc('process.streamInput', 'StreamInput', () => {
       throw new ConnectError('unimplemented', 'StreamInput is a client stream (HTTP/2 only); use SendInput');
     }),
   ];

@@ -2,11 +2,11 @@ import { randomBytes } from 'node:crypto';
 import { posix } from 'node:path';
 import type { FastifyRequest } from 'fastify';
 import type { WatchEvent } from '../../wire/index.js';
-import { defineRoute, type AnyRoute, type Authenticate } from '../route.js';
-import { sandboxOf, type SandboxAccess } from './access.js';
+import type { AnyRoute, Authenticate } from '../route.js';
+import type { SandboxAccess } from './access.js';
 import { ConnectError } from './connect-protocol.js';
 import type { E2bContext, PortConstraint } from './deps.js';
-import { ConnectMessage } from './envd-process.js';
+import { envdService, reply, type Message } from './envd-rpc.js';
 import { checkUser, toSandboxPath } from './paths.js';
 
 /**
@@ -56,17 +56,9 @@ export function envdWatcherRoutes(ctx: E2bContext, auth: Authenticate, constrain
     return [id as string, watcher];
   };
 
-  const rpc = (name: string, method: string, handler: (access: SandboxAccess, body: Record<string, unknown>, request: FastifyRequest) => Promise<object> | object) =>
-    defineRoute({
-      name: `e2b.files.${name}`,
-      method: 'POST',
-      url: `/filesystem.Filesystem/${method}`,
-      summary: `envd: filesystem.Filesystem/${method}`,
-      auth,
-      constraints,
-      body: ConnectMessage,
-      handler: async ({ principal, body, request }) => ({ kind: 'json', status: 200, body: await handler(sandboxOf(principal), body, request) }),
-    });
+  const service = envdService('filesystem.Filesystem', auth, constraints);
+  const rpc = (name: string, method: string, handler: (access: SandboxAccess, message: Message, request: FastifyRequest) => Promise<object> | object) =>
+    service(`files.${name}`, method, async (access, message, request) => reply(await handler(access, message, request)));
 
   return [
     rpc('watcherCreate', 'CreateWatcher', async (access, body, request) => {
