@@ -102,11 +102,33 @@ export interface PauseResult {
   survivesRestart: boolean;
 }
 
+/**
+ * One of a spec's host mounts, resolved by the engine against the operator's roots: capsule-launch
+ * opens `subpath` beneath `rootDir` as root (no symlinks, directories and regular files only) and
+ * refuses anything else, whatever changed on the host since the engine looked.
+ */
+export interface HostMount {
+  /** Its position in `spec.mounts`, for error messages (`mounts[i]`). */
+  index: number;
+  /** The operator's root, canonical. */
+  rootDir: string;
+  /** Relative path under the root; "." for the root itself. */
+  subpath: string;
+  sandboxPath: string;
+  /** What the engine found there; the launcher refuses a change of type. */
+  kind: 'dir' | 'file';
+}
+
 export interface CreateOptions {
   id: string;
   signal?: AbortSignal;
   /** Start on the workspace a previous process of Capsule left for this id (crash recovery). */
   reuseWorkspace?: boolean;
+  /**
+   * The spec's host mounts, resolved by the engine, in the order of `spec.mounts`. A spec with
+   * mounts and no resolved mounts is refused: a backend never resolves a tenant's mount itself.
+   */
+  mounts?: readonly HostMount[];
 }
 
 export interface ReconcileReport {
@@ -135,7 +157,7 @@ export interface Backend {
    * `survivesRestart` (gVisor: its checkpoint on disk), still paused; `resume()` continues it.
    * Absent on a backend whose pause does not survive a restart.
    */
-  restore?(id: string, spec: SandboxSpec): Promise<BackendSandbox>;
+  restore?(id: string, spec: SandboxSpec, options?: { mounts?: readonly HostMount[] }): Promise<BackendSandbox>;
   /**
    * Releases what the backend holds on the host beyond single sandboxes (namespace: the egress
    * proxy, the network namespace pool, host nftables rules). Sandboxes are destroyed first.

@@ -1,12 +1,14 @@
 import { SandboxError } from '../errors/index.js';
-import { DEFAULT_MAXIMA, parseSpec, type OperatorMaxima, type BackendName, type NetworkPolicyInput } from '../spec/index.js';
+import { DEFAULT_MAXIMA, parseSpec, type OperatorMaxima, type BackendName, type NetworkPolicyInput, type SandboxSpec } from '../spec/index.js';
 
 export type { NetworkPolicyInput } from '../spec/index.js';
-import type { Backend, BackendSandbox } from '../backends/backend.js';
+import type { Backend, BackendSandbox, HostMount } from '../backends/backend.js';
 import { createBackends } from '../backends/registry.js';
 import { baseEnv } from '../backends/namespace/bwrap-args.js';
 import { HostEnvironment } from '../host/host-env.host.js';
 import { assertEnforceable } from './capabilities.js';
+import { resolveMounts, type MountGrant } from './mounts.js';
+import type { MountRoots } from '../host/mount-roots.host.js';
 import { newSandboxId } from './ids.js';
 import { ManagedProcess } from './managed-process.js';
 import { superviseExec } from './supervise.js';
@@ -72,6 +74,11 @@ export interface SandboxManagerOptions {
   filesFactory?: (sandbox: BackendSandbox) => SandboxFiles;
   /** Observes each process started through `startProcess` (metrics, output logs). Must not throw. */
   processObserver?: ProcessObserver;
+  /**
+   * The operator's mount roots, checked (`checkMountRoots`): the only host directories a spec
+   * can mount, each by name and only by a caller granted it. @default none
+   */
+  mountRoots?: MountRoots;
 }
 
 /** Which process a `ProcessObserver` call is about. */
@@ -121,6 +128,8 @@ export class SandboxManager implements SandboxEngine {
   private readonly onEvent: (event: EngineEvent) => void;
   private readonly filesFactory: ((sandbox: BackendSandbox) => SandboxFiles) | undefined;
   private readonly observer: ProcessObserver;
+  private readonly mountRoots: MountRoots;
+  private readonly dataDir: string;
   private closed = false;
   private pool: WarmPool | undefined;
   private host: HostEnvironment | undefined;
@@ -133,6 +142,13 @@ export class SandboxManager implements SandboxEngine {
     this.onEvent = options.onEvent ?? (() => undefined);
     this.filesFactory = options.filesFactory;
     this.observer = options.processObserver ?? {};
+    this.mountRoots = options.mountRoots ?? new Map();
+    this.dataDir = options.dataDir;
+  }
+
+  /** The spec's host mounts resolved against the operator's roots, for a caller with `grant`. */
+  private mountsFor(spec: SandboxSpec, grant: MountGrant): Promise<HostMount[]> {
+    return resolveMounts(spec, grant, this.mountRoots, this.host?.dataDir ?? this.dataDir);
   }
 
   /** Prepares the host, reconciles it with the store, and recovers sandboxes a crash left. */
@@ -168,16 +184,18 @@ export class SandboxManager implements SandboxEngine {
     const backend = this.backends.get(record.spec.backend);
     try {
       if (!backend) throw new SandboxError('BACKEND_UNAVAILABLE', `backend ${record.spec.backend} is not configured`);
+      // The grant was checked at create; the roots must still exist and still pass the checks.
+      const mounts = await this.mountsFor(record.spec, 'all');
       if (record.state === 'paused' && record.pause?.survivesRestart && backend.restore) {
         // Paused to disk (gVisor checkpoint): it stays paused, with its processes, until resumed.
-        const sandbox = await backend.restore(record.sandboxId, record.spec);
+        const sandbox = await backend.restore(record.sandboxId, record.spec, { mounts });
         this.attach(entry, sandbox);
         this.save(entry);
         this.schedule(entry);
         this.onEvent({ type: 'sandbox.recovered', sandbox: this.snapshot(entry) });
         return;
       }
-      const sandbox = await backend.create(record.spec, { id: record.sandboxId, reuseWorkspace: true });
+      const sandbox = await backend.create(record.spec, { id: record.sandboxId, reuseWorkspace: true, mounts });
       this.attach(entry, sandbox);
       entry.info.state = 'running';
       delete entry.info.pause;
@@ -200,6 +218,8 @@ export class SandboxManager implements SandboxEngine {
       });
     }
     assertEnforceable(spec, await backend.probe());
+    // Before anything is made: a refused mount leaves no record and no host resource.
+    const mounts = await this.mountsFor(spec, command.grants?.mountRoots ?? []);
     const warm = await this.pool?.take(spec);
     const now = this.now();
     const info: SandboxInfo = {
@@ -216,7 +236,7 @@ export class SandboxManager implements SandboxEngine {
     this.sandboxes.set(info.sandboxId, entry);
     this.save(entry);
     try {
-      const sandbox = warm ?? (await backend.create(spec, { id: info.sandboxId, signal: command.signal }));
+      const sandbox = warm ?? (await backend.create(spec, { id: info.sandboxId, signal: command.signal, mounts }));
       this.attach(entry, sandbox);
     } catch (error) {
       await this.end(entry, 'failed', `failed to start: ${(error as Error).message}`);

@@ -30,6 +30,11 @@ export interface CreateSandboxCommand {
   spec?: SandboxSpecInput;
   metadata?: Record<string, string>;
   signal?: AbortSignal;
+  /**
+   * What the caller's API key was granted: the operator's mount roots it may name in
+   * `spec.mounts` ('all' for the operator's own key). @default no roots
+   */
+  grants?: { mountRoots: readonly string[] | 'all' };
 }
 
 export interface ListSandboxesQuery {

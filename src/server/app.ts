@@ -39,6 +39,8 @@ export interface CapsuleAppOptions {
    * registered, with the same services. They share the error handler and the raw-body parsers.
    */
   extensions?: ((app: FastifyInstance, services: ServerServices) => void)[];
+  /** Names of the operator's mount roots, which keys may be granted (POST /v1/keys). @default [] */
+  mountRootNames?: readonly string[];
   /** Metrics, artifacts, usage samples and output logs; each adds its routes when present. */
   observability?: Pick<ServerServices, 'metrics' | 'artifacts' | 'usage' | 'processLogs'>;
 }
@@ -85,6 +87,7 @@ export class CapsuleApp {
       audit: new AuditLog(options.db, now),
       quota: new TenantQuota(options.maxSandboxesPerTenant ?? 20, (tenantId) => records.countLive(tenantId)),
       closeSignal: this.closeController.signal,
+      mountRootNames: options.mountRootNames ?? [],
       atomically: atomically(options.db),
       ...options.observability,
     };

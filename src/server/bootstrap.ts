@@ -5,6 +5,7 @@ import { createSandboxFiles } from '../engine/files/index.js';
 import { SandboxManager, type EngineEvent } from '../engine/sandbox-manager.js';
 import { createBackends } from '../backends/registry.js';
 import { HostEnvironment } from '../host/host-env.host.js';
+import { checkMountRoots } from '../host/mount-roots.host.js';
 import { EgressNetwork } from '../host/netns-network.host.js';
 import type { EgressEvent } from '../host/egress/egress-proxy.js';
 import type { OperatorMaxima } from '../spec/index.js';
@@ -43,6 +44,13 @@ export interface StartServerOptions {
   egressHosts?: Readonly<Record<string, readonly string[]>>;
   /** Extra routes (E2B facade, metrics); see CapsuleAppOptions.extensions. */
   extensions?: CapsuleAppOptions['extensions'];
+  /**
+   * Host directories tenants may mount, by name (`capsule serve --mount-root NAME=PATH`): a spec
+   * names a root and a subpath, and only keys granted the root (POST /v1/keys `mountRoots`; the
+   * operator's key: all) may use it. Each must be an existing directory apart from the data and
+   * database directories and from /proc, /sys, /dev; the start fails otherwise. @default {}
+   */
+  mountRoots?: Readonly<Record<string, string>>;
 }
 
 export interface RunningServer {
@@ -65,6 +73,7 @@ export interface RunningServer {
  */
 export async function startServer(options: StartServerOptions): Promise<RunningServer> {
   checkDenyEntries(options.operatorDeny ?? []);
+  const mountRoots = await checkMountRoots(options.mountRoots ?? {}, [options.dataDir, options.databaseDir ?? options.dataDir]);
   const lock = InstanceLock.acquire(options.dataDir);
   let db: SqliteDatabase | undefined;
   let observed: Observability | undefined;
@@ -99,8 +108,12 @@ export async function startServer(options: StartServerOptions): Promise<RunningS
       },
       processObserver: observability.processObserver,
       filesFactory: (sandbox) => createSandboxFiles(sandbox),
+      mountRoots,
     });
-    const app = new CapsuleApp({ engine, db, maxSandboxesPerTenant: options.maxSandboxesPerTenant, logger: options.logger, extensions: options.extensions, observability: observability.services });
+    const app = new CapsuleApp({
+      engine, db, maxSandboxesPerTenant: options.maxSandboxesPerTenant, logger: options.logger, extensions: options.extensions,
+      observability: observability.services, mountRootNames: [...mountRoots.keys()],
+    });
     observability.attach(engine);
     egressLog = (event) => app.app.log.warn({ egress: event }, 'egress denied');
     // egress_blocked_total; a connection-limit hit ends the work and is counted with its exec.

@@ -2,7 +2,7 @@ import { z } from 'zod';
 import { SANDBOX_ID_PATTERN } from '../engine/ids.js';
 import { LIMIT_RESOURCES } from '../engine/result.js';
 import { ERROR_CODES } from '../errors/index.js';
-import { SandboxSpecSchema } from '../spec/index.js';
+import { MOUNT_ROOT_NAME, SandboxSpecSchema } from '../spec/index.js';
 
 /**
  * The wire schemas of the v1 API (docs/api.md). Routes validate requests with them and
@@ -171,7 +171,12 @@ export const MintKeyBody = z.strictObject({
   tenantId: z.string().regex(/^[a-z0-9][a-z0-9_-]{0,63}$/, 'must be 1-64 lowercase letters, digits, "_" or "-"'),
   name: z.string().max(128).optional(),
   admin: z.boolean().optional(),
+  /** The operator's mount roots (`serve --mount-root NAME=PATH`) this key may mount. @default [] */
+  mountRoots: z.array(z.string().regex(MOUNT_ROOT_NAME, 'must be the name of a mount root')).max(64).optional(),
+  /** The tenant's disk quota for this key's work, overriding the operator's default. */
+  diskQuotaBytes: z.number().int().positive().optional(),
 });
+export const KeyGrantsSchema = z.object({ mountRoots: z.array(z.string()), diskQuotaBytes: z.number().optional() });
 export const MintedKeySchema = z.object({
   keyId: z.string(),
   tenantId: z.string(),
@@ -179,6 +184,7 @@ export const MintedKeySchema = z.object({
   apiKey: z.string().nullable(),
   name: z.string().nullable(),
   admin: z.boolean(),
+  grants: KeyGrantsSchema,
   note: z.string().optional(),
 });
 

@@ -16,6 +16,8 @@ export interface ServerServices {
   audit: AuditLog;
   quota: TenantQuota;
   closeSignal: AbortSignal;
+  /** Names of the operator's mount roots (`serve --mount-root`), which keys may be granted. */
+  mountRootNames: readonly string[];
   /** Runs `fn` in one SQLite transaction (nested calls join it): the writes of a call commit together. */
   atomically<T>(fn: () => T): T;
   /** Prometheus metrics (GET /metrics); record at the seams, e.g. `metrics.recordEgressBlocked()`. */

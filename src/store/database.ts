@@ -62,6 +62,8 @@ const MIGRATIONS: string[] = [
      prev_hash      TEXT NOT NULL,
      hash           TEXT NOT NULL
    );`,
+  // What the operator granted each key: mount roots by name, and a disk quota override.
+  `ALTER TABLE api_keys ADD COLUMN grants TEXT NOT NULL DEFAULT '{"mountRoots":[]}';`,
 ];
 
 export interface OpenDatabaseOptions {

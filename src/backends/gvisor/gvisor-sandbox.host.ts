@@ -5,7 +5,9 @@ import { AgentClient, type AgentHandOver, type AgentProcess, type AgentProcessRe
 import { SandboxError } from '../../errors/index.js';
 import type { SandboxCgroup } from '../../host/cgroups.host.js';
 import type { NetworkPolicy, SandboxSpec } from '../../spec/index.js';
-import type { BackendSandbox, ExecRequest, PauseOptions, PauseResult, SandboxCounters } from '../backend.js';
+import type { BackendSandbox, ExecRequest, HostMount, PauseOptions, PauseResult, SandboxCounters } from '../backend.js';
+import { launchMountArgs, mountRefusal } from '../host-mounts.js';
+import { FIRST_MOUNT_FD } from '../namespace/bwrap-args.js';
 import type { GvisorLayout } from './layout.js';
 import type { Runsc } from './runsc.host.js';
 
@@ -48,6 +50,10 @@ export interface GvisorSandboxOptions {
   layout: GvisorLayout;
   launcher: string;
   network: NetworkAttachment | undefined;
+  /** Host mounts, attached by capsule-launch in runsc's private mount namespace at each launch. */
+  mounts: readonly HostMount[];
+  /** Capsule's data directory: never mountable (capsule-launch --forbid). */
+  dataDir: string;
   diskUsed: () => Promise<number | undefined>;
   release: () => Promise<void>;
 }
@@ -245,9 +251,15 @@ export class GvisorSandbox implements BackendSandbox {
    */
   private async launch(runscArgs: string[], waitFor: 'ready' | 'ping'): Promise<void> {
     const network = this.options.network;
+    const { mounts, layout } = this.options;
     const args = [
       // Forked straight into the v2 group: a migration would wait for an RCU grace period.
       '--cgroup2-dir', this.cgroup.dir('unified'),
+      // runsc's gofer opens bundle mount sources as root: each is the launcher's checked mount,
+      // attached in a mount namespace of runsc's own, where nothing can swap it.
+      '--forbid', this.options.dataDir,
+      ...launchMountArgs(mounts, FIRST_MOUNT_FD),
+      ...mounts.flatMap((m) => ['--attach', String(m.index), layout.mountSource(this.id, m.index)]),
       ...(network ? ['--netns', network.path] : []),
       '--', ...(network ? hideRootNetnsMarker() : []),
       this.options.runsc.binary, ...this.options.runsc.flagsFor(network ? 'sandbox' : 'none'), ...runscArgs,
@@ -279,6 +291,8 @@ export class GvisorSandbox implements BackendSandbox {
       agent.close();
       await this.stopContainer();
       const why = this.stderrTail.trim();
+      const refused = mountRefusal(why, this.spec);
+      if (refused) throw refused;
       throw new SandboxError('HOST_NOT_READY', `gVisor sandbox ${this.id} failed to start${why ? `: ${why}` : ''}`, {
         cause: error,
         hint: 'Check that runsc works on this host (scripts/setup.sh installs it); set debugLogDir on the gvisor backend for runsc logs.',

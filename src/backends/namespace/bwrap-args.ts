@@ -15,28 +15,36 @@ export const SANDBOX_USER = 'user';
 export const TOOLS_DIR = '/.capsule';
 /** Where the resident agent lives inside the sandbox. */
 export const AGENT_PATH = `${TOOLS_DIR}/capsule-agent`;
-/** Fds the launcher opens for bwrap: the seccomp program, then one per read-only mount. */
+/**
+ * Fds the launcher opens as root for bwrap: the seccomp program; the workspace, the prepared /etc,
+ * the tools and a network's resolv.conf, which live under Capsule's private data directory (0700:
+ * the sandbox's uid could not reach them by path); then one per host mount.
+ */
 export const SECCOMP_FD = 3;
+export const WORKSPACE_FD = 4;
+export const ETC_FD = 5;
+export const TOOLS_FD = 6;
+export const RESOLV_CONF_FD = 7;
 export const FIRST_MOUNT_FD = 10;
 
 export interface BwrapOptions {
-  /** Host path of the workspace, bound read-write at /workspace. */
-  workspaceDir: string;
-  /** Host directory that is the sandbox's whole /etc (HostPaths.sandboxEtcDir). */
-  sandboxEtcDir: string;
+  /** Fd of the workspace directory, bound read-write at /workspace. */
+  workspaceFd: number;
+  /** Fd of the directory that is the sandbox's whole /etc (HostPaths.sandboxEtcDir). */
+  etcFd: number;
   /** Fd on which bwrap reads the seccomp program. */
   seccompFd: number;
   /**
-   * Fd of each spec mount's host directory, opened by the launcher as root, so that the sandbox
-   * uid need not be able to traverse the directory's parents (bwrap --ro-bind-fd).
+   * Fd of each spec mount, resolved and opened by the launcher as root (O_PATH), in the order of
+   * `spec.mounts` (bwrap --ro-bind-fd).
    */
   mountFds: readonly number[];
   /** When false, bwrap makes a fresh empty network namespace; when true, the caller's is kept. */
   shareNetwork: boolean;
-  /** Host file bound at /etc/resolv.conf instead of the no-resolver one (the egress proxy's resolver). */
-  resolvConf?: string;
-  /** Host directory of Capsule's in-sandbox tools, bound read-only at TOOLS_DIR. */
-  toolsDir: string;
+  /** Fd of the file bound at /etc/resolv.conf instead of the no-resolver one (the egress proxy's resolver). */
+  resolvConfFd?: number;
+  /** Fd of the directory of Capsule's in-sandbox tools, bound read-only at TOOLS_DIR. */
+  toolsFd: number;
   /** The program bwrap runs as the sandbox's first process. @default [AGENT_PATH] */
   command?: readonly string[];
 }
@@ -57,14 +65,16 @@ export function buildBwrapArgs(spec: SandboxSpec, options: BwrapOptions): string
     '--symlink', 'usr/bin', '/bin', '--symlink', 'usr/sbin', '/sbin',
     '--symlink', 'usr/lib', '/lib', '--symlink', 'usr/lib64', '/lib64',
     '--proc', '/proc', '--dev', '/dev',
+    // POSIX shared memory: a sized tmpfs like /tmp (the rest of /dev is made read-only below).
+    '--size', String(spec.limits.shmBytes), '--tmpfs', '/dev/shm',
   ];
   // One bind for all of /etc: allowlisted copies and Capsule's own passwd, group, hosts.
-  args.push('--ro-bind', options.sandboxEtcDir, '/etc');
-  if (options.resolvConf) args.push('--ro-bind', options.resolvConf, '/etc/resolv.conf');
+  args.push('--ro-bind-fd', String(options.etcFd), '/etc');
+  if (options.resolvConfFd !== undefined) args.push('--ro-bind-fd', String(options.resolvConfFd), '/etc/resolv.conf');
   args.push(
     '--size', String(spec.limits.tmpBytes), '--tmpfs', '/tmp',
     '--dir', '/var', '--symlink', '../tmp', '/var/tmp',
-    '--bind', options.workspaceDir, '/workspace',
+    '--bind-fd', String(options.workspaceFd), '/workspace',
     '--dir', '/home', '--symlink', '/workspace', `/home/${SANDBOX_USER}`,
   );
   spec.mounts.forEach((mount, index) => {
@@ -72,9 +82,10 @@ export function buildBwrapArgs(spec: SandboxSpec, options: BwrapOptions): string
     if (fd === undefined) throw new Error(`no fd for mount ${mount.sandboxPath}`);
     args.push('--ro-bind-fd', String(fd), mount.sandboxPath);
   });
-  args.push('--ro-bind', options.toolsDir, TOOLS_DIR);
-  // bwrap builds the root on a tmpfs; nothing outside /workspace and /tmp may be written.
-  args.push('--remount-ro', '/');
+  args.push('--ro-bind-fd', String(options.toolsFd), TOOLS_DIR);
+  // bwrap builds the root and /dev on tmpfs; nothing outside /workspace, /tmp and /dev/shm may
+  // be written (each remount is of that one mount: the binds and tmpfs above keep their own).
+  args.push('--remount-ro', '/', '--remount-ro', '/dev');
   const command = options.command ?? [AGENT_PATH];
   args.push('--chdir', '/workspace', '--clearenv', '--seccomp', String(options.seccompFd), '--', ...command);
   return args;

@@ -2,7 +2,7 @@ import { createHash, createHmac, randomBytes, timingSafeEqual } from 'node:crypt
 import type { FastifyRequest } from 'fastify';
 import { SandboxError } from '../../errors/index.js';
 import type { ApiKeyStore } from '../../store/index.js';
-import type { Principal } from '../auth.js';
+import { principalOf, type Principal } from '../auth.js';
 import { ConnectError } from './connect-protocol.js';
 
 /** `e2b_` and 40 hex digits: the same secret as the Capsule key `cap_<same hex>`. */
@@ -37,7 +37,7 @@ export function e2bPrincipal(request: FastifyRequest, keys: ApiKeyStore): Princi
       hint: 'Use e2b_ followed by the 40 hex digits of a Capsule key (cap_<hex> → e2b_<hex>).',
     });
   }
-  return { tenantId: record.tenantId, keyId: record.keyId, isAdmin: record.isAdmin };
+  return principalOf(record);
 }
 
 export interface SandboxAccess {

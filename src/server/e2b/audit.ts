@@ -22,7 +22,7 @@ export async function audited<T>(
   outcome?: (value: T) => Promise<{ type: string }>,
 ): Promise<T> {
   if (!ctx.audit) return run();
-  const principal = { tenantId: access.tenantId, keyId: ENVD_TOKEN_KEY_ID, isAdmin: false };
+  const principal = { tenantId: access.tenantId, keyId: ENVD_TOKEN_KEY_ID, isAdmin: false, grants: { mountRoots: [] } };
   const trail = new AuditTrail(ctx.audit, `e2b.${operation}`, principal, request.id);
   trail.attempt({ ...subject, sandboxId: access.sandboxId });
   let value: T;

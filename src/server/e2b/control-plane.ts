@@ -4,7 +4,8 @@ import { SandboxError, isSandboxError } from '../../errors/index.js';
 import type { CreateSandboxCommand, SandboxInfo, SandboxState } from '../../engine/types.js';
 import type { SandboxSpecInput } from '../../spec/index.js';
 import { AuditTrail } from '../audit-trail.js';
-import type { Principal } from '../auth.js';
+import { mountGrantOf, type Principal } from '../auth.js';
+import { policyOf } from '../routes/sandboxes.js';
 import { sendError } from '../errors.js';
 import { e2bPrincipal, isE2bCaller } from './access.js';
 import { ENVD_VERSION, lenientJson, type E2bContext, type E2bEngine } from './deps.js';
@@ -136,9 +137,16 @@ export function registerControlPlane(app: FastifyInstance, ctx: E2bContext): voi
   };
 
   /** Runs a mutating call with an audit record, as the v1 routes' seam does. */
-  const audited = async <T>(request: FastifyRequest, principal: Principal, name: string, sandboxId: string | undefined, run: () => Promise<T>): Promise<T> => {
+  const audited = async <T>(
+    request: FastifyRequest,
+    principal: Principal,
+    name: string,
+    sandboxId: string | undefined,
+    run: () => Promise<T>,
+    policy?: Record<string, unknown> | null,
+  ): Promise<T> => {
     const trail = ctx.audit ? new AuditTrail(ctx.audit, `e2b.${name}`, principal, request.id) : undefined;
-    trail?.attempt({ sandboxId });
+    trail?.attempt({ sandboxId, ...(policy !== undefined ? { policy } : {}) });
     try {
       const result = await run();
       trail?.succeeded((result as { sandboxId?: string } | undefined)?.sandboxId);
@@ -164,15 +172,16 @@ export function registerControlPlane(app: FastifyInstance, ctx: E2bContext): voi
     if (body.mcp !== undefined) throw unsupported('mcp', 'there is no MCP gateway in Capsule sandboxes');
     if (body.network !== undefined) throw unsupported('network', 'E2B sandboxes served by Capsule have no network (only loopback)');
     if (body.volumeMounts?.length) throw unsupported('volumeMounts', 'volumes are not implemented');
+    const spec = specFor(body);
     const info = await audited(request, principal, 'sandboxes.create', undefined, async () => {
       const release = ctx.quota?.reserve(principal.tenantId);
       try {
         const metadata = { ...(body.metadata ?? {}), [TEMPLATE_KEY]: body.templateID };
-        return await createWithinMaxima(engine, { tenantId: principal.tenantId, spec: specFor(body), metadata });
+        return await createWithinMaxima(engine, { tenantId: principal.tenantId, spec, metadata, grants: { mountRoots: mountGrantOf(principal) } });
       } finally {
         release?.();
       }
-    });
+    }, policyOf(spec));
     return reply.code(201).send(sandboxBody(info));
   };
   app.post('/sandboxes', create);
