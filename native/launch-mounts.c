@@ -57,6 +57,11 @@ static const char *const FORBIDDEN_TYPES[] = {
     "resctrl", "devtmpfs",
 };
 
+__attribute__((noreturn)) static void die_attach(const char *target, const char *step) {
+    fprintf(stderr, "capsule-launch: attach %s: %s: %s\n", target, step, strerror(errno));
+    exit(125);
+}
+
 static struct stat forbidden_dir;
 static int forbidden_fd = -1;
 /* Launcher-internal fds live up here, clear of the numbered fds it hands on (3 and up). */
@@ -235,38 +240,53 @@ void mounts_resolve(struct launch_mount *mounts, int count) {
     for (int i = 0; i < count; i++) resolve_one(&mounts[i]);
 }
 
-void mounts_attach(struct launch_mount *mounts, int count) {
-    int trees[count > 0 ? count : 1];
-    int any = 0;
+/* An empty directory or file at `path` to attach the mount of `fd` on. */
+static void make_mount_point(int fd, const char *path) {
+    struct stat st;
+    if (fstat(fd, &st) != 0) die_attach(path, "fstat");
+    if (S_ISDIR(st.st_mode)) {
+        if (mkdir(path, 0755) != 0 && errno != EEXIST) die_attach(path, "mkdir");
+        return;
+    }
+    int file = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+    if (file < 0) die_attach(path, "create");
+    close(file);
+}
+
+void attach_all(const char *stage, struct launch_attach *list, int count) {
+    if (count == 0) return;
+    int trees[count];
     /*
-     * A clone of just each mount (not its submounts), detached and read-only. Cloned before the
-     * unshare: open_tree clones only a mount of the caller's own namespace.
+     * A clone of just each mount (not its submounts), detached, nosuid and nodev, read-only
+     * unless asked. Cloned before the unshare: open_tree clones only a mount of the caller's own
+     * namespace; the fds it came from are closed (nothing is inherited by what runs next).
      */
     for (int i = 0; i < count; i++) {
-        struct launch_mount *m = &mounts[i];
-        trees[i] = -1;
-        if (m->attach == NULL) continue;
-        any = 1;
-        int tree = (int)syscall(SYS_open_tree, m->fd, "", OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_EMPTY_PATH);
-        if (tree < 0) refuse(m, "INVALID_PATH", strerror(errno));
-        struct mount_attr attr = {.attr_set = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV};
-        if (syscall(SYS_mount_setattr, tree, "", AT_EMPTY_PATH, &attr, sizeof attr) != 0) refuse(m, "INVALID_PATH", strerror(errno));
+        struct launch_attach *a = &list[i];
+        int tree = (int)syscall(SYS_open_tree, a->fd, "", OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_EMPTY_PATH);
+        if (tree < 0) die_attach(a->target, "open_tree");
+        struct mount_attr attr = {.attr_set = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | (a->readonly ? MOUNT_ATTR_RDONLY : 0)};
+        if (syscall(SYS_mount_setattr, tree, "", AT_EMPTY_PATH, &attr, sizeof attr) != 0) die_attach(a->target, "mount_setattr");
         trees[i] = fcntl(tree, F_DUPFD_CLOEXEC, PRIVATE_FD_MIN);
+        if (trees[i] < 0) die_attach(a->target, "dup");
         close(tree);
-        close(m->fd);
+        close(a->fd);
     }
-    if (!any) return;
     /* A mount namespace of our own, propagating nothing back to the host's. */
-    if (unshare(CLONE_NEWNS) != 0 || mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0) {
-        fprintf(stderr, "capsule-launch: private mount namespace: %s\n", strerror(errno));
-        exit(125);
+    if (unshare(CLONE_NEWNS) != 0) die_attach("/", "unshare(CLONE_NEWNS)");
+    if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0) die_attach("/", "make / private");
+    if (stage != NULL && mount("capsule-stage", stage, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "mode=0755,size=64k,nr_inodes=64") != 0) {
+        die_attach(stage, "mount tmpfs");
     }
+    char path[4096];
     for (int i = 0; i < count; i++) {
-        if (trees[i] < 0) continue;
-        if (syscall(SYS_move_mount, trees[i], "", AT_FDCWD, mounts[i].attach, MOVE_MOUNT_F_EMPTY_PATH) != 0) {
-            fprintf(stderr, "capsule-launch: attach mount %d at %s: %s\n", mounts[i].index, mounts[i].attach, strerror(errno));
-            exit(125);
+        const char *target = list[i].target;
+        if (target[0] != '/') {
+            if (stage == NULL || snprintf(path, sizeof path, "%s/%s", stage, target) >= (int)sizeof path) die_attach(target, "relative target without --stage");
+            make_mount_point(trees[i], path);
+            target = path;
         }
+        if (syscall(SYS_move_mount, trees[i], "", AT_FDCWD, target, MOVE_MOUNT_F_EMPTY_PATH) != 0) die_attach(target, "move_mount");
         close(trees[i]);
     }
 }

@@ -12,7 +12,13 @@ struct launch_mount {
     char kind;         /* 'd' directory or 'f' regular file: what the caller prepared for */
     const char *root;  /* the operator's mount root, a canonical absolute path */
     const char *sub;   /* relative path under it; "." for the root itself */
-    const char *attach; /* gVisor: attach the result here in a private mount namespace, or NULL */
+};
+
+/* A mount to show in the launcher child's private mount namespace. */
+struct launch_attach {
+    int fd;            /* an open fd of what to mount (closed once cloned) */
+    int readonly;
+    const char *target; /* absolute, or relative to the stage directory (made there) */
 };
 
 /* Nothing at, under or above `dir` (Capsule's data directory) may be mounted. Call once. */
@@ -24,7 +30,12 @@ void mounts_forbid(const char *dir);
  */
 void mounts_resolve(struct launch_mount *mounts, int count);
 
-/* Moves the resolved mounts that have an `attach` target into a new private mount namespace. */
-void mounts_attach(struct launch_mount *mounts, int count);
+/*
+ * Enters a new private mount namespace and mounts a detached clone of each fd at its target
+ * (nosuid, nodev; read-only when asked). With `stage`, a small tmpfs is mounted there first and
+ * relative targets are made in it: bubblewrap, which runs unprivileged and binds by path, then
+ * finds Capsule's private directories under a path that exists only in this namespace.
+ */
+void attach_all(const char *stage, struct launch_attach *list, int count);
 
 #endif

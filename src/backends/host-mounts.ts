@@ -13,9 +13,15 @@ export function hostMountsOf(spec: SandboxSpec, mounts: readonly HostMount[] | u
   return resolved;
 }
 
-/** capsule-launch's `--mount` arguments, each at fd `firstFd + index`. */
-export function launchMountArgs(mounts: readonly HostMount[], firstFd: number): string[] {
-  return mounts.flatMap((m) => ['--mount', `${m.index}:${firstFd + m.index}:${m.kind === 'dir' ? 'd' : 'f'}`, m.rootDir, m.subpath]);
+/**
+ * capsule-launch's `--mount` arguments, each resolved at fd `firstFd + index` and attached
+ * read-only at `target(index)` in the launcher's private mount namespace.
+ */
+export function launchMountArgs(mounts: readonly HostMount[], firstFd: number, target: (index: number) => string): string[] {
+  return mounts.flatMap((m) => [
+    '--mount', `${m.index}:${firstFd + m.index}:${m.kind === 'dir' ? 'd' : 'f'}`, m.rootDir, m.subpath,
+    '--attach', `${firstFd + m.index}:ro`, target(m.index),
+  ]);
 }
 
 const REFUSED = /capsule-launch: mount (\d+) refused \((INVALID_PATH|PERMISSION_DENIED)\): (.*)/;

@@ -2,7 +2,7 @@ import { describe, expect, it } from 'vitest';
 import { buildBwrapArgs } from '../../src/backends/namespace/bwrap-args.js';
 import { parseSpec } from '../../src/spec/index.js';
 
-const base = { workspaceFd: 4, etcFd: 5, toolsFd: 6, seccompFd: 3, mountFds: [], shareNetwork: false };
+const base = { stageDir: '/run/stage', seccompFd: 3, shareNetwork: false };
 
 describe('bwrap argv', () => {
   it('pins the isolation flags', () => {
@@ -19,14 +19,14 @@ describe('bwrap argv', () => {
     expect(args.at(-1)).toBe('/.capsule/capsule-agent');
   });
 
-  it('binds everything under the private data directory from launcher fds, never by path', () => {
-    const line = buildBwrapArgs(parseSpec({}), { ...base, resolvConfFd: 7, shareNetwork: true }).join(' ');
-    expect(line).toContain('--bind-fd 4 /workspace');
-    expect(line).toContain('--ro-bind-fd 5 /etc');
-    expect(line).toContain('--ro-bind-fd 7 /etc/resolv.conf');
-    expect(line).toContain('--ro-bind-fd 6 /.capsule');
-    // The only host paths bwrap names are the system's own.
-    const hostPaths = line.split(' ').filter((arg, i, all) => ['--bind', '--ro-bind'].includes(all[i - 1] ?? '') && arg.startsWith('/'));
+  it('binds what lives in the private data directory from the launcher\'s stage, never by its path', () => {
+    const line = buildBwrapArgs(parseSpec({}), { ...base, hasResolvConf: true, shareNetwork: true }).join(' ');
+    expect(line).toContain('--bind /run/stage/workspace /workspace');
+    expect(line).toContain('--ro-bind /run/stage/etc /etc');
+    expect(line).toContain('--ro-bind /run/stage/resolv.conf /etc/resolv.conf');
+    expect(line).toContain('--ro-bind /run/stage/tools /.capsule');
+    // Besides the stage, the only host path bwrap names is the system's own /usr.
+    const hostPaths = line.split(' ').filter((arg, i, all) => ['--bind', '--ro-bind'].includes(all[i - 1] ?? '') && !arg.startsWith('/run/stage/'));
     expect(hostPaths).toEqual(['/usr']);
   });
 
@@ -37,10 +37,10 @@ describe('bwrap argv', () => {
     expect(args.lastIndexOf('/dev')).toBeGreaterThan(shm);
   });
 
-  it('binds host mounts from launcher fds and keeps the network when asked', () => {
+  it('binds host mounts from the stage and keeps the network when asked', () => {
     const spec = parseSpec({ mounts: [{ root: 'data', subpath: 'in', sandboxPath: '/input' }] });
-    const args = buildBwrapArgs(spec, { ...base, mountFds: [10], shareNetwork: true });
-    expect(args.join(' ')).toContain('--ro-bind-fd 10 /input');
+    const args = buildBwrapArgs(spec, { ...base, shareNetwork: true });
+    expect(args.join(' ')).toContain('--ro-bind /run/stage/mount-0 /input');
     expect(args).not.toContain('--unshare-net');
   });
 });

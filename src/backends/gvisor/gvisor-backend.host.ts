@@ -217,7 +217,7 @@ export class GvisorBackend implements Backend {
     await rm(bundleDir, { recursive: true, force: true });
     await mkdir(bundleDir, { recursive: true, mode: 0o700 });
     await writeRootfs(oci.root.path, mounts.map((m) => ({ path: m.sandboxPath, kind: m.kind })));
-    for (const m of mounts) await makeMountPoint(this.layout.mountSource(id, m.index), m.kind);
+    for (const m of mounts) await makeMountPoint(this.layout.mountSource(id, m.index), m.kind, 0o700);
     await writeFile(join(bundleDir, 'config.json'), JSON.stringify(oci, null, 1), { mode: 0o600 });
   }
 

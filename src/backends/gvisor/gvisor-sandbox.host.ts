@@ -1,5 +1,6 @@
 import { spawn, type ChildProcess } from 'node:child_process';
-import { writeFile } from 'node:fs/promises';
+import { mkdir, writeFile } from 'node:fs/promises';
+import { privatizeWritten } from '../../host/private-data.host.js';
 import { join } from 'node:path';
 import { AgentClient, type AgentHandOver, type AgentProcess, type AgentProcessRecord } from '../agent/index.js';
 import { SandboxError } from '../../errors/index.js';
@@ -185,7 +186,10 @@ export class GvisorSandbox implements BackendSandbox {
       // The agent lives on inside the checkpoint; its stream ends here, its processes do not.
       agent.prepareHandOver();
       try {
+        await mkdir(this.options.layout.imageDir(this.id), { recursive: true, mode: 0o700 });
         await this.options.runsc.checkpoint(this.id, this.options.layout.imageDir(this.id));
+        // runsc writes the image (another tenant's memory, to any reader) 0644: root's alone.
+        await privatizeWritten(this.options.layout.imageDir(this.id));
       } catch (error) {
         agent.prepareHandOver(false);
         this.state = 'running';
@@ -258,8 +262,7 @@ export class GvisorSandbox implements BackendSandbox {
       // runsc's gofer opens bundle mount sources as root: each is the launcher's checked mount,
       // attached in a mount namespace of runsc's own, where nothing can swap it.
       '--forbid', this.options.dataDir,
-      ...launchMountArgs(mounts, FIRST_MOUNT_FD),
-      ...mounts.flatMap((m) => ['--attach', String(m.index), layout.mountSource(this.id, m.index)]),
+      ...launchMountArgs(mounts, FIRST_MOUNT_FD, (index) => layout.mountSource(this.id, index)),
       ...(network ? ['--netns', network.path] : []),
       '--', ...(network ? hideRootNetnsMarker() : []),
       this.options.runsc.binary, ...this.options.runsc.flagsFor(network ? 'sandbox' : 'none'), ...runscArgs,

@@ -93,13 +93,16 @@ export async function writeRootfs(rootfsDir: string, mountPoints: readonly { pat
   for (const { path, kind } of mountPoints) await makeMountPoint(join(rootfsDir, path), kind);
 }
 
-/** An empty directory or file to mount on (the parents are directories). */
-export async function makeMountPoint(path: string, kind: 'dir' | 'file'): Promise<void> {
+/**
+ * An empty directory or file to mount on; missing parents are made with the same directory mode.
+ * @param dirMode 0o755 inside a sandbox's root (its user traverses it), 0o700 elsewhere
+ */
+export async function makeMountPoint(path: string, kind: 'dir' | 'file', dirMode = 0o755): Promise<void> {
   if (kind === 'dir') {
-    await mkdir(path, { recursive: true, mode: 0o755 });
+    await mkdir(path, { recursive: true, mode: dirMode });
     return;
   }
-  await mkdir(dirname(path), { recursive: true, mode: 0o755 });
+  await mkdir(dirname(path), { recursive: true, mode: dirMode });
   await (await open(path, 'a', 0o600)).close();
 }
 

@@ -16,9 +16,10 @@ export const TOOLS_DIR = '/.capsule';
 /** Where the resident agent lives inside the sandbox. */
 export const AGENT_PATH = `${TOOLS_DIR}/capsule-agent`;
 /**
- * Fds the launcher opens as root for bwrap: the seccomp program; the workspace, the prepared /etc,
- * the tools and a network's resolv.conf, which live under Capsule's private data directory (0700:
- * the sandbox's uid could not reach them by path); then one per host mount.
+ * Fds the launcher opens as root: the seccomp program; the workspace, the prepared /etc, the tools
+ * and a network's resolv.conf, which live under Capsule's private data directory (0700: the
+ * sandbox's uid cannot reach them by path); then one per host mount. All but the seccomp program
+ * are shown to bwrap under STAGE_DIR (see STAGE).
  */
 export const SECCOMP_FD = 3;
 export const WORKSPACE_FD = 4;
@@ -27,24 +28,32 @@ export const TOOLS_FD = 6;
 export const RESOLV_CONF_FD = 7;
 export const FIRST_MOUNT_FD = 10;
 
+/**
+ * A directory that exists empty on the host; in each sandbox launcher's own mount namespace a
+ * small tmpfs covers it, holding detached mounts of the sandbox's workspace, /etc, tools,
+ * resolv.conf and host mounts (capsule-launch --stage/--attach). bubblewrap runs unprivileged
+ * and binds by path: these are the only paths it binds that are not the system's own, and no
+ * other process on the host can see them.
+ */
+export const STAGE_DIR = '/run/capsule-stage';
+/** Names under STAGE_DIR. */
+export const STAGE = {
+  workspace: 'workspace',
+  etc: 'etc',
+  tools: 'tools',
+  resolvConf: 'resolv.conf',
+  mount: (index: number) => `mount-${index}`,
+} as const;
+
 export interface BwrapOptions {
-  /** Fd of the workspace directory, bound read-write at /workspace. */
-  workspaceFd: number;
-  /** Fd of the directory that is the sandbox's whole /etc (HostPaths.sandboxEtcDir). */
-  etcFd: number;
+  /** Where the launcher staged the sandbox's private directories (STAGE_DIR in its namespace). */
+  stageDir: string;
   /** Fd on which bwrap reads the seccomp program. */
   seccompFd: number;
-  /**
-   * Fd of each spec mount, resolved and opened by the launcher as root (O_PATH), in the order of
-   * `spec.mounts` (bwrap --ro-bind-fd).
-   */
-  mountFds: readonly number[];
   /** When false, bwrap makes a fresh empty network namespace; when true, the caller's is kept. */
   shareNetwork: boolean;
-  /** Fd of the file bound at /etc/resolv.conf instead of the no-resolver one (the egress proxy's resolver). */
-  resolvConfFd?: number;
-  /** Fd of the directory of Capsule's in-sandbox tools, bound read-only at TOOLS_DIR. */
-  toolsFd: number;
+  /** A network's resolv.conf is staged and bound over the no-resolver one (the egress proxy's resolver). */
+  hasResolvConf?: boolean;
   /** The program bwrap runs as the sandbox's first process. @default [AGENT_PATH] */
   command?: readonly string[];
 }
@@ -68,21 +77,19 @@ export function buildBwrapArgs(spec: SandboxSpec, options: BwrapOptions): string
     // POSIX shared memory: a sized tmpfs like /tmp (the rest of /dev is made read-only below).
     '--size', String(spec.limits.shmBytes), '--tmpfs', '/dev/shm',
   ];
+  const staged = (name: string) => `${options.stageDir}/${name}`;
   // One bind for all of /etc: allowlisted copies and Capsule's own passwd, group, hosts.
-  args.push('--ro-bind-fd', String(options.etcFd), '/etc');
-  if (options.resolvConfFd !== undefined) args.push('--ro-bind-fd', String(options.resolvConfFd), '/etc/resolv.conf');
+  args.push('--ro-bind', staged(STAGE.etc), '/etc');
+  if (options.hasResolvConf) args.push('--ro-bind', staged(STAGE.resolvConf), '/etc/resolv.conf');
   args.push(
     '--size', String(spec.limits.tmpBytes), '--tmpfs', '/tmp',
     '--dir', '/var', '--symlink', '../tmp', '/var/tmp',
-    '--bind-fd', String(options.workspaceFd), '/workspace',
+    '--bind', staged(STAGE.workspace), '/workspace',
     '--dir', '/home', '--symlink', '/workspace', `/home/${SANDBOX_USER}`,
   );
-  spec.mounts.forEach((mount, index) => {
-    const fd = options.mountFds[index];
-    if (fd === undefined) throw new Error(`no fd for mount ${mount.sandboxPath}`);
-    args.push('--ro-bind-fd', String(fd), mount.sandboxPath);
-  });
-  args.push('--ro-bind-fd', String(options.toolsFd), TOOLS_DIR);
+  // Host mounts: the launcher resolved each beneath its root and staged it read-only.
+  spec.mounts.forEach((mount, index) => args.push('--ro-bind', staged(STAGE.mount(index)), mount.sandboxPath));
+  args.push('--ro-bind', staged(STAGE.tools), TOOLS_DIR);
   // bwrap builds the root and /dev on tmpfs; nothing outside /workspace, /tmp and /dev/shm may
   // be written (each remount is of that one mount: the binds and tmpfs above keep their own).
   args.push('--remount-ro', '/', '--remount-ro', '/dev');

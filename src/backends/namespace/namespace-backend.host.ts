@@ -21,7 +21,7 @@ import type {
   ReconcileReport,
   SandboxCounters,
 } from '../backend.js';
-import { buildBwrapArgs, ETC_FD, FIRST_MOUNT_FD, RESOLV_CONF_FD, SECCOMP_FD, TOOLS_FD, WORKSPACE_FD } from './bwrap-args.js';
+import { buildBwrapArgs, ETC_FD, FIRST_MOUNT_FD, RESOLV_CONF_FD, SECCOMP_FD, STAGE, STAGE_DIR, TOOLS_FD, WORKSPACE_FD } from './bwrap-args.js';
 import { hostMountsOf, launchMountArgs, mountRefusal } from '../host-mounts.js';
 
 /** Host uids for sandboxes come from this range; each live sandbox has its own. */
@@ -220,16 +220,12 @@ class NamespaceSandbox implements BackendSandbox {
 
   static async start(options: StartOptions): Promise<NamespaceSandbox> {
     const { spec, paths, uid, cgroup } = options;
-    const mountFds = spec.mounts.map((_, index) => FIRST_MOUNT_FD + index);
     const resolvConf = options.network?.resolvConf;
     const bwrapArgs = buildBwrapArgs(spec, {
-      mountFds,
-      workspaceFd: WORKSPACE_FD,
-      etcFd: ETC_FD,
+      stageDir: STAGE_DIR,
       seccompFd: SECCOMP_FD,
       shareNetwork: options.network !== undefined,
-      ...(resolvConf !== undefined ? { resolvConfFd: RESOLV_CONF_FD } : {}),
-      toolsFd: TOOLS_FD,
+      hasResolvConf: resolvConf !== undefined,
     });
     const launchArgs = [
       ...cgroup.launchArgs(),
@@ -237,14 +233,16 @@ class NamespaceSandbox implements BackendSandbox {
       '--rlimit', `nofile=${spec.limits.openFiles}`,
       '--rlimit', 'core=0',
       ...(options.network ? ['--netns', options.network.netnsPath] : []),
-      // Opened as root: the data directory is 0700, the sandbox's uid cannot reach them by path.
+      // Opened as root and staged where bwrap finds them: the data directory is 0700, the
+      // sandbox's uid cannot reach anything in it by path.
       '--fd', `${SECCOMP_FD}:${paths.seccompBpf}`,
-      '--fd', `${WORKSPACE_FD}:${options.workspaceDir}`,
-      '--fd', `${ETC_FD}:${paths.sandboxEtcDir}`,
-      '--fd', `${TOOLS_FD}:${paths.toolsDir}`,
-      ...(resolvConf !== undefined ? ['--fd', `${RESOLV_CONF_FD}:${resolvConf}`] : []),
+      '--stage', STAGE_DIR,
+      '--fd', `${WORKSPACE_FD}:${options.workspaceDir}`, '--attach', `${WORKSPACE_FD}:rw`, STAGE.workspace,
+      '--fd', `${ETC_FD}:${paths.sandboxEtcDir}`, '--attach', `${ETC_FD}:ro`, STAGE.etc,
+      '--fd', `${TOOLS_FD}:${paths.toolsDir}`, '--attach', `${TOOLS_FD}:ro`, STAGE.tools,
+      ...(resolvConf !== undefined ? ['--fd', `${RESOLV_CONF_FD}:${resolvConf}`, '--attach', `${RESOLV_CONF_FD}:ro`, STAGE.resolvConf] : []),
       '--forbid', paths.dataDir,
-      ...launchMountArgs(options.mounts, FIRST_MOUNT_FD),
+      ...launchMountArgs(options.mounts, FIRST_MOUNT_FD, STAGE.mount),
       '--uid', String(uid), '--gid', String(uid),
       '--', paths.bwrap, ...bwrapArgs,
     ];
