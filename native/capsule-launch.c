@@ -17,16 +17,26 @@
  * In the child:
  *   1. write our pid to each --cgroup-procs file (the v1 memory, pids, cpu groups);
  *   2. set each --rlimit;
- *   3. open each --fd N:PATH read-only at fd N, as root (the seccomp program, and read-only
- *      mounts whose parents the sandbox uid could not traverse: bwrap --ro-bind-fd);
- *   4. enter --netns (a pre-made network namespace) if given;
- *   5. drop supplementary groups, set gid and uid, keep no capabilities;
- *   6. ask for SIGKILL when the parent dies (set after the uid change, which clears it);
- *   7. exec the target with the environment it was given.
+ *   3. open each --fd N:PATH read-only at fd N, as root (the seccomp program, and Capsule's own
+ *      directories under its private data directory, to --attach);
+ *   4. resolve each --mount (a tenant's host mount: an operator's root and a subpath) safely as
+ *      root into an O_PATH fd, refusing anything but a directory or regular file beneath the root,
+ *      kernel filesystems and Capsule's --forbid directory (launch-mounts.c); then, in a private
+ *      mount namespace, mount a detached clone of each --attach fd at its target: under --stage
+ *      (a tmpfs made there) for bwrap, which binds by path as the sandbox's uid and could not
+ *      reach the 0700 data directory; at a bundle path for runsc's gofer (gVisor);
+ *   5. enter --netns (a pre-made network namespace) if given;
+ *   6. drop supplementary groups, set gid and uid, keep no capabilities;
+ *   7. ask for SIGKILL when the parent dies (set after the uid change, which clears it);
+ *   8. exec the target with the environment it was given.
  *
  * Usage: capsule-launch [--cgroup2-dir DIR] [--cgroup-procs FILE]... [--netns FILE] [--rlimit NAME=SOFT[:HARD]]...
- *                       [--fd N:PATH]... [--uid N --gid N] -- PROGRAM ARGS...
- * Exit status 125 with a message on stderr when a step fails (the target never starts).
+ *                       [--fd N:PATH]... [--forbid DIR] [--mount I:FD:KIND ROOT SUBPATH]...
+ *                       [--stage DIR] [--attach FD:ro|rw TARGET]...
+ *                       [--uid N --gid N] -- PROGRAM ARGS...
+ * KIND is d (directory) or f (regular file); SUBPATH is relative, "." for the root itself.
+ * Exit status 125 with a message on stderr when a step fails (the target never starts); a refused
+ * mount says "capsule-launch: mount I refused (CODE): why".
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -43,6 +53,8 @@
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include "launch-mounts.h"
 
 static void die(const char *what, const char *arg) {
     fprintf(stderr, "capsule-launch: %s %s: %s\n", what, arg ? arg : "", strerror(errno));
@@ -200,9 +212,12 @@ int main(int argc, char **argv) {
     char **cgroups = calloc((size_t)argc, sizeof *cgroups);
     char **rlimits = calloc((size_t)argc, sizeof *rlimits);
     char **fds = calloc((size_t)argc, sizeof *fds);
+    struct launch_mount *mounts = calloc((size_t)argc, sizeof *mounts);
+    struct launch_attach *attaches = calloc((size_t)argc, sizeof *attaches);
     size_t ncgroups = 0, nrlimits = 0, nfds = 0;
-    if (cgroups == NULL || rlimits == NULL || fds == NULL) die("calloc", NULL);
-    const char *netns = NULL, *cgroup2 = NULL;
+    int nmounts = 0, nattaches = 0;
+    if (cgroups == NULL || rlimits == NULL || fds == NULL || mounts == NULL || attaches == NULL) die("calloc", NULL);
+    const char *netns = NULL, *cgroup2 = NULL, *forbid = NULL, *stage = NULL;
     long uid = -1, gid = -1;
     int i = 1;
     for (; i < argc; i++) {
@@ -212,12 +227,40 @@ int main(int argc, char **argv) {
             break;
         }
         if (i + 1 >= argc) usage("option without a value");
+        if (strcmp(opt, "--mount") == 0) {
+            if (i + 3 >= argc) usage("--mount wants I:FD:KIND ROOT SUBPATH");
+            struct launch_mount *m = &mounts[nmounts++];
+            char kind = 0;
+            if (sscanf(argv[i + 1], "%d:%d:%c", &m->index, &m->fd, &kind) != 3 || (kind != 'd' && kind != 'f') || m->fd < 3) {
+                usage("--mount wants I:FD:KIND (KIND d or f, FD 3 or above)");
+            }
+            m->kind = kind;
+            m->root = argv[i + 2];
+            m->sub = argv[i + 3];
+            i += 3;
+            continue;
+        }
+        if (strcmp(opt, "--attach") == 0) {
+            /* --attach FD:ro|rw TARGET: FD is an earlier --fd or --mount fd. */
+            if (i + 2 >= argc) usage("--attach wants FD:ro|rw TARGET");
+            struct launch_attach *a = &attaches[nattaches++];
+            char mode[3] = {0};
+            if (sscanf(argv[i + 1], "%d:%2s", &a->fd, mode) != 2 || (strcmp(mode, "ro") != 0 && strcmp(mode, "rw") != 0) || a->fd < 3) {
+                usage("--attach wants FD:ro|rw (FD 3 or above)");
+            }
+            a->readonly = strcmp(mode, "ro") == 0;
+            a->target = argv[i + 2];
+            i += 2;
+            continue;
+        }
         char *value = argv[++i];
         if (strcmp(opt, "--cgroup-procs") == 0) cgroups[ncgroups++] = value;
         else if (strcmp(opt, "--cgroup2-dir") == 0) cgroup2 = value;
         else if (strcmp(opt, "--netns") == 0) netns = value;
         else if (strcmp(opt, "--rlimit") == 0) rlimits[nrlimits++] = value;
         else if (strcmp(opt, "--fd") == 0) fds[nfds++] = value;
+        else if (strcmp(opt, "--forbid") == 0) forbid = value;
+        else if (strcmp(opt, "--stage") == 0) stage = value;
         else if (strcmp(opt, "--uid") == 0) uid = parse_long(value, "bad uid");
         else if (strcmp(opt, "--gid") == 0) gid = parse_long(value, "bad gid");
         else usage("unknown option");
@@ -244,7 +287,11 @@ int main(int argc, char **argv) {
 
     for (size_t k = 0; k < ncgroups; k++) write_pid(cgroups[k]);
     for (size_t k = 0; k < nrlimits; k++) set_rlimit(rlimits[k]);
+    /* Mounts first: their fds are checked and numbered before anything else takes a number. */
+    if (forbid != NULL) mounts_forbid(forbid);
+    mounts_resolve(mounts, nmounts);
     for (size_t k = 0; k < nfds; k++) open_at(fds[k]);
+    attach_all(stage, attaches, nattaches);
     if (netns != NULL) {
         int fd = open(netns, O_RDONLY | O_CLOEXEC);
         if (fd < 0) die("open netns", netns);

@@ -11,16 +11,18 @@ mkdirSync(out, { recursive: true });
 
 const programs = [
   { name: 'capsule-agent', libs: ['-lutil'] },
-  { name: 'capsule-launch', libs: [] },
+  { name: 'capsule-launch', libs: [], extra: ['launch-mounts.c'], headers: ['launch-mounts.h'] },
   { name: 'seccomp-gen', libs: ['-lseccomp'] },
 ];
 
-for (const { name, libs } of programs) {
+for (const { name, libs, extra = [], headers = [] } of programs) {
   const source = join(root, 'native', `${name}.c`);
+  const sources = [source, ...extra.map((file) => join(root, 'native', file))];
   const target = join(out, name);
   if (!existsSync(source)) continue;
-  if (existsSync(target) && statSync(target).mtimeMs >= statSync(source).mtimeMs) continue;
-  const args = ['-O2', '-Wall', '-Wextra', '-Werror', '-std=gnu11', '-o', target, source, ...libs];
+  const newest = Math.max(...[...sources, ...headers.map((file) => join(root, 'native', file))].map((file) => statSync(file).mtimeMs));
+  if (existsSync(target) && statSync(target).mtimeMs >= newest) continue;
+  const args = ['-O2', '-Wall', '-Wextra', '-Werror', '-std=gnu11', '-o', target, ...sources, ...libs];
   const result = spawnSync('gcc', args, { stdio: 'inherit' });
   if (result.status !== 0) {
     console.error(`build-native: gcc failed for ${name} (is gcc and libseccomp-dev installed? run scripts/setup.sh)`);

@@ -1,6 +1,8 @@
 import type { AgentProcess, AgentStartOptions } from './agent/index.js';
 import type { BackendName, NetworkPolicy, SandboxSpec } from '../spec/index.js';
 import type { CgroupCounters } from '../host/cgroups.host.js';
+import type { HostMount } from '../host/mount-roots.host.js';
+
 
 /** What a backend can enforce. The engine refuses a spec that needs one the backend lacks. */
 export const CAPABILITIES = [
@@ -102,6 +104,11 @@ export interface CreateOptions {
   signal?: AbortSignal;
   /** Start on the workspace a previous process of Capsule left for this id (crash recovery). */
   reuseWorkspace?: boolean;
+  /**
+   * The spec's host mounts, resolved by the engine, in the order of `spec.mounts`. A spec with
+   * mounts and no resolved mounts is refused: a backend never resolves a tenant's mount itself.
+   */
+  mounts?: readonly HostMount[];
 }
 
 export interface ReconcileReport {
@@ -130,7 +137,7 @@ export interface Backend {
    * `survivesRestart` (gVisor: its checkpoint on disk), still paused; `resume()` continues it.
    * Absent on a backend whose pause does not survive a restart.
    */
-  restore?(id: string, spec: SandboxSpec): Promise<BackendSandbox>;
+  restore?(id: string, spec: SandboxSpec, options?: { mounts?: readonly HostMount[] }): Promise<BackendSandbox>;
   /**
    * Releases what the backend holds on the host beyond single sandboxes (namespace: the egress
    * proxy, the network namespace pool, host nftables rules). Sandboxes are destroyed first.

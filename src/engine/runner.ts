@@ -8,6 +8,8 @@ import { HostEnvironment, type HostEnvironmentOptions } from '../host/host-env.h
 import { copyOut, type CopyOutReport } from '../host/copy-out.host.js';
 import { baseEnv } from '../host/sandbox-layout.js';
 import { assertEnforceable } from './capabilities.js';
+import { resolveMounts } from './mounts.js';
+import { checkMountRoots } from '../host/mount-roots.host.js';
 import { newSandboxId } from './ids.js';
 import { WarmPool } from './warm-pool.js';
 import { superviseExec, type SuperviseOptions } from './supervise.js';
@@ -20,7 +22,10 @@ import { LocalArtifactStore, type ArtifactStore } from '../store/artifacts/index
 export interface RunOptions extends Omit<SuperviseOptions, 'timeoutMs' | 'onStart'> {
   /** The sandbox spec; safe defaults fill what is left out. */
   spec?: SandboxSpecInput;
-  /** Host directory shown read-only at /input. */
+  /**
+   * Host directory shown read-only at /input: the local user's own directory, made an ad-hoc
+   * mount root named `input` for this run (checked like an operator's root).
+   */
   inputDir?: string;
   /** Host directory that receives a copy of /workspace/output after the run. */
   outputDir?: string;
@@ -63,7 +68,15 @@ export interface RunnerOptions extends HostEnvironmentOptions {
   deferTeardown?: boolean;
   /** Where collected artifacts go. @default a LocalArtifactStore at <dataDir>/artifacts, opened per run */
   artifactStore?: ArtifactStore;
+  /**
+   * Host directories specs may mount, by name (`spec.mounts[].root`). The one-shot runner is the
+   * local user's own: every root is usable. @default none
+   */
+  mountRoots?: Readonly<Record<string, string>>;
 }
+
+/** The ad-hoc root `inputDir` becomes. */
+export const INPUT_ROOT = 'input';
 
 export const OUTPUT_DIR = '/workspace/output';
 
@@ -79,9 +92,11 @@ export class Runner {
   private readonly pool: WarmPool | undefined;
   private readonly deferTeardown: boolean;
   private readonly teardowns = new Set<Promise<void>>();
+  private readonly mountRoots: Readonly<Record<string, string>>;
 
   constructor(options: RunnerOptions = {}) {
     this.deferTeardown = options.deferTeardown ?? false;
+    this.mountRoots = options.mountRoots ?? {};
     this.host = new HostEnvironment(options);
     this.maxima = options.maxima;
     this.artifactStore = options.artifactStore;
@@ -109,8 +124,16 @@ export class Runner {
       });
     }
     const input = { ...(options.spec ?? {}) };
+    const roots: Record<string, string> = { ...this.mountRoots };
     if (options.inputDir !== undefined) {
-      input.mounts = [...(input.mounts ?? []), { hostPath: options.inputDir, sandboxPath: '/input' }];
+      if (INPUT_ROOT in roots) {
+        throw new SandboxError('INVALID_ARGUMENT', `inputDir is mounted as root "${INPUT_ROOT}", which mountRoots already names`, {
+          details: { field: 'inputDir' },
+          hint: `Rename the "${INPUT_ROOT}" mount root, or mount it through the spec instead of inputDir.`,
+        });
+      }
+      roots[INPUT_ROOT] = options.inputDir;
+      input.mounts = [...(input.mounts ?? []), { root: INPUT_ROOT, sandboxPath: '/input' }];
     }
     const spec = parseSpec(input, this.maxima);
     const validate = options.reportSchema === undefined ? undefined : compileReportSchema(options.reportSchema);
@@ -125,8 +148,9 @@ export class Runner {
       });
     }
     assertEnforceable(spec, await backend.probe());
+    const mounts = spec.mounts.length === 0 ? [] : await resolveMounts(spec, 'all', await checkMountRoots(roots, [this.host.dataDir]), this.host.dataDir);
 
-    const sandbox = (await this.pool?.take(spec)) ?? (await backend.create(spec, { id: newSandboxId(), signal: options.signal }));
+    const sandbox = (await this.pool?.take(spec)) ?? (await backend.create(spec, { id: newSandboxId(), signal: options.signal, mounts }));
     const sandboxId = sandbox.id;
     try {
       if (options.outputDir !== undefined || wantsReport) await prepareOutputDir(sandbox);

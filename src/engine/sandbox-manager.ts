@@ -1,7 +1,9 @@
 import { SandboxError } from '../errors/index.js';
-import { DEFAULT_MAXIMA, parseSpec, type BackendName, type NetworkPolicyInput, type OperatorMaxima } from '../spec/index.js';
+import { DEFAULT_MAXIMA, parseSpec, type BackendName, type NetworkPolicyInput, type OperatorMaxima, type SandboxSpec } from '../spec/index.js';
 import type { Backend, BackendSandbox } from '../backends/backend.js';
+import type { HostMount } from '../host/mount-roots.host.js';
 import type { HostEnvironment } from '../host/host-env.host.js';
+import { checkMountRoots, type MountRoots } from '../host/mount-roots.host.js';
 import { MemoryRecordStore, type SandboxRecordStore } from '../store/index.js';
 import type { ArtifactStore } from '../store/artifacts/index.js';
 import { isLiveState, type ProcessInfo, type SandboxInfo, type UsageSample } from '../wire/index.js';
@@ -10,6 +12,7 @@ import { assertEnforceable } from './capabilities.js';
 import { openEngineHost, type EngineHostOptions } from './engine-host.js';
 import type { EngineEvent, ProcessObserver } from './events.js';
 import { newSandboxId } from './ids.js';
+import { resolveMounts, type MountGrant } from './mounts.js';
 import type { InterpreterService } from './interpreter/index.js';
 import { Interpreters } from './interpreters.js';
 import { pauseSandbox, resumeSandbox } from './pausing.js';
@@ -39,6 +42,11 @@ export interface SandboxManagerOptions extends EngineHostOptions {
   artifacts?: ArtifactStore;
   /** Per-sandbox usage sampling. @default a sampler every 5 s, 120 samples kept */
   usage?: UsageSampler;
+  /**
+   * The operator's mount roots, checked (`SandboxManager.checkMountRoots`): the only host
+   * directories a spec can mount, each by name and only by a caller granted it. @default none
+   */
+  mountRoots?: MountRoots;
 }
 
 /**
@@ -64,6 +72,7 @@ export class SandboxManager implements SandboxEngine {
     private readonly options: SandboxManagerOptions,
     backends: Backend[],
     private readonly host: HostEnvironment | undefined,
+    private readonly mountRoots: MountRoots,
   ) {
     this.backends = new Map(backends.map((b) => [b.name, b]));
     this.table = new SandboxTable(options.store ?? new MemoryRecordStore());
@@ -75,10 +84,24 @@ export class SandboxManager implements SandboxEngine {
     this.ttl = new TtlTimers(this.now, (entry) => this.expire(entry));
   }
 
+  /**
+   * Validates the operator's roots (`serve --mount-root NAME=PATH`) before anything else starts:
+   * each an existing directory, no kernel filesystem, apart from `privateDirs` (the data and
+   * database directories). INVALID_ARGUMENT names a bad root.
+   */
+  static checkMountRoots(roots: Readonly<Record<string, string>>, privateDirs: readonly string[]): Promise<MountRoots> {
+    return checkMountRoots(roots, privateDirs);
+  }
+
+  /** The names of the operator's mount roots (what an API key can be granted). */
+  get mountRootNames(): string[] {
+    return [...this.mountRoots.keys()];
+  }
+
   /** Prepares the host, reconciles it with the store, and recovers sandboxes a crash left. */
   static async open(options: SandboxManagerOptions): Promise<SandboxManager> {
     const { host, backends } = openEngineHost(options);
-    const manager = new SandboxManager(options, backends, host);
+    const manager = new SandboxManager(options, backends, host, options.mountRoots ?? new Map());
     await manager.reconcile();
     // After reconcile, which removes every sandbox it does not know, warm ones included.
     const namespace = manager.backends.get('namespace');
@@ -93,6 +116,8 @@ export class SandboxManager implements SandboxEngine {
     const spec = parseSpec(command.spec ?? {}, this.maxima);
     const backend = this.backend(spec.backend);
     assertEnforceable(spec, await backend.probe());
+    // Before anything is made: a refused mount leaves no record and no host resource.
+    const mounts = await this.mountsFor(spec, command.grants?.mountRoots ?? []);
     const warm = await this.pool?.take(spec);
     const now = this.now();
     const entry = this.newEntry({
@@ -107,7 +132,7 @@ export class SandboxManager implements SandboxEngine {
     });
     this.table.save(entry);
     try {
-      this.attach(entry, warm ?? (await backend.create(spec, { id: entry.info.sandboxId, signal: command.signal })));
+      this.attach(entry, warm ?? (await backend.create(spec, { id: entry.info.sandboxId, signal: command.signal, mounts })));
     } catch (error) {
       await this.end(entry, 'failed', `failed to start: ${(error as Error).message}`);
       throw error;
@@ -281,12 +306,14 @@ export class SandboxManager implements SandboxEngine {
     }
     try {
       const backend = this.backend(record.spec.backend);
+      // The grant was checked at create; the roots must still exist and still pass the checks.
+      const mounts = await this.mountsFor(record.spec, 'all');
       if (record.state === 'paused' && record.pause?.survivesRestart && backend.restore) {
-        this.attach(entry, await backend.restore(record.sandboxId, record.spec));
+        this.attach(entry, await backend.restore(record.sandboxId, record.spec, { mounts }));
         this.table.save(entry);
         this.ttl.schedule(entry);
       } else {
-        this.attach(entry, await backend.create(record.spec, { id: record.sandboxId, reuseWorkspace: true }));
+        this.attach(entry, await backend.create(record.spec, { id: record.sandboxId, reuseWorkspace: true, mounts }));
         delete entry.info.pause;
         this.markRunning(entry, this.now());
       }
@@ -294,6 +321,11 @@ export class SandboxManager implements SandboxEngine {
     } catch (error) {
       await this.end(entry, 'failed', `lost in a server restart: ${(error as Error).message}`);
     }
+  }
+
+  /** The spec's host mounts resolved against the operator's roots, for a caller with `grant`. */
+  private mountsFor(spec: SandboxSpec, grant: MountGrant): Promise<HostMount[]> {
+    return resolveMounts(spec, grant, this.mountRoots, this.host?.dataDir ?? this.options.dataDir);
   }
 
   private newEntry(info: SandboxInfo): LiveSandbox {

@@ -16,6 +16,11 @@ export interface CreateSandboxCommand {
   spec?: SandboxSpecInput;
   metadata?: Record<string, string>;
   signal?: AbortSignal;
+  /**
+   * What the caller's API key was granted: the operator's mount roots it may name in
+   * `spec.mounts` ('all' for the operator's own key). @default no roots
+   */
+  grants?: { mountRoots: readonly string[] | 'all' };
 }
 
 export interface ListSandboxesQuery {
@@ -75,6 +80,8 @@ export interface SandboxFiles {
 export interface SandboxEngine {
   /** The operator's ceilings every spec is checked against. */
   readonly maxima: OperatorMaxima;
+  /** The names of the operator's mount roots (what an API key can be granted). */
+  readonly mountRootNames: readonly string[];
   create(command: CreateSandboxCommand): Promise<SandboxInfo>;
   get(tenantId: string, sandboxId: string): SandboxInfo;
   list(query: ListSandboxesQuery): SandboxInfo[];

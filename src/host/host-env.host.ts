@@ -6,10 +6,11 @@ import { dirname, join, resolve } from 'node:path';
 import { CGROUP_PREFIX } from './cgroups.host.js';
 import { fileURLToPath } from 'node:url';
 import { SandboxError } from '../errors/index.js';
-import { ETC_ALLOWLIST, SANDBOX_UID, SANDBOX_USER } from './sandbox-layout.js';
+import { ETC_ALLOWLIST, SANDBOX_UID, SANDBOX_USER, STAGE_DIR } from './sandbox-layout.js';
 import { WorkspaceVolume } from './volume.host.js';
 import { prepareSandboxEtc } from './sandbox-etc.host.js';
 import { pathExists } from './fs-util.js';
+import { DATA_DIR_MODE, privatizeDataDir } from './private-data.host.js';
 
 export interface HostEnvironmentOptions {
   /** Where Capsule keeps its state. @default '/var/lib/capsule' */
@@ -83,9 +84,11 @@ export class HostEnvironment {
       await requireFile(join(this.nativeDir, tool), `${tool} is not built (run npm run build)`);
     }
 
-    // The sandbox's host uid must traverse these directories to reach its workspace and agent.
-    await mkdir(this.dataDir, { recursive: true });
-    await chmod(this.dataDir, 0o711);
+    // Root's alone (finding: capsule.db was 0644). A sandbox's uid never reaches anything here by
+    // path: capsule-launch opens its workspace, the tools and the prepared /etc as root (fds).
+    await mkdir(this.dataDir, { recursive: true, mode: DATA_DIR_MODE });
+    await privatizeDataDir(this.dataDir);
+    // Bound at /.capsule: the sandbox's uid reads it there, so it keeps read bits for others.
     const binDir = join(this.dataDir, 'bin');
     await mkdir(binDir, { recursive: true, mode: 0o755 });
     await copyIfNewer(join(this.nativeDir, 'capsule-agent'), join(binDir, 'capsule-agent'), 0o755);
@@ -101,7 +104,9 @@ export class HostEnvironment {
     await writeEtc(etcDir);
 
     await this.volume.ensure();
-    await chmod(this.volume.mountPoint, 0o711);
+    await chmod(this.volume.mountPoint, 0o700);
+    // Empty on the host; each sandbox launcher mounts its private staging tmpfs there.
+    await mkdir(STAGE_DIR, { recursive: true, mode: 0o755 });
 
     const etcEntries: string[] = [];
     for (const entry of ETC_ALLOWLIST) if (await pathExists(`/etc/${entry}`)) etcEntries.push(entry);
@@ -122,7 +127,7 @@ export class HostEnvironment {
     const generator = join(this.nativeDir, 'seccomp-gen');
     if (await isNewer(target, generator)) return;
     const temp = `${target}.${process.pid}-${randomBytes(4).toString('hex')}.tmp`;
-    const fd = openSync(temp, 'w', 0o644);
+    const fd = openSync(temp, 'w', 0o600);
     try {
       const result = spawnSync(generator, [], { stdio: ['ignore', fd, 'pipe'] });
       if (result.status !== 0) {
@@ -180,7 +185,7 @@ async function copyIfNewer(source: string, target: string, mode: number): Promis
 
 /** Synthetic /etc files: the sandbox sees its own user, no host accounts and no resolver. */
 async function writeEtc(etcDir: string): Promise<void> {
-  await mkdir(etcDir, { recursive: true, mode: 0o755 });
+  await mkdir(etcDir, { recursive: true, mode: 0o700 });
   const files: Record<string, string> = {
     passwd: `root:x:0:0:root:/root:/usr/sbin/nologin\n${SANDBOX_USER}:x:${SANDBOX_UID}:${SANDBOX_UID}:sandbox user:/home/${SANDBOX_USER}:/bin/bash\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n`,
     group: `root:x:0:\n${SANDBOX_USER}:x:${SANDBOX_UID}:\nnogroup:x:65534:\n`,
@@ -191,6 +196,6 @@ async function writeEtc(etcDir: string): Promise<void> {
   const present = new Set(await readdir(etcDir));
   for (const [name, content] of Object.entries(files)) {
     if (present.has(name)) continue;
-    await writeFile(join(etcDir, name), content, { mode: 0o644 });
+    await writeFile(join(etcDir, name), content, { mode: 0o600 });
   }
 }

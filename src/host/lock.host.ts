@@ -50,7 +50,7 @@ export class InstanceLock {
   private constructor(private readonly path: string) {}
 
   static acquire(dataDir: string): InstanceLock {
-    mkdirSync(dataDir, { recursive: true });
+    mkdirSync(dataDir, { recursive: true, mode: 0o700 });
     const path = join(dataDir, LOCK_FILE);
     for (let attempt = 0; attempt < 3; attempt++) {
       try {

@@ -222,7 +222,8 @@ export class EgressNetwork {
   private async doStart(): Promise<void> {
     const problem = await networkPrerequisitesProblem();
     if (problem) throw new Error(problem);
-    await mkdir(join(this.options.host.dataDir, 'net'), { recursive: true, mode: 0o711 });
+    // resolv.conf is read by sandboxes through a bind (a launcher fd): the directory is root's.
+    await mkdir(join(this.options.host.dataDir, 'net'), { recursive: true, mode: 0o700 });
     await writeFile(this.resolvConf, `# Capsule: the egress proxy answers only names the policy allows.\nnameserver ${this.proxyAddress}\noptions timeout:1 attempts:1\n`, { mode: 0o644 });
     await ensureAnchor(this.names, this.proxyAddress);
     await applyRuleset(hostRuleset({

@@ -1,4 +1,4 @@
-import { lstat, readFile, readdir, rename, rm, writeFile, copyFile } from 'node:fs/promises';
+import { chmod, lstat, readFile, readdir, rename, rm, writeFile, copyFile } from 'node:fs/promises';
 import { randomBytes } from 'node:crypto';
 import { join } from 'node:path';
 import { runCommand } from './run-command.host.js';
@@ -33,11 +33,13 @@ async function rebuild(dataDir: string, target: string, stamp: string, synthetic
   for (const name of await readdir(syntheticDir)) {
     await rm(join(fresh, name), { recursive: true, force: true });
     await copyFile(join(syntheticDir, name), join(fresh, name));
+    // The source is root's alone; the copy is read by the sandbox's uid through the bind.
+    await chmod(join(fresh, name), 0o644);
   }
   const old = `${target}.old-${suffix}`;
   await rename(target, old).catch(() => undefined);
   await rename(fresh, target);
   await rm(old, { recursive: true, force: true });
-  await writeFile(join(dataDir, 'sandbox-etc.stamp'), stamp);
+  await writeFile(join(dataDir, 'sandbox-etc.stamp'), stamp, { mode: 0o600 });
   return target;
 }

@@ -20,6 +20,15 @@ export const TOOLS_DIR = '/.capsule';
 /** Where the resident agent lives inside the sandbox. */
 export const AGENT_PATH = `${TOOLS_DIR}/capsule-agent`;
 
+/**
+ * A directory that exists empty on the host; in each sandbox launcher's own mount namespace a
+ * small tmpfs covers it, holding detached mounts of the sandbox's workspace, /etc, tools,
+ * resolv.conf and host mounts (capsule-launch --stage/--attach). bubblewrap runs unprivileged
+ * and binds by path: these are the only paths it binds that are not the system's own, and no
+ * other process on the host can see them.
+ */
+export const STAGE_DIR = '/run/capsule-stage';
+
 /** The environment every process starts from; the spec's env and the call's env go on top. */
 export function baseEnv(): Record<string, string> {
   return {

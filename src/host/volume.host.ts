@@ -1,5 +1,5 @@
 import { closeSync, openSync } from 'node:fs';
-import { chown, mkdir, open, readFile, readdir, stat } from 'node:fs/promises';
+import { chmod, chown, mkdir, open, readFile, readdir, stat } from 'node:fs/promises';
 import { join } from 'node:path';
 import { SandboxError } from '../errors/index.js';
 import { runCommand } from './run-command.host.js';
@@ -110,7 +110,7 @@ export class WorkspaceVolume {
     await runCommand(['btrfs', 'subvolume', 'create', path]);
     try {
       await runCommand(['btrfs', 'qgroup', 'limit', String(diskBytes), path]);
-      await chown(path, uid, uid);
+      await own(path, uid);
     } catch (error) {
       await this.delete(id).catch(() => undefined);
       throw error;
@@ -127,7 +127,7 @@ export class WorkspaceVolume {
     const path = this.path(id);
     await runCommand(['btrfs', 'subvolume', 'create', path]);
     try {
-      await chown(path, uid, uid);
+      await own(path, uid);
     } catch (error) {
       await this.delete(id).catch(() => undefined);
       throw error;
@@ -147,6 +147,7 @@ export class WorkspaceVolume {
     }
     await runCommand(['btrfs', 'qgroup', 'limit', String(diskBytes), path]);
     if (info.uid !== uid) await runCommand(['chown', '-R', '--no-dereference', `${uid}:${uid}`, path]);
+    await chmod(path, 0o700);
     return path;
   }
 
@@ -217,6 +218,12 @@ export class WorkspaceVolume {
     if (!match?.[1]) throw new SandboxError('HOST_NOT_READY', `cannot read the btrfs uuid of ${this.mountPoint}`);
     this.fsid = match[1];
   }
+}
+
+/** A workspace is its sandbox's alone: owned by its host uid, 0700 (btrfs makes it 0755). */
+async function own(path: string, uid: number): Promise<void> {
+  await chown(path, uid, uid);
+  await chmod(path, 0o700);
 }
 
 async function subvolumeId(path: string): Promise<number | undefined> {

@@ -1,6 +1,6 @@
 import type { FastifyRequest } from 'fastify';
 import { SandboxError } from '../errors/index.js';
-import type { ApiKeyStore } from '../store/index.js';
+import type { ApiKeyRecord, ApiKeyStore, KeyGrants } from '../store/index.js';
 
 /** Who is calling: the tenant every lookup is scoped to, and the key (for the audit log). */
 export interface Principal {
@@ -9,6 +9,18 @@ export interface Principal {
   isAdmin: boolean;
   /** Set when the credential is good for one sandbox only (an E2B envd access token). */
   sandboxId?: string;
+  /** What the operator granted the key (mount roots, disk quota); an admin key may mount every root. */
+  grants: KeyGrants;
+}
+
+/** The principal of a verified key (also the E2B facade's, which reads keys its own way). */
+export function principalOf(record: ApiKeyRecord): Principal {
+  return { tenantId: record.tenantId, keyId: record.keyId, isAdmin: record.isAdmin, grants: record.grants };
+}
+
+/** The mount roots a principal may name in a spec: its grants, or every root for the operator's key. */
+export function mountGrantOf(principal: Principal): readonly string[] | 'all' {
+  return principal.isAdmin ? 'all' : principal.grants.mountRoots;
 }
 
 export type AuthLevel = 'none' | 'tenant' | 'admin';
@@ -42,5 +54,5 @@ export function authenticate(request: FastifyRequest, keys: ApiKeyStore, level: 
       hint: 'Use the operator key printed by capsule serve, or one minted with admin: true.',
     });
   }
-  return { tenantId: record.tenantId, keyId: record.keyId, isAdmin: record.isAdmin };
+  return principalOf(record);
 }

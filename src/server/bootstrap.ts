@@ -40,6 +40,13 @@ export interface StartServerOptions {
   egressHosts?: Readonly<Record<string, readonly string[]>>;
   /** Extra routes (E2B facade, metrics); see CapsuleAppOptions.extensions. */
   extensions?: CapsuleAppOptions['extensions'];
+  /**
+   * Host directories tenants may mount, by name (`capsule serve --mount-root NAME=PATH`): a spec
+   * names a root and a subpath, and only keys granted the root (POST /v1/keys `mountRoots`; the
+   * operator's key: all) may use it. Each must be an existing directory apart from the data and
+   * database directories and from /proc, /sys, /dev; the start fails otherwise. @default {}
+   */
+  mountRoots?: Readonly<Record<string, string>>;
 }
 
 export interface RunningServer {
@@ -62,6 +69,7 @@ export interface RunningServer {
  */
 export async function startServer(options: StartServerOptions): Promise<RunningServer> {
   checkDenyEntries(options.operatorDeny ?? []);
+  const mountRoots = await SandboxManager.checkMountRoots(options.mountRoots ?? {}, [options.dataDir, options.databaseDir ?? options.dataDir]);
   const lock = lockDataDir(options.dataDir);
   let db: SqliteDatabase | undefined;
   let observed: Observability | undefined;
@@ -97,6 +105,7 @@ export async function startServer(options: StartServerOptions): Promise<RunningS
       processObserver: observability.processObserver,
       artifacts: observability.artifacts,
       filesFactory: (sandbox) => createSandboxFiles(sandbox),
+      mountRoots,
     });
     const app = new CapsuleApp({ engine, db, maxSandboxesPerTenant: options.maxSandboxesPerTenant, logger: options.logger, extensions: options.extensions, observability: observability.services });
     egressLog = (event) => app.app.log.warn({ egress: event }, 'egress denied');

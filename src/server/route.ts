@@ -103,7 +103,7 @@ export interface SeamServices {
   atomically<T>(fn: () => T): T;
 }
 
-const ANONYMOUS: Principal = { tenantId: '', keyId: '', isAdmin: false };
+const ANONYMOUS: Principal = { tenantId: '', keyId: '', isAdmin: false, grants: { mountRoots: [] } };
 
 /**
  * The one seam every request passes: authentication, validation, idempotency and the audit

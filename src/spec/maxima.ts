@@ -20,6 +20,7 @@ export const DEFAULT_MAXIMA: OperatorMaxima = {
     diskBytes: 16 * GiB,
     fileSizeBytes: 4 * GiB,
     tmpBytes: 2 * GiB,
+    shmBytes: 2 * GiB,
     openFiles: 65_536,
     stdoutBytes: 64 * MiB,
     stderrBytes: 64 * MiB,

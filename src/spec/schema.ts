@@ -28,6 +28,8 @@ export const LimitsSchema = z.strictObject({
   fileSizeBytes: z.number().int().min(1024).default(64 * MiB),
   /** Size of the private /tmp (tmpfs, counted in memory). @default 64 MiB */
   tmpBytes: z.number().int().min(MiB).default(64 * MiB),
+  /** Size of /dev/shm (POSIX shared memory, a tmpfs counted in memory). @default 64 MiB */
+  shmBytes: z.number().int().min(MiB).default(64 * MiB),
   /** Open file descriptors per process (RLIMIT_NOFILE). @default 1024 */
   openFiles: z.number().int().min(16).max(65_536).default(1024),
   /** Bytes of stdout kept per run or process; the rest is dropped and flagged. @default 1 MiB */
@@ -106,11 +108,36 @@ export const NetworkPolicySchema = z.strictObject({
   }
 });
 
+/** Names of the operator's mount roots (`capsule serve --mount-root NAME=PATH`). */
+export const MOUNT_ROOT_NAME = /^[a-z0-9][a-z0-9_-]{0,63}$/;
+
+/** Where nothing may be mounted: the sandbox's kernel views and Capsule's own tools. */
+const RESERVED_MOUNT_PATHS = ['/proc', '/dev', '/sys', '/.capsule'];
+
+/** Why a sandboxPath is refused, or undefined: it must be normal (no `.`, `..`, `//`, trailing `/`). */
+export function sandboxPathProblem(path: string): string | undefined {
+  if (path === '/') return 'cannot mount over /';
+  if (path.split('/').slice(1).some((part) => part === '' || part === '.' || part === '..')) {
+    return 'must be a normal absolute path (no ".", "..", "//" or trailing "/")';
+  }
+  const reserved = RESERVED_MOUNT_PATHS.find((prefix) => path === prefix || path.startsWith(`${prefix}/`));
+  return reserved ? `${reserved} is the sandbox's own and cannot be mounted over` : undefined;
+}
+
+/**
+ * A read-only host mount: a root the operator named and granted to the caller's key, and a path
+ * under it. The host path itself never appears on the wire.
+ */
 export const MountSchema = z.strictObject({
-  /** Host directory to expose. */
-  hostPath: absolutePath,
+  /** Name of a mount root the operator granted to this API key. */
+  root: z.string().regex(MOUNT_ROOT_NAME, 'must be the name of a mount root (lowercase letters, digits, "_", "-")'),
+  /** Relative path under the root (no symlinks, no ".."). @default the root itself */
+  subpath: noNul.max(4096).optional(),
   /** Where the sandbox sees it, e.g. `/input`. */
-  sandboxPath: absolutePath,
+  sandboxPath: absolutePath.max(4096).superRefine((path, ctx) => {
+    const problem = sandboxPathProblem(path);
+    if (problem) ctx.addIssue({ code: 'custom', message: problem });
+  }),
   /** Host mounts are read-only; a writable host mount would let a sandbox change the host. */
   readOnly: z.literal(true).default(true),
 });
@@ -125,8 +152,18 @@ export const SandboxSpecSchema = z.strictObject({
   network: NetworkPolicySchema.default(NetworkPolicySchema.parse({})),
   /** The complete environment of processes; nothing of the host's is inherited. @default {} */
   env: z.record(envName, noNul).default({}),
-  /** Read-only host directories. @default [] */
-  mounts: z.array(MountSchema).max(16).default([]),
+  /** Read-only host mounts from the operator's granted roots. @default [] */
+  mounts: z
+    .array(MountSchema)
+    .max(16)
+    .default([])
+    .superRefine((mounts, ctx) => {
+      const seen = new Set<string>();
+      mounts.forEach((mount, index) => {
+        if (seen.has(mount.sandboxPath)) ctx.addIssue({ code: 'custom', path: [index, 'sandboxPath'], message: 'two mounts at the same sandboxPath' });
+        seen.add(mount.sandboxPath);
+      });
+    }),
   /** Working directory of processes. @default '/workspace' */
   cwd: absolutePath.default('/workspace'),
   /** Time to live of a durable sandbox. @default 300000 */

@@ -7,12 +7,24 @@ export const API_KEY_PATTERN = /^cap_[0-9a-f]{40}$/;
 export const TENANT_ID_PATTERN = /^[a-z0-9][a-z0-9_-]{0,63}$/;
 export const DEFAULT_TENANT = 'default';
 
+/**
+ * What the operator granted a key, beyond its tenant's own sandboxes. Stored as JSON; an admin
+ * key may use every mount root whatever its list says.
+ */
+export interface KeyGrants {
+  /** Names of the operator's mount roots (`serve --mount-root NAME=PATH`) the key may mount. */
+  mountRoots: string[];
+  /** The tenant's disk quota for work made with this key, overriding the operator's default. */
+  diskQuotaBytes?: number;
+}
+
 export interface ApiKeyRecord {
   keyId: string;
   tenantId: string;
   name: string | null;
   isAdmin: boolean;
   createdAt: string;
+  grants: KeyGrants;
 }
 
 export interface MintedKey extends ApiKeyRecord {
@@ -27,6 +39,18 @@ interface Row {
   key_hash: string;
   is_admin: number;
   created_at: string;
+  grants: string;
+}
+
+/** A stored grants column, read defensively: anything unreadable grants nothing. */
+function parseGrants(text: string): KeyGrants {
+  try {
+    const value = JSON.parse(text) as Partial<KeyGrants>;
+    const mountRoots = Array.isArray(value.mountRoots) ? value.mountRoots.filter((r): r is string => typeof r === 'string') : [];
+    return typeof value.diskQuotaBytes === 'number' ? { mountRoots, diskQuotaBytes: value.diskQuotaBytes } : { mountRoots };
+  } catch {
+    return { mountRoots: [] };
+  }
 }
 
 export function newApiKey(): string {
@@ -50,7 +74,7 @@ export class ApiKeyStore {
   }
 
   /** Creates a key for `tenantId` and returns it with its secret (the only time it is visible). */
-  mint(tenantId: string, options: { name?: string; isAdmin?: boolean; apiKey?: string } = {}): MintedKey {
+  mint(tenantId: string, options: { name?: string; isAdmin?: boolean; apiKey?: string; grants?: KeyGrants } = {}): MintedKey {
     if (!TENANT_ID_PATTERN.test(tenantId)) {
       throw new SandboxError('INVALID_ARGUMENT', `tenantId "${tenantId}" is not a valid tenant id`, {
         details: { field: 'tenantId' },
@@ -64,10 +88,11 @@ export class ApiKeyStore {
       name: options.name ?? null,
       isAdmin: options.isAdmin ?? false,
       createdAt: new Date(this.now()).toISOString(),
+      grants: { mountRoots: [...new Set(options.grants?.mountRoots ?? [])], ...(options.grants?.diskQuotaBytes !== undefined ? { diskQuotaBytes: options.grants.diskQuotaBytes } : {}) },
     };
     this.db
-      .prepare('INSERT INTO api_keys (key_id, tenant_id, name, key_hash, is_admin, created_at) VALUES (?, ?, ?, ?, ?, ?)')
-      .run(record.keyId, tenantId, record.name, hashKey(apiKey), record.isAdmin ? 1 : 0, record.createdAt);
+      .prepare('INSERT INTO api_keys (key_id, tenant_id, name, key_hash, is_admin, created_at, grants) VALUES (?, ?, ?, ?, ?, ?, ?)')
+      .run(record.keyId, tenantId, record.name, hashKey(apiKey), record.isAdmin ? 1 : 0, record.createdAt, JSON.stringify(record.grants));
     return { ...record, apiKey };
   }
 
@@ -97,6 +122,6 @@ export class ApiKeyStore {
     const hash = hashKey(apiKey);
     const row = this.byHash.get(hash);
     if (!row || !timingSafeEqual(Buffer.from(row.key_hash, 'hex'), Buffer.from(hash, 'hex'))) return undefined;
-    return { keyId: row.key_id, tenantId: row.tenant_id, name: row.name, isAdmin: row.is_admin === 1, createdAt: row.created_at };
+    return { keyId: row.key_id, tenantId: row.tenant_id, name: row.name, isAdmin: row.is_admin === 1, createdAt: row.created_at, grants: parseGrants(row.grants) };
   }
 }

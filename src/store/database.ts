@@ -1,4 +1,4 @@
-import { mkdirSync } from 'node:fs';
+import { chmodSync, closeSync, existsSync, mkdirSync, openSync } from 'node:fs';
 import { join } from 'node:path';
 import Database from 'better-sqlite3';
 
@@ -62,6 +62,8 @@ const MIGRATIONS: string[] = [
      prev_hash      TEXT NOT NULL,
      hash           TEXT NOT NULL
    );`,
+  // What the operator granted each key: mount roots by name, and a disk quota override.
+  `ALTER TABLE api_keys ADD COLUMN grants TEXT NOT NULL DEFAULT '{"mountRoots":[]}';`,
 ];
 
 export interface OpenDatabaseOptions {
@@ -73,7 +75,11 @@ export interface OpenDatabaseOptions {
 export function openDatabase(dataDir: string, options: OpenDatabaseOptions = {}): SqliteDatabase {
   const file = join(dataDir, DATABASE_FILE);
   if (options.readOnly) return new Database(file, { readonly: true, fileMustExist: true });
-  mkdirSync(dataDir, { recursive: true });
+  mkdirSync(dataDir, { recursive: true, mode: 0o700 });
+  // Root's alone: it holds every tenant's spec env and key hashes. SQLite gives the -wal and
+  // -shm files the database's own mode; an older Capsule's 0644 files are closed here too.
+  closeSync(openSync(file, 'a', 0o600));
+  for (const suffix of ['', '-wal', '-shm']) if (existsSync(`${file}${suffix}`)) chmodSync(`${file}${suffix}`, 0o600);
   const db = new Database(file);
   db.pragma('journal_mode = WAL');
   // WAL + NORMAL: every commit survives a crash of the server process (SIGKILL, OOM) and the

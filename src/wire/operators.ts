@@ -1,4 +1,5 @@
 import { z } from 'zod';
+import { MOUNT_ROOT_NAME } from '../spec/index.js';
 import { queryNumber } from './common.js';
 
 export const TENANT_ID_PATTERN = /^[a-z0-9][a-z0-9_-]{0,63}$/;
@@ -7,7 +8,14 @@ export const MintKeyBody = z.strictObject({
   tenantId: z.string().regex(TENANT_ID_PATTERN, 'must be 1-64 lowercase letters, digits, "_" or "-"'),
   name: z.string().max(128).optional(),
   admin: z.boolean().optional(),
+  /** The operator's mount roots (`serve --mount-root NAME=PATH`) this key may mount. @default [] */
+  mountRoots: z.array(z.string().regex(MOUNT_ROOT_NAME, 'must be the name of a mount root')).max(64).optional(),
+  /** The tenant's disk quota for this key's work, overriding the operator's default. */
+  diskQuotaBytes: z.number().int().positive().optional(),
 });
+
+/** What the operator granted a key beyond its tenant's own sandboxes. */
+export const KeyGrantsSchema = z.object({ mountRoots: z.array(z.string()), diskQuotaBytes: z.number().optional() });
 
 export const MintedKeySchema = z.object({
   keyId: z.string(),
@@ -16,6 +24,7 @@ export const MintedKeySchema = z.object({
   apiKey: z.string().nullable(),
   name: z.string().nullable(),
   admin: z.boolean(),
+  grants: KeyGrantsSchema,
   note: z.string().optional(),
 });
 

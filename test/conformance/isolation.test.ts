@@ -119,7 +119,7 @@ describe.each(CONFORMANCE_BACKENDS)('isolation on the %s backend', (backend) => 
       await writeFile(join(input, 'data.csv'), 'a,b\n1,2\n', { mode: 0o666 });
       await chmod(join(input, 'data.csv'), 0o666);
       const r = await sandbox.run(['sh', '-c', 'cat /input/data.csv; touch /input/new 2>&1; echo x >> /input/data.csv 2>&1; true'], {
-        spec: { mounts: [{ hostPath: input, sandboxPath: '/input' }] },
+        inputDir: input,
       });
       expect(r.stdout, describeResult(r)).toContain('a,b\n1,2\n');
       expect(r.stdout).toContain('Read-only file system');

@@ -135,4 +135,20 @@ describe.each(CONFORMANCE_BACKENDS)('limits on the %s backend end work with a re
     expect(r.outcome, describeResult(r)).toBe('exit_nonzero');
     expect(r.stderr).toMatch(/No space left on device/);
   });
+
+  conformanceIt(backend, 'bounds /dev/shm by limits.shmBytes and keeps the rest of /dev read-only', {}, async () => {
+    // Python's POSIX semaphores and shared memory live in /dev/shm: it works, up to its size.
+    const r = await sandbox.run([
+      'sh', '-c',
+      'python3 -c "import multiprocessing as m; m.Lock(); print(\'sem ok\')"; ' +
+        'dd if=/dev/zero of=/dev/shm/fill bs=1M count=40 2>&1; echo "shm $(du -k /dev/shm/fill | cut -f1)"; ' +
+        'touch /dev/planted 2>/dev/null && echo "dev writable" || echo "dev read-only"',
+    ], { spec: { limits: { shmBytes: 8 * MiB } } });
+    expect(r.stdout, describeResult(r)).toContain('sem ok');
+    expect(r.stdout).toMatch(/No space left on device/);
+    const kib = Number(/shm (\d+)/.exec(r.stdout)?.[1]);
+    expect(kib).toBeGreaterThan(4 * 1024);
+    expect(kib).toBeLessThanOrEqual(8 * 1024);
+    expect(r.stdout).toContain('dev read-only');
+  });
 });

@@ -403,7 +403,7 @@ describe('idempotency over HTTP', () => {
 
 describe('audit over HTTP', () => {
   it('records attempts and outcomes with hashed subjects and opened policy', async () => {
-    const s = await create({ spec: { mounts: [{ hostPath: '/usr/share', sandboxPath: '/data' }] } });
+    const s = await create({ spec: { limits: { memoryBytes: 1024 * 2 ** 20 } } });
     await readNdjson(await t.call('POST', `/v1/sandboxes/${s.sandboxId}/processes`, { body: { argv: ['sleep', '5'], timeoutMs: 200 } }));
     const { body } = await t.json<{ records: { seq: number; operation: string; phase: string; policy: string | null; sandboxId: string | null; subjectSha256: string | null; outcome: string | null; attemptSeq: number | null }[] }>(
       'GET',
@@ -411,7 +411,7 @@ describe('audit over HTTP', () => {
     );
     const mine = body.records.filter((r) => r.sandboxId === s.sandboxId || (r.operation === 'sandboxes.create' && r.phase === 'attempt'));
     const createAttempt = mine.filter((r) => r.operation === 'sandboxes.create' && r.phase === 'attempt').at(-1);
-    expect(JSON.parse(createAttempt?.policy ?? 'null')).toEqual({ mounts: [{ hostPath: '/usr/share', sandboxPath: '/data', readOnly: true }] });
+    expect(JSON.parse(createAttempt?.policy ?? 'null')).toEqual({ limits: { memoryBytes: 1024 * 2 ** 20 } });
     const execOutcome = body.records.find((r) => r.operation === 'processes.start' && r.phase === 'outcome' && r.sandboxId === s.sandboxId);
     expect(execOutcome?.outcome).toBe('limit:wall_clock');
     const execAttempt = body.records.find((r) => r.seq === execOutcome?.attemptSeq);

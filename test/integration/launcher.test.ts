@@ -1,7 +1,8 @@
-import { spawnSync } from 'node:child_process';
-import { mkdir, rmdir, writeFile } from 'node:fs/promises';
+import { execFileSync, spawnSync } from 'node:child_process';
+import { mkdir, mkdtemp, rm, rmdir, symlink, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { afterEach, describe, expect, it } from 'vitest';
+import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { HostEnvironment } from '../../src/host/host-env.host.js';
 import { expectNoLeaks, testDataDir } from '../helpers/sandbox.js';
 
@@ -31,6 +32,79 @@ describe('capsule-launch', () => {
       expect(again.stdout).toContain(`0::/${name}\n`);
     } finally {
       await rmdir(dir);
+    }
+  });
+});
+
+/*
+ * The launcher is the final word on a tenant's host mount (issue 11, finding 1): whatever the
+ * engine checked, what it opens as root is resolved again beneath the root, as O_PATH, and refused
+ * unless it is a directory or regular file away from kernel filesystems and the data dir. Each
+ * case runs the launcher directly, as a backend does, with a timeout: a FIFO opened for reading
+ * would block it.
+ */
+describe('capsule-launch --mount', () => {
+  let launcher: string;
+  let root: string;
+
+  const launch = (mountRoot: string, subpath: string, kind: 'd' | 'f' = 'd', then: string[] = ['/bin/true']) =>
+    spawnSync(launcher, ['--forbid', testDataDir(), '--mount', `0:10:${kind}`, mountRoot, subpath, '--', ...then], { encoding: 'utf8', timeout: 10_000 });
+
+  beforeAll(async () => {
+    launcher = (await new HostEnvironment({ dataDir: testDataDir() }).ensure()).launcher;
+    root = await mkdtemp(join(tmpdir(), 'capsule-launch-root-'));
+    await mkdir(join(root, 'dir'));
+    await writeFile(join(root, 'dir', 'file.txt'), 'hello\n');
+  });
+  afterAll(() => rm(root, { recursive: true, force: true }));
+
+  it('resolves a directory or regular file beneath the root and hands it on as fd 10', () => {
+    const dir = launch(root, 'dir', 'd', ['/bin/ls', '/proc/self/fd/10/']);
+    expect(dir.status, dir.stderr).toBe(0);
+    expect(dir.stdout).toBe('file.txt\n');
+    const file = launch(root, 'dir/file.txt', 'f', ['/bin/cat', '/proc/self/fd/10']);
+    expect(file.status, file.stderr).toBe(0);
+    expect(file.stdout).toBe('hello\n');
+  });
+
+  it('refuses what the engine would have refused, and what was swapped in after its check', async () => {
+    const dataDir = testDataDir();
+    await symlink(dataDir, join(root, 'to-data'));
+    await symlink('dir', join(root, 'inner-link'));
+    execFileSync('mkfifo', [join(root, 'fifo')]);
+    execFileSync('mknod', [join(root, 'device'), 'c', '1', '3']);
+    // The engine saw a directory here; by launch time it is a symlink to the data dir.
+    await mkdir(join(root, 'swapped'));
+    await rmdir(join(root, 'swapped'));
+    await symlink(dataDir, join(root, 'swapped'));
+    const cases: [string, string, string, RegExp][] = [
+      [root, 'to-data', 'INVALID_PATH', /symlink/],
+      [root, 'to-data/volume', 'INVALID_PATH', /symlink/],
+      [root, 'inner-link', 'INVALID_PATH', /symlink/],
+      [root, 'swapped', 'INVALID_PATH', /symlink/],
+      [root, '..', 'INVALID_PATH', /out of the root/],
+      [root, 'dir/../..', 'INVALID_PATH', /out of the root/],
+      [root, '/etc', 'INVALID_PATH', /relative/],
+      [root, 'fifo', 'INVALID_PATH', /device, FIFO or socket/],
+      [root, 'device', 'INVALID_PATH', /device, FIFO or socket/],
+      [root, 'dir/file.txt', 'INVALID_PATH', /changed type/],
+      [dataDir, '.', 'PERMISSION_DENIED', /data directory/],
+      [dataDir, 'volume', 'PERMISSION_DENIED', /data directory/],
+      [join(dataDir, '..'), '.', 'PERMISSION_DENIED', /data directory|root is no longer/],
+      ['/', '.', 'PERMISSION_DENIED', /data directory/],
+      ['/proc', '.', 'PERMISSION_DENIED', /kernel filesystem/],
+      ['/proc', '1', 'PERMISSION_DENIED', /kernel filesystem/],
+      ['/sys', '.', 'PERMISSION_DENIED', /kernel filesystem/],
+      ['/sys/fs', 'cgroup', 'PERMISSION_DENIED', /kernel filesystem/],
+      ['/dev', 'pts', 'PERMISSION_DENIED', /kernel filesystem/],
+      [join(root, 'to-data'), '.', 'PERMISSION_DENIED', /root is no longer/],
+    ];
+    for (const [mountRoot, subpath, code, why] of cases) {
+      const r = launch(mountRoot, subpath);
+      expect(r.error, `${mountRoot} ${subpath}`).toBeUndefined(); // no timeout: nothing blocked
+      expect(r.status, `${mountRoot} ${subpath}: ${r.stderr}`).toBe(125);
+      expect(r.stderr, `${mountRoot} ${subpath}`).toMatch(new RegExp(`mount 0 refused \\(${code}\\): `));
+      expect(r.stderr, `${mountRoot} ${subpath}`).toMatch(why);
     }
   });
 });

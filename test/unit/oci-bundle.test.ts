@@ -10,14 +10,15 @@ const options: OciBundleOptions = {
   toolsDir: '/data/bin',
   hostUid: 4_123_456,
   cgroupsPath: 'capsule-abcdef-s1',
+  mountSources: ['/data/gvisor/bundles/s1/mnt/0'],
 };
 
 describe('buildOciSpec', () => {
   const spec = parseSpec({
     backend: 'gvisor',
     env: { SECRET_LOOKING: 'x' },
-    limits: { memoryBytes: 256 * MiB, cpus: 1.5, pids: 50, fileSizeBytes: 5 * MiB, openFiles: 200, tmpBytes: 8 * MiB },
-    mounts: [{ hostPath: '/srv/data', sandboxPath: '/input' }],
+    limits: { memoryBytes: 256 * MiB, cpus: 1.5, pids: 50, fileSizeBytes: 5 * MiB, openFiles: 200, tmpBytes: 8 * MiB, shmBytes: 4 * MiB },
+    mounts: [{ root: 'data', subpath: 'in', sandboxPath: '/input' }],
   });
   const oci = buildOciSpec(spec, options);
 
@@ -45,13 +46,20 @@ describe('buildOciSpec', () => {
     const byDestination = new Map(oci.mounts.map((m) => [m.destination, m]));
     expect(byDestination.get('/workspace')).toEqual({ destination: '/workspace', type: 'bind', source: options.workspaceDir, options: ['rbind', 'rw', 'nosuid', 'nodev'] });
     expect(byDestination.get('/tmp')?.options).toContain(`size=${8 * MiB}`);
+    expect(byDestination.get('/dev/shm')).toEqual({ destination: '/dev/shm', type: 'tmpfs', source: 'tmpfs', options: ['nosuid', 'nodev', 'mode=1777', `size=${4 * MiB}`] });
     const writable = oci.mounts.filter((m) => m.type === 'bind' && !m.options?.includes('ro')).map((m) => m.destination);
     expect(writable).toEqual(['/workspace']);
   });
 
   it('binds /usr, the prepared /etc, spec mounts and the tools read-only', () => {
     const ro = oci.mounts.filter((m) => m.options?.includes('ro')).map((m) => `${m.destination}<-${m.source}`);
-    expect(ro).toEqual(['/usr<-/usr', '/etc<-/data/sandbox-etc', '/input<-/srv/data', '/.capsule<-/data/bin']);
+    expect(ro).toEqual(['/usr<-/usr', '/etc<-/data/sandbox-etc', '/input<-/data/gvisor/bundles/s1/mnt/0', '/.capsule<-/data/bin']);
+  });
+
+  it('binds a host mount from where the launcher attached it, not recursively, never from a tenant path', () => {
+    const input = oci.mounts.find((m) => m.destination === '/input');
+    expect(input).toEqual({ destination: '/input', type: 'bind', source: '/data/gvisor/bundles/s1/mnt/0', options: ['bind', 'ro', 'nosuid', 'nodev'] });
+    expect(() => buildOciSpec(spec, { ...options, mountSources: [] })).toThrow(/mounts\[0\]/);
   });
 
   it("binds a network's resolv.conf over the prepared one", () => {

@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { parseSpec, parseBytes, parseDurationMs, formatBytes } from '../../src/spec/index.js';
+import { parseSpec, parseBytes, parseDurationMs, formatBytes, loosenings } from '../../src/spec/index.js';
 import { isSandboxError } from '../../src/errors/index.js';
 
 function codeOf(fn: () => unknown): string | undefined {
@@ -36,7 +36,7 @@ describe('the sandbox spec', () => {
 
   it('rejects wrong types and writable host mounts', () => {
     expect(codeOf(() => parseSpec({ limits: { memoryBytes: '1g' } }))).toBe('INVALID_SPEC');
-    expect(codeOf(() => parseSpec({ mounts: [{ hostPath: '/data', sandboxPath: '/input', readOnly: false }] }))).toBe('INVALID_SPEC');
+    expect(codeOf(() => parseSpec({ mounts: [{ root: 'data', sandboxPath: '/input', readOnly: false }] }))).toBe('INVALID_SPEC');
     expect(codeOf(() => parseSpec({ env: { 'BAD-NAME': 'x' } }))).toBe('INVALID_SPEC');
     expect(codeOf(() => parseSpec({ cwd: 'relative' }))).toBe('INVALID_SPEC');
   });
@@ -44,6 +44,56 @@ describe('the sandbox spec', () => {
   it('refuses limits above the operator maxima with SPEC_EXCEEDS_MAXIMUM', () => {
     expect(codeOf(() => parseSpec({ limits: { cpus: 64 } }))).toBe('SPEC_EXCEEDS_MAXIMUM');
     expect(codeOf(() => parseSpec({ limits: { memoryBytes: 64 * 2 ** 30 } }))).toBe('SPEC_EXCEEDS_MAXIMUM');
+  });
+});
+
+describe('host mounts in the spec', () => {
+  it('name a granted root and a subpath, never a host path', () => {
+    const spec = parseSpec({ mounts: [{ root: 'datasets', subpath: 'imagenet/train', sandboxPath: '/data' }] });
+    expect(spec.mounts).toEqual([{ root: 'datasets', subpath: 'imagenet/train', sandboxPath: '/data', readOnly: true }]);
+    // The old wire shape is an unknown key now: a client cannot name a host path at all.
+    expect(codeOf(() => parseSpec({ mounts: [{ hostPath: '/var/lib/capsule', sandboxPath: '/x' }] }))).toBe('INVALID_SPEC');
+    expect(codeOf(() => parseSpec({ mounts: [{ root: 'datasets', hostPath: '/', sandboxPath: '/x' }] }))).toBe('INVALID_SPEC');
+    expect(codeOf(() => parseSpec({ mounts: [{ root: '/srv/datasets', sandboxPath: '/x' }] }))).toBe('INVALID_SPEC');
+    expect(codeOf(() => parseSpec({ mounts: [{ root: 'datasets', subpath: 'a\0b', sandboxPath: '/x' }] }))).toBe('INVALID_SPEC');
+  });
+
+  it('refuses sandbox paths that are not normal or that cover the sandbox\'s own', () => {
+    for (const sandboxPath of ['/', '/proc', '/proc/1', '/dev/shm', '/sys', '/.capsule', '/a/../../etc', '/a//b', '/a/', '/./a', 'rel']) {
+      expect(codeOf(() => parseSpec({ mounts: [{ root: 'data', sandboxPath }] })), sandboxPath).toBe('INVALID_SPEC');
+    }
+    expect(codeOf(() => parseSpec({ mounts: [{ root: 'a', sandboxPath: '/in' }, { root: 'b', sandboxPath: '/in' }] }))).toBe('INVALID_SPEC');
+    expect(parseSpec({ mounts: [{ root: 'data', sandboxPath: '/input/deep' }] }).mounts[0]?.sandboxPath).toBe('/input/deep');
+  });
+});
+
+describe('loosenings', () => {
+  it('are nothing for the default spec, or for limits lowered', () => {
+    expect(loosenings(parseSpec({}))).toBeUndefined();
+    expect(loosenings(parseSpec({ limits: { memoryBytes: 64 * 2 ** 20, cpus: 0.5 }, ttlMs: 1000 }))).toBeUndefined();
+  });
+
+  it('name every raised limit, a longer TTL, the network, handles and mounts', () => {
+    const spec = parseSpec({
+      limits: { memoryBytes: 2 ** 30, shmBytes: 128 * 2 ** 20, cpus: 0.5 },
+      ttlMs: 3_600_000,
+      network: { mode: 'allowlist', allow: ['pypi.org'], handles: ['github'], maxConnections: 10_000 },
+      mounts: [{ root: 'datasets', subpath: 'a', sandboxPath: '/data' }, { root: 'models', sandboxPath: '/models' }],
+    });
+    expect(loosenings(spec)).toEqual({
+      limits: { memoryBytes: 2 ** 30, shmBytes: 128 * 2 ** 20 },
+      ttlMs: 3_600_000,
+      network: { mode: 'allowlist', allow: ['pypi.org'], maxConnections: 10_000 },
+      handles: ['github'],
+      mounts: [
+        { root: 'datasets', subpath: 'a', sandboxPath: '/data', readOnly: true },
+        { root: 'models', subpath: '', sandboxPath: '/models', readOnly: true },
+      ],
+    });
+  });
+
+  it('record an internet grant even with no allow entries', () => {
+    expect(loosenings(parseSpec({ network: { mode: 'internet' } }))).toEqual({ network: { mode: 'internet', allow: [] } });
   });
 });
 

@@ -6,10 +6,12 @@ import { SandboxCgroup, listSandboxCgroups } from '../../host/cgroups.host.js';
 import type { HostEnvironment, HostPaths } from '../../host/host-env.host.js';
 import type { SandboxSpec } from '../../spec/index.js';
 import type { Backend, BackendProbe, BackendSandbox, Capability, CreateOptions, ReconcileReport } from '../backend.js';
+import type { HostMount } from '../../host/mount-roots.host.js';
+import { hostMountsOf } from '../host-mounts.js';
 import { buildOciSpec, hostPidsBackstop, type OciSpec } from './oci-bundle.js';
 import { GvisorLayout } from './layout.js';
 import { GvisorSandbox, type NetworkAttachment } from './gvisor-sandbox.host.js';
-import { probeRunsc, Runsc, writeRootfs, type RunscInfo } from './runsc.host.js';
+import { makeMountPoint, probeRunsc, Runsc, writeRootfs, type RunscInfo } from './runsc.host.js';
 
 /** Host uids of gVisor sandbox users; apart from the namespace backend's 3,000,000 range. */
 const UID_BASE = 4_000_000;
@@ -69,11 +71,11 @@ export class GvisorBackend implements Backend {
   }
 
   async create(spec: SandboxSpec, options: CreateOptions): Promise<BackendSandbox> {
-    return this.open(spec, options.id, { mode: 'run', reuseWorkspace: options.reuseWorkspace === true, signal: options.signal });
+    return this.open(spec, options.id, { mode: 'run', reuseWorkspace: options.reuseWorkspace === true, signal: options.signal, mounts: options.mounts });
   }
 
   /** A sandbox a previous Capsule process paused to a checkpoint, still paused: resume() restores it. */
-  async restore(id: string, spec: SandboxSpec): Promise<BackendSandbox> {
+  async restore(id: string, spec: SandboxSpec, options: { mounts?: readonly HostMount[] } = {}): Promise<BackendSandbox> {
     const saved = await this.layout.readPauseState(id);
     if (saved === undefined) {
       throw new SandboxError('SANDBOX_NOT_FOUND', `sandbox ${id} has no gVisor checkpoint to restore`, {
@@ -81,7 +83,7 @@ export class GvisorBackend implements Backend {
         hint: 'Only a sandbox paused with keepMemory on the gvisor backend can be restored after a restart.',
       });
     }
-    return this.open(spec, id, { mode: 'paused', reuseWorkspace: true });
+    return this.open(spec, id, { mode: 'paused', reuseWorkspace: true, mounts: options.mounts });
   }
 
   async reconcile(liveIds: ReadonlySet<string>): Promise<ReconcileReport> {
@@ -127,8 +129,9 @@ export class GvisorBackend implements Backend {
   private async open(
     spec: SandboxSpec,
     id: string,
-    how: { mode: 'run' | 'paused'; reuseWorkspace: boolean; signal?: AbortSignal },
+    how: { mode: 'run' | 'paused'; reuseWorkspace: boolean; signal?: AbortSignal; mounts?: readonly HostMount[] },
   ): Promise<BackendSandbox> {
+    const mounts = hostMountsOf(spec, how.mounts);
     const paths = await this.host.ensure();
     const { runsc } = await this.ready();
     if (spec.network.mode !== 'none' && !this.options.network?.capabilities.includes(`network.${spec.network.mode}`)) {
@@ -159,7 +162,7 @@ export class GvisorBackend implements Backend {
         how.reuseWorkspace ? this.host.volume.adopt(id, spec.limits.diskBytes, uid) : this.host.volume.createWithoutLimit(id, uid),
         networkMade,
         Promise.resolve(networkMade).then((network) =>
-          this.writeBundle(id, spec, { hostUid: uid, cgroupsPath: cgroupName, workspaceDir: this.host.volume.path(id), network, paths }),
+          this.writeBundle(id, spec, { hostUid: uid, cgroupsPath: cgroupName, workspaceDir: this.host.volume.path(id), network, paths, mounts }),
         ),
       ]);
       if (madeCgroup.status === 'fulfilled') cleanup.push(() => madeCgroup.value.remove());
@@ -172,7 +175,7 @@ export class GvisorBackend implements Backend {
       const network = (madeNetwork as PromiseFulfilledResult<NetworkAttachment | undefined>).value;
       how.signal?.throwIfAborted();
       const sandbox = new GvisorSandbox({
-        id, spec, workspaceDir, cgroup, runsc, layout: this.layout, launcher: paths.launcher, network,
+        id, spec, workspaceDir, cgroup, runsc, layout: this.layout, launcher: paths.launcher, network, mounts, dataDir: paths.dataDir,
         diskUsed: () => this.host.volume.usedBytes(id),
         release: async () => {
           this.uidsInUse.delete(uid);
@@ -197,9 +200,9 @@ export class GvisorBackend implements Backend {
   private async writeBundle(
     id: string,
     spec: SandboxSpec,
-    options: { hostUid: number; cgroupsPath: string; workspaceDir: string; network: NetworkAttachment | undefined; paths: HostPaths },
+    options: { hostUid: number; cgroupsPath: string; workspaceDir: string; network: NetworkAttachment | undefined; paths: HostPaths; mounts: readonly HostMount[] },
   ): Promise<void> {
-    const { network, paths } = options;
+    const { network, paths, mounts } = options;
     const bundleDir = this.layout.bundleDir(id);
     const oci: OciSpec = buildOciSpec(spec, {
       rootfsDir: join(bundleDir, 'rootfs'),
@@ -210,9 +213,12 @@ export class GvisorBackend implements Backend {
       cgroupsPath: options.cgroupsPath,
       ...(network?.resolvConf !== undefined ? { resolvConf: network.resolvConf } : {}),
       ...(network ? { netnsPath: network.path } : {}),
+      mountSources: mounts.map((m) => this.layout.mountSource(id, m.index)),
     });
     await rm(bundleDir, { recursive: true, force: true });
-    await writeRootfs(oci.root.path, spec.mounts.map((m) => m.sandboxPath));
+    await mkdir(bundleDir, { recursive: true, mode: 0o700 });
+    await writeRootfs(oci.root.path, mounts.map((m) => ({ path: m.sandboxPath, kind: m.kind })));
+    for (const m of mounts) await makeMountPoint(this.layout.mountSource(id, m.index), m.kind, 0o700);
     await writeFile(join(bundleDir, 'config.json'), JSON.stringify(oci, null, 1), { mode: 0o600 });
   }
 

@@ -1,11 +1,15 @@
 import { spawn, type ChildProcess } from 'node:child_process';
-import { writeFile } from 'node:fs/promises';
+import { mkdir, writeFile } from 'node:fs/promises';
+import { privatizeWritten } from '../../host/private-data.host.js';
 import { join } from 'node:path';
 import { AgentClient, type AgentHandOver, type AgentProcess, type AgentProcessRecord } from '../agent/index.js';
 import { SandboxError } from '../../errors/index.js';
 import type { SandboxCgroup } from '../../host/cgroups.host.js';
 import type { NetworkPolicy, SandboxSpec } from '../../spec/index.js';
 import type { BackendSandbox, ExecRequest, PauseOptions, PauseResult, SandboxCounters } from '../backend.js';
+import type { HostMount } from '../../host/mount-roots.host.js';
+import { launchMountArgs, mountRefusal } from '../host-mounts.js';
+import { FIRST_MOUNT_FD } from '../namespace/bwrap-args.js';
 import type { GvisorLayout } from './layout.js';
 import type { Runsc } from './runsc.host.js';
 
@@ -48,6 +52,10 @@ export interface GvisorSandboxOptions {
   layout: GvisorLayout;
   launcher: string;
   network: NetworkAttachment | undefined;
+  /** Host mounts, attached by capsule-launch in runsc's private mount namespace at each launch. */
+  mounts: readonly HostMount[];
+  /** Capsule's data directory: never mountable (capsule-launch --forbid). */
+  dataDir: string;
   diskUsed: () => Promise<number | undefined>;
   release: () => Promise<void>;
 }
@@ -179,7 +187,10 @@ export class GvisorSandbox implements BackendSandbox {
       // The agent lives on inside the checkpoint; its stream ends here, its processes do not.
       agent.prepareHandOver();
       try {
+        await mkdir(this.options.layout.imageDir(this.id), { recursive: true, mode: 0o700 });
         await this.options.runsc.checkpoint(this.id, this.options.layout.imageDir(this.id));
+        // runsc writes the image (another tenant's memory, to any reader) 0644: root's alone.
+        await privatizeWritten(this.options.layout.imageDir(this.id));
       } catch (error) {
         agent.prepareHandOver(false);
         this.state = 'running';
@@ -245,9 +256,14 @@ export class GvisorSandbox implements BackendSandbox {
    */
   private async launch(runscArgs: string[], waitFor: 'ready' | 'ping'): Promise<void> {
     const network = this.options.network;
+    const { mounts, layout } = this.options;
     const args = [
       // Forked straight into the v2 group: a migration would wait for an RCU grace period.
       '--cgroup2-dir', this.cgroup.dir('unified'),
+      // runsc's gofer opens bundle mount sources as root: each is the launcher's checked mount,
+      // attached in a mount namespace of runsc's own, where nothing can swap it.
+      '--forbid', this.options.dataDir,
+      ...launchMountArgs(mounts, FIRST_MOUNT_FD, (index) => layout.mountSource(this.id, index)),
       ...(network ? ['--netns', network.path] : []),
       '--', ...(network ? hideRootNetnsMarker() : []),
       this.options.runsc.binary, ...this.options.runsc.flagsFor(network ? 'sandbox' : 'none'), ...runscArgs,
@@ -279,6 +295,8 @@ export class GvisorSandbox implements BackendSandbox {
       agent.close();
       await this.stopContainer();
       const why = this.stderrTail.trim();
+      const refused = mountRefusal(why, this.spec);
+      if (refused) throw refused;
       throw new SandboxError('HOST_NOT_READY', `gVisor sandbox ${this.id} failed to start${why ? `: ${why}` : ''}`, {
         cause: error,
         hint: 'Check that runsc works on this host (scripts/setup.sh installs it); set debugLogDir on the gvisor backend for runsc logs.',

@@ -37,6 +37,14 @@ export class GvisorLayout {
     return join(this.bundlesDir, id);
   }
 
+  /**
+   * Where capsule-launch attaches spec mount `index` in runsc's private mount namespace, for the
+   * gofer to bind: on the host it stays an empty directory or file under the 0700 bundle.
+   */
+  mountSource(id: string, index: number): string {
+    return join(this.bundleDir(id), 'mnt', String(index));
+  }
+
   checkpointDir(id: string): string {
     return join(this.checkpointsDir, id);
   }

@@ -35,6 +35,12 @@ export interface OciBundleOptions {
   cgroupsPath: string;
   /** The program that runs as the container's init. @default [AGENT_PATH] */
   command?: readonly string[];
+  /**
+   * Host path of each spec mount, in the order of `spec.mounts`: where capsule-launch attaches
+   * the resolved mount in runsc's private mount namespace (GvisorLayout.mountSource), never a
+   * path a tenant named. @default [] (a spec with mounts then fails)
+   */
+  mountSources?: readonly string[];
   /** Host file bound at /etc/resolv.conf instead of Capsule's empty one (a network's resolver). */
   resolvConf?: string;
   /**
@@ -84,6 +90,8 @@ export function buildOciSpec(spec: SandboxSpec, options: OciBundleOptions): OciS
   const mounts: OciSpec['mounts'] = [
     { destination: '/proc', type: 'proc', source: 'proc' },
     { destination: '/dev', type: 'tmpfs', source: 'tmpfs', options: ['nosuid', 'mode=755'] },
+    // POSIX shared memory, sized like /tmp (gVisor's own /dev/shm is not writable by the user).
+    { destination: '/dev/shm', type: 'tmpfs', source: 'tmpfs', options: ['nosuid', 'nodev', 'mode=1777', `size=${spec.limits.shmBytes}`] },
     { destination: '/usr', type: 'bind', source: '/usr', options: ro },
   ];
   // One bind: every mount is a gofer connection in runsc, and ~25 of them cost start-up time.
@@ -100,9 +108,12 @@ export function buildOciSpec(spec: SandboxSpec, options: OciBundleOptions): OciS
     },
     { destination: '/workspace', type: 'bind', source: options.workspaceDir, options: ['rbind', 'rw', 'nosuid', 'nodev'] },
   );
-  for (const mount of spec.mounts) {
-    mounts.push({ destination: mount.sandboxPath, type: 'bind', source: mount.hostPath, options: ro });
-  }
+  spec.mounts.forEach((mount, index) => {
+    const source = options.mountSources?.[index];
+    if (source === undefined) throw new Error(`no host source for mounts[${index}]`);
+    // Not recursive: the launcher attached exactly the one checked mount there.
+    mounts.push({ destination: mount.sandboxPath, type: 'bind', source, options: ['bind', 'ro', 'nosuid', 'nodev'] });
+  });
   mounts.push({ destination: TOOLS_DIR, type: 'bind', source: options.toolsDir, options: ro });
 
   const noCaps: string[] = [];

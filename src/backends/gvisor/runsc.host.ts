@@ -1,5 +1,5 @@
-import { access, constants, lstat, mkdir, symlink } from 'node:fs/promises';
-import { join } from 'node:path';
+import { access, constants, lstat, mkdir, open, symlink } from 'node:fs/promises';
+import { dirname, join } from 'node:path';
 import { SandboxError } from '../../errors/index.js';
 import { runCommand, type CommandResult } from '../../host/run-command.host.js';
 import { buildRunscFlags, type RunscFlagsOptions, type RunscPlatform } from './oci-bundle.js';
@@ -78,7 +78,7 @@ export class Runsc {
  * The read-only root of one sandbox: empty mount points for every bind of its OCI spec and the
  * usr-merge symlinks. gVisor cannot create mount points in a read-only root, so they exist here.
  */
-export async function writeRootfs(rootfsDir: string, mountPoints: readonly string[]): Promise<void> {
+export async function writeRootfs(rootfsDir: string, mountPoints: readonly { path: string; kind: 'dir' | 'file' }[]): Promise<void> {
   await mkdir(rootfsDir, { recursive: true, mode: 0o755 });
   for (const dir of ['usr', 'etc', 'tmp', 'workspace', 'home', 'proc', 'dev', 'var', '.capsule']) {
     await mkdir(join(rootfsDir, dir), { recursive: true, mode: 0o755 });
@@ -90,7 +90,20 @@ export async function writeRootfs(rootfsDir: string, mountPoints: readonly strin
   for (const [path, target] of links) {
     if (!(await lstat(join(rootfsDir, path)).catch(() => undefined))) await symlink(target, join(rootfsDir, path));
   }
-  for (const mountPoint of mountPoints) await mkdir(join(rootfsDir, mountPoint), { recursive: true, mode: 0o755 });
+  for (const { path, kind } of mountPoints) await makeMountPoint(join(rootfsDir, path), kind);
+}
+
+/**
+ * An empty directory or file to mount on; missing parents are made with the same directory mode.
+ * @param dirMode 0o755 inside a sandbox's root (its user traverses it), 0o700 elsewhere
+ */
+export async function makeMountPoint(path: string, kind: 'dir' | 'file', dirMode = 0o755): Promise<void> {
+  if (kind === 'dir') {
+    await mkdir(path, { recursive: true, mode: dirMode });
+    return;
+  }
+  await mkdir(dirname(path), { recursive: true, mode: dirMode });
+  await (await open(path, 'a', 0o600)).close();
 }
 
 async function isExecutable(path: string): Promise<boolean> {

@@ -1,28 +1,37 @@
 import type { SandboxSpec } from '../../spec/index.js';
 import { AGENT_PATH, SANDBOX_UID, SANDBOX_USER, TOOLS_DIR } from '../../host/sandbox-layout.js';
 
-/** Fds the launcher opens for bwrap: the seccomp program, then one per read-only mount. */
+/**
+ * Fds the launcher opens as root: the seccomp program; the workspace, the prepared /etc, the tools
+ * and a network's resolv.conf, which live under Capsule's private data directory (0700: the
+ * sandbox's uid cannot reach them by path); then one per host mount. All but the seccomp program
+ * are shown to bwrap under STAGE_DIR (see STAGE).
+ */
 export const SECCOMP_FD = 3;
+export const WORKSPACE_FD = 4;
+export const ETC_FD = 5;
+export const TOOLS_FD = 6;
+export const RESOLV_CONF_FD = 7;
 export const FIRST_MOUNT_FD = 10;
 
+/** Names under STAGE_DIR. */
+export const STAGE = {
+  workspace: 'workspace',
+  etc: 'etc',
+  tools: 'tools',
+  resolvConf: 'resolv.conf',
+  mount: (index: number) => `mount-${index}`,
+} as const;
+
 export interface BwrapOptions {
-  /** Host path of the workspace, bound read-write at /workspace. */
-  workspaceDir: string;
-  /** Host directory that is the sandbox's whole /etc (HostPaths.sandboxEtcDir). */
-  sandboxEtcDir: string;
+  /** Where the launcher staged the sandbox's private directories (STAGE_DIR in its namespace). */
+  stageDir: string;
   /** Fd on which bwrap reads the seccomp program. */
   seccompFd: number;
-  /**
-   * Fd of each spec mount's host directory, opened by the launcher as root, so that the sandbox
-   * uid need not be able to traverse the directory's parents (bwrap --ro-bind-fd).
-   */
-  mountFds: readonly number[];
   /** When false, bwrap makes a fresh empty network namespace; when true, the caller's is kept. */
   shareNetwork: boolean;
-  /** Host file bound at /etc/resolv.conf instead of the no-resolver one (the egress proxy's resolver). */
-  resolvConf?: string;
-  /** Host directory of Capsule's in-sandbox tools, bound read-only at TOOLS_DIR. */
-  toolsDir: string;
+  /** A network's resolv.conf is staged and bound over the no-resolver one (the egress proxy's resolver). */
+  hasResolvConf?: boolean;
   /** The program bwrap runs as the sandbox's first process. @default [AGENT_PATH] */
   command?: readonly string[];
 }
@@ -43,24 +52,25 @@ export function buildBwrapArgs(spec: SandboxSpec, options: BwrapOptions): string
     '--symlink', 'usr/bin', '/bin', '--symlink', 'usr/sbin', '/sbin',
     '--symlink', 'usr/lib', '/lib', '--symlink', 'usr/lib64', '/lib64',
     '--proc', '/proc', '--dev', '/dev',
+    // POSIX shared memory: a sized tmpfs like /tmp (the rest of /dev is made read-only below).
+    '--size', String(spec.limits.shmBytes), '--tmpfs', '/dev/shm',
   ];
+  const staged = (name: string) => `${options.stageDir}/${name}`;
   // One bind for all of /etc: allowlisted copies and Capsule's own passwd, group, hosts.
-  args.push('--ro-bind', options.sandboxEtcDir, '/etc');
-  if (options.resolvConf) args.push('--ro-bind', options.resolvConf, '/etc/resolv.conf');
+  args.push('--ro-bind', staged(STAGE.etc), '/etc');
+  if (options.hasResolvConf) args.push('--ro-bind', staged(STAGE.resolvConf), '/etc/resolv.conf');
   args.push(
     '--size', String(spec.limits.tmpBytes), '--tmpfs', '/tmp',
     '--dir', '/var', '--symlink', '../tmp', '/var/tmp',
-    '--bind', options.workspaceDir, '/workspace',
+    '--bind', staged(STAGE.workspace), '/workspace',
     '--dir', '/home', '--symlink', '/workspace', `/home/${SANDBOX_USER}`,
   );
-  spec.mounts.forEach((mount, index) => {
-    const fd = options.mountFds[index];
-    if (fd === undefined) throw new Error(`no fd for mount ${mount.sandboxPath}`);
-    args.push('--ro-bind-fd', String(fd), mount.sandboxPath);
-  });
-  args.push('--ro-bind', options.toolsDir, TOOLS_DIR);
-  // bwrap builds the root on a tmpfs; nothing outside /workspace and /tmp may be written.
-  args.push('--remount-ro', '/');
+  // Host mounts: the launcher resolved each beneath its root and staged it read-only.
+  spec.mounts.forEach((mount, index) => args.push('--ro-bind', staged(STAGE.mount(index)), mount.sandboxPath));
+  args.push('--ro-bind', staged(STAGE.tools), TOOLS_DIR);
+  // bwrap builds the root and /dev on tmpfs; nothing outside /workspace, /tmp and /dev/shm may
+  // be written (each remount is of that one mount: the binds and tmpfs above keep their own).
+  args.push('--remount-ro', '/', '--remount-ro', '/dev');
   const command = options.command ?? [AGENT_PATH];
   args.push('--chdir', '/workspace', '--clearenv', '--seccomp', String(options.seccompFd), '--', ...command);
   return args;

@@ -8,19 +8,11 @@ import { SandboxCgroup, listSandboxCgroups } from '../../host/cgroups.host.js';
 import type { HostEnvironment, HostPaths } from '../../host/host-env.host.js';
 import type { NetworkPolicy, SandboxSpec } from '../../spec/index.js';
 import { EgressNetwork, networkPrerequisitesProblem, type NetworkAttachment } from '../../host/netns-network.host.js';
-import type {
-  Backend,
-  BackendProbe,
-  BackendSandbox,
-  Capability,
-  CreateOptions,
-  ExecRequest,
-  PauseOptions,
-  PauseResult,
-  ReconcileReport,
-  SandboxCounters,
-} from '../backend.js';
-import { buildBwrapArgs, FIRST_MOUNT_FD, SECCOMP_FD } from './bwrap-args.js';
+import type { Backend, BackendProbe, BackendSandbox, Capability, CreateOptions, ExecRequest, PauseOptions, PauseResult, ReconcileReport, SandboxCounters } from '../backend.js';
+import type { HostMount } from '../../host/mount-roots.host.js';
+import { STAGE_DIR } from '../../host/sandbox-layout.js';
+import { buildBwrapArgs, ETC_FD, FIRST_MOUNT_FD, RESOLV_CONF_FD, SECCOMP_FD, STAGE, TOOLS_FD, WORKSPACE_FD } from './bwrap-args.js';
+import { hostMountsOf, launchMountArgs, mountRefusal } from '../host-mounts.js';
 
 /** Host uids for sandboxes come from this range; each live sandbox has its own. */
 const UID_BASE = 3_000_000;
@@ -67,8 +59,8 @@ export class NamespaceBackend implements Backend {
   /** Warm sandboxes serve specs with no network and no mounts whose fixed-at-start limits match. */
   poolKey(spec: SandboxSpec): string | undefined {
     if (spec.network.mode !== 'none' || spec.mounts.length > 0) return undefined;
-    const { tmpBytes, fileSizeBytes, openFiles } = spec.limits;
-    return `namespace:tmp=${tmpBytes}:fsize=${fileSizeBytes}:nofile=${openFiles}`;
+    const { tmpBytes, shmBytes, fileSizeBytes, openFiles } = spec.limits;
+    return `namespace:tmp=${tmpBytes}:shm=${shmBytes}:fsize=${fileSizeBytes}:nofile=${openFiles}`;
   }
 
   async probe(): Promise<BackendProbe> {
@@ -83,6 +75,7 @@ export class NamespaceBackend implements Backend {
   }
 
   async create(spec: SandboxSpec, options: CreateOptions): Promise<BackendSandbox> {
+    const mounts = hostMountsOf(spec, options.mounts);
     const paths = await this.host.ensure();
     const uid = this.allocateUid(options.id);
     const cleanup: (() => Promise<void>)[] = [() => Promise.resolve(void this.uidsInUse.delete(uid))];
@@ -100,7 +93,7 @@ export class NamespaceBackend implements Backend {
       if (egress) cleanup.push(() => egress.detach(options.id));
       options.signal?.throwIfAborted();
       const starting = NamespaceSandbox.start({
-        id: options.id, spec, paths, uid, cgroup, workspaceDir, network, egress,
+        id: options.id, spec, paths, uid, cgroup, workspaceDir, network, egress, mounts,
         diskUsed: () => this.host.volume.usedBytes(options.id),
         setDiskLimit: (bytes) => this.host.volume.setLimit(options.id, bytes),
         release: async () => {
@@ -170,6 +163,7 @@ interface StartOptions {
   uid: number;
   cgroup: SandboxCgroup;
   workspaceDir: string;
+  mounts: readonly HostMount[];
   diskUsed: () => Promise<number | undefined>;
   setDiskLimit: (bytes: number) => Promise<void>;
   network: NetworkAttachment | undefined;
@@ -216,15 +210,12 @@ class NamespaceSandbox implements BackendSandbox {
 
   static async start(options: StartOptions): Promise<NamespaceSandbox> {
     const { spec, paths, uid, cgroup } = options;
-    const mountFds = spec.mounts.map((_, index) => FIRST_MOUNT_FD + index);
+    const resolvConf = options.network?.resolvConf;
     const bwrapArgs = buildBwrapArgs(spec, {
-      mountFds,
-      workspaceDir: options.workspaceDir,
-      sandboxEtcDir: paths.sandboxEtcDir,
+      stageDir: STAGE_DIR,
       seccompFd: SECCOMP_FD,
       shareNetwork: options.network !== undefined,
-      resolvConf: options.network?.resolvConf,
-      toolsDir: paths.toolsDir,
+      hasResolvConf: resolvConf !== undefined,
     });
     const launchArgs = [
       ...cgroup.launchArgs(),
@@ -232,8 +223,16 @@ class NamespaceSandbox implements BackendSandbox {
       '--rlimit', `nofile=${spec.limits.openFiles}`,
       '--rlimit', 'core=0',
       ...(options.network ? ['--netns', options.network.netnsPath] : []),
+      // Opened as root and staged where bwrap finds them: the data directory is 0700, the
+      // sandbox's uid cannot reach anything in it by path.
       '--fd', `${SECCOMP_FD}:${paths.seccompBpf}`,
-      ...spec.mounts.flatMap((mount, index) => ['--fd', `${mountFds[index]}:${mount.hostPath}`]),
+      '--stage', STAGE_DIR,
+      '--fd', `${WORKSPACE_FD}:${options.workspaceDir}`, '--attach', `${WORKSPACE_FD}:rw`, STAGE.workspace,
+      '--fd', `${ETC_FD}:${paths.sandboxEtcDir}`, '--attach', `${ETC_FD}:ro`, STAGE.etc,
+      '--fd', `${TOOLS_FD}:${paths.toolsDir}`, '--attach', `${TOOLS_FD}:ro`, STAGE.tools,
+      ...(resolvConf !== undefined ? ['--fd', `${RESOLV_CONF_FD}:${resolvConf}`, '--attach', `${RESOLV_CONF_FD}:ro`, STAGE.resolvConf] : []),
+      '--forbid', paths.dataDir,
+      ...launchMountArgs(options.mounts, FIRST_MOUNT_FD, STAGE.mount),
       '--uid', String(uid), '--gid', String(uid),
       '--', paths.bwrap, ...bwrapArgs,
     ];
@@ -252,6 +251,8 @@ class NamespaceSandbox implements BackendSandbox {
     } catch (error) {
       await sandbox.destroy().catch(() => undefined);
       const why = sandbox.stderrTail.trim();
+      const refused = mountRefusal(why, spec);
+      if (refused) throw refused;
       throw new SandboxError('HOST_NOT_READY', `sandbox ${options.id} failed to start${why ? `: ${why}` : ''}`, {
         cause: error,
         hint: 'Check that bubblewrap works for unprivileged users on this host (scripts/setup.sh verifies it).',

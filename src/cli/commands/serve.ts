@@ -1,5 +1,6 @@
 import { Command } from 'commander';
 import { DEFAULT_DATA_DIR } from '../../host/host-env.host.js';
+import { SandboxError } from '../../errors/index.js';
 import { collect, numberOption } from '../options.js';
 import type { CliContext } from '../context.js';
 
@@ -11,6 +12,24 @@ interface ServeFlags {
   warmPool: number;
   logLevel: string;
   deny?: string[];
+  mountRoot?: string[];
+}
+
+/** `--mount-root NAME=PATH` flags as a map; a flag without `=` or a name given twice is refused. */
+function parseMountRoots(flags: readonly string[]): Record<string, string> {
+  const roots: Record<string, string> = {};
+  for (const flag of flags) {
+    const at = flag.indexOf('=');
+    const name = flag.slice(0, at);
+    if (at <= 0 || name in roots) {
+      throw new SandboxError('INVALID_ARGUMENT', `--mount-root ${flag}: ${at <= 0 ? 'write NAME=PATH' : `root ${name} is named twice`}`, {
+        details: { field: '--mount-root', value: flag },
+        hint: 'Write --mount-root datasets=/srv/datasets, once per root.',
+      });
+    }
+    roots[name] = flag.slice(at + 1);
+  }
+  return roots;
 }
 
 /**
@@ -26,10 +45,12 @@ export function serveCommand(context: CliContext): Command {
     .option('--max-sandboxes <n>', 'concurrent sandboxes per tenant', numberOption('--max-sandboxes'), 20)
     .option('--log-level <level>', 'fatal, error, warn, info, debug', 'info')
     .option('--warm-pool <n>', 'sandboxes kept started ahead for creates with no network and no mounts', numberOption('--warm-pool'), 2)
+    .option('--mount-root <name=path>', 'a host directory tenants may mount read-only, by name, once their key is granted it (repeatable)', collect)
     .option('--deny <domain-or-cidr>', 'operator deny list: no sandbox reaches it, whatever its allow list (repeatable; a domain covers its subdomains; also $CAPSULE_EGRESS_DENY, comma-separated)', collect)
     .addHelpText(
       'after',
       '\nThe operator key comes from CAPSULE_API_KEY (cap_ + 40 hex); without it one is generated at the first start and printed once.' +
+        '\nMount roots: a spec mounts { root: NAME, subpath, sandboxPath }; mint keys with mountRoots: [NAME] (the operator key may use all).' +
         '\nCredential-broker handles and secrets live in DATA_DIR/broker (handles.json, secrets/NAME, mode 0600); see docs/api.md.',
     )
     .action(async (flags: ServeFlags) => {
@@ -44,6 +65,7 @@ export function serveCommand(context: CliContext): Command {
         warmPool: flags.warmPool,
         operatorDeny: [...(flags.deny ?? []), ...(context.env.CAPSULE_EGRESS_DENY ?? '').split(',').map((e) => e.trim()).filter((e) => e !== '')],
         logger: { level: flags.logLevel, stream: context.stderr },
+        mountRoots: parseMountRoots(flags.mountRoot ?? []),
       });
       context.stdout.write(`URL: ${server.url}\n`);
       const keyLine =

@@ -2,7 +2,7 @@ import { createHash, createHmac, randomBytes, timingSafeEqual } from 'node:crypt
 import type { FastifyRequest } from 'fastify';
 import { SandboxError } from '../../errors/index.js';
 import type { ApiKeyStore } from '../../store/index.js';
-import type { Principal } from '../auth.js';
+import { principalOf, type Principal } from '../auth.js';
 import { ConnectError } from './connect-protocol.js';
 
 /** `e2b_` and 40 hex digits: the same secret as the Capsule key `cap_<same hex>`. */
@@ -37,7 +37,7 @@ export function e2bPrincipal(request: FastifyRequest, keys: ApiKeyStore): Princi
       hint: 'Use e2b_ followed by the 40 hex digits of a Capsule key (cap_<hex> → e2b_<hex>).',
     });
   }
-  return { tenantId: record.tenantId, keyId: record.keyId, isAdmin: record.isAdmin };
+  return principalOf(record);
 }
 
 export interface SandboxAccess {
@@ -50,7 +50,7 @@ export const ENVD_TOKEN_KEY_ID = 'e2b-access-token';
 
 /** A principal good for the one sandbox of an envd access token (the seam's `Authenticate`). */
 export function envdPrincipal(access: SandboxAccess): Principal & SandboxAccess {
-  return { tenantId: access.tenantId, sandboxId: access.sandboxId, keyId: ENVD_TOKEN_KEY_ID, isAdmin: false };
+  return { tenantId: access.tenantId, sandboxId: access.sandboxId, keyId: ENVD_TOKEN_KEY_ID, isAdmin: false, grants: { mountRoots: [] } };
 }
 
 /** The query of an envd `/files` call, signed or not. */

@@ -3,7 +3,9 @@ import { z } from 'zod';
 import { SandboxError, isSandboxError } from '../../errors/index.js';
 import { clampLimits, type SandboxSpecInput } from '../../spec/index.js';
 import { isLiveState, type SandboxInfo, type SandboxState } from '../../wire/index.js';
+import { mountGrantOf } from '../auth.js';
 import { sendError } from '../errors.js';
+import { policyOf } from '../routes/sandboxes.js';
 import { defineRoute, registerRoute, type AnyRoute, type Authenticate } from '../route.js';
 import { e2bPrincipal, isE2bCaller } from './access.js';
 import { ENVD_VERSION, lenientJson, type E2bContext } from './deps.js';
@@ -136,7 +138,7 @@ function controlPlaneRoutes(ctx: E2bContext): AnyRoute[] {
       summary: 'E2B: create a sandbox',
       auth,
       body: CreateBody,
-      audit: ({ body }) => ({ subject: body.templateID }),
+      audit: ({ body }) => ({ subject: body.templateID, policy: policyOf(specFor(body, ctx)) }),
       async handler({ body, principal, signal }) {
         if (!TEMPLATES.has(body.templateID)) {
           throw new SandboxError('NOT_FOUND', `template ${body.templateID} not found: Capsule serves one image under the names ${[...TEMPLATES].join(', ')}`, {
@@ -150,7 +152,7 @@ function controlPlaneRoutes(ctx: E2bContext): AnyRoute[] {
         const release = ctx.quota.reserve(principal.tenantId);
         try {
           const metadata = { ...(body.metadata ?? {}), [TEMPLATE_KEY]: body.templateID };
-          const info = await engine.create({ tenantId: principal.tenantId, spec: specFor(body, ctx), metadata, signal });
+          const info = await engine.create({ tenantId: principal.tenantId, spec: specFor(body, ctx), metadata, signal, grants: { mountRoots: mountGrantOf(principal) } });
           return { kind: 'json', status: 201, body: sandboxBody(info) };
         } finally {
           release();

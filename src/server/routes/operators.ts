@@ -6,6 +6,15 @@ import type { ServerServices } from '../services.js';
 
 const error = (description: string) => ({ description, schema: ErrorBodySchema });
 
+/** What a new key is granted beyond its tenant's own sandboxes, for the audit log. */
+function grantsPolicy(body: { tenantId: string; admin?: boolean; mountRoots?: string[]; diskQuotaBytes?: number }): Record<string, unknown> | null {
+  const policy: Record<string, unknown> = {};
+  if (body.admin === true) Object.assign(policy, { admin: true, tenantId: body.tenantId });
+  if (body.mountRoots !== undefined && body.mountRoots.length > 0) policy.mountRoots = body.mountRoots;
+  if (body.diskQuotaBytes !== undefined) policy.diskQuotaBytes = body.diskQuotaBytes;
+  return Object.keys(policy).length > 0 ? policy : null;
+}
+
 export function operatorRoutes(services: ServerServices): AnyRoute[] {
   return [
     defineRoute({
@@ -16,15 +25,26 @@ export function operatorRoutes(services: ServerServices): AnyRoute[] {
       auth: 'admin',
       body: MintKeyBody,
       responses: { 201: { description: 'The new key', schema: MintedKeySchema }, 403: error('Not an admin key') },
-      audit: ({ body }) => ({ subject: body.tenantId, policy: body.admin === true ? { admin: true, tenantId: body.tenantId } : null }),
+      audit: ({ body }) => ({ subject: body.tenantId, policy: grantsPolicy(body) }),
       // The secret is shown once: a replay says so instead of storing it in the operations table.
       replayBody: (body) => ({ ...(body as object), apiKey: null, note: 'the key is shown only once; mint another if it was lost' }),
       handler({ body }) {
-        const minted = services.keys.mint(body.tenantId, { name: body.name, isAdmin: body.admin ?? false });
+        const mountRoots = body.mountRoots ?? [];
+        const unknown = mountRoots.filter((root) => !services.engine.mountRootNames.includes(root));
+        if (unknown.length > 0) {
+          throw new SandboxError('INVALID_ARGUMENT', `mountRoots names roots this server does not have: ${unknown.join(', ')}`, {
+            details: { field: 'mountRoots', unknown },
+            hint: services.engine.mountRootNames.length > 0
+              ? `The server's mount roots are: ${services.engine.mountRootNames.join(', ')}.`
+              : 'Start the server with --mount-root NAME=PATH to offer host directories.',
+          });
+        }
+        const grants = { mountRoots, ...(body.diskQuotaBytes !== undefined ? { diskQuotaBytes: body.diskQuotaBytes } : {}) };
+        const minted = services.keys.mint(body.tenantId, { name: body.name, isAdmin: body.admin ?? false, grants });
         return {
           kind: 'json',
           status: 201,
-          body: { keyId: minted.keyId, tenantId: minted.tenantId, apiKey: minted.apiKey, name: minted.name, admin: minted.isAdmin },
+          body: { keyId: minted.keyId, tenantId: minted.tenantId, apiKey: minted.apiKey, name: minted.name, admin: minted.isAdmin, grants: minted.grants },
         };
       },
     }),

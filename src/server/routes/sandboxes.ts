@@ -1,25 +1,22 @@
 import { isSandboxError } from '../../errors/index.js';
-import { parseSpec, SandboxSpecSchema, type SandboxSpec, type SandboxSpecInput } from '../../spec/index.js';
+import { loosenings, SandboxSpecSchema, type SandboxSpecInput } from '../../spec/index.js';
 import { z } from 'zod';
 import { defineRoute, type AnyRoute } from '../route.js';
 import { CreateSandboxBody, ErrorBodySchema, ListSandboxesQuery, MetadataSchema, SandboxIdParams, SandboxInfoSchema, SandboxPageSchema, SetTimeoutBody } from '../../wire/index.js';
 import { requireSandbox, type ServerServices } from '../services.js';
+import { mountGrantOf } from '../auth.js';
 
 const error = (description: string) => ({ description, schema: ErrorBodySchema });
 
-/** Capabilities a spec opens beyond the least capable sandbox, for the audit log. */
+/**
+ * Every way a spec opens more than the least capable sandbox (raised limits, a longer TTL,
+ * network, handles, mounts), for the audit log; null when it opens nothing or is invalid.
+ */
 export function policyOf(input: unknown): Record<string, unknown> | null {
-  let spec: SandboxSpec;
-  try {
-    spec = parseSpec(input ?? {});
-  } catch {
-    return null; // the create fails with INVALID_SPEC; nothing is opened
-  }
-  const policy: Record<string, unknown> = {};
-  if (spec.network.mode !== 'none') policy.network = { mode: spec.network.mode, allow: spec.network.allow };
-  if (spec.network.handles.length > 0) policy.handles = spec.network.handles;
-  if (spec.mounts.length > 0) policy.mounts = spec.mounts.map((m) => ({ hostPath: m.hostPath, sandboxPath: m.sandboxPath, readOnly: m.readOnly }));
-  return Object.keys(policy).length > 0 ? policy : null;
+  // The schema alone: the server's maxima decide whether the create goes on, not what it asked.
+  const parsed = SandboxSpecSchema.safeParse(input ?? {});
+  if (!parsed.success) return null; // the create fails with INVALID_SPEC; nothing is opened
+  return (loosenings(parsed.data) as Record<string, unknown> | undefined) ?? null;
 }
 
 export function sandboxRoutes(services: ServerServices): AnyRoute[] {
@@ -47,6 +44,7 @@ export function sandboxRoutes(services: ServerServices): AnyRoute[] {
             spec: body?.spec as SandboxSpecInput | undefined,
             metadata: body?.metadata,
             signal,
+            grants: { mountRoots: mountGrantOf(principal) },
           });
           return { kind: 'json', status: 201, body: info };
         } finally {
