@@ -109,6 +109,12 @@ export interface CreateOptions {
    * mounts and no resolved mounts is refused: a backend never resolves a tenant's mount itself.
    */
   mounts?: readonly HostMount[];
+  /**
+   * The template layer the sandbox is made from (a read-only subvolume on the workspace volume):
+   * its root is a private writable snapshot of it, seen through an idmapped mount, with root
+   * inside its own user namespace. Absent: the host template (the host's /usr, uid 1000).
+   */
+  template?: { layerDir: string };
 }
 
 export interface ReconcileReport {

@@ -18,6 +18,8 @@ import { Interpreters } from './interpreters.js';
 import { pauseSandbox, resumeSandbox } from './pausing.js';
 import { ProcessTable } from './process-table.js';
 import { SandboxTable, snapshot, type LiveSandbox } from './sandbox-table.js';
+import { startTemplate, withTemplate } from './template-start.js';
+import { HostOnlyCatalog, type TemplateCatalog } from './templates.js';
 import { TtlTimers } from './ttl.js';
 import type { CreateSandboxCommand, EngineCollectOptions, ListSandboxesQuery, ProcessHandle, SandboxEngine, SandboxFiles, StartProcessCommand } from './types.js';
 import { UsageSampler } from './usage-sampler.js';
@@ -42,6 +44,8 @@ export interface SandboxManagerOptions extends EngineHostOptions {
   artifacts?: ArtifactStore;
   /** Per-sandbox usage sampling. @default a sampler every 5 s, 120 samples kept */
   usage?: UsageSampler;
+  /** Where templates come from (spec.template). @default the host template only */
+  templates?: TemplateCatalog;
   /**
    * The operator's mount roots, checked (`SandboxManager.checkMountRoots`): the only host
    * directories a spec can mount, each by name and only by a caller granted it. @default none
@@ -63,6 +67,7 @@ export class SandboxManager implements SandboxEngine {
   private readonly onEvent: (event: EngineEvent) => void;
   private readonly observer: ProcessObserver;
   private readonly ttl: TtlTimers;
+  private readonly templates: TemplateCatalog;
   private readonly interpreters = new Interpreters();
   private readonly usageSampler: UsageSampler;
   private closed = false;
@@ -82,6 +87,7 @@ export class SandboxManager implements SandboxEngine {
     this.observer = options.processObserver ?? {};
     this.usageSampler = options.usage ?? new UsageSampler({ now: this.now });
     this.ttl = new TtlTimers(this.now, (entry) => this.expire(entry));
+    this.templates = options.templates ?? new HostOnlyCatalog();
   }
 
   /**
@@ -113,7 +119,9 @@ export class SandboxManager implements SandboxEngine {
 
   async create(command: CreateSandboxCommand): Promise<SandboxInfo> {
     this.assertOpen();
-    const spec = parseSpec(command.spec ?? {}, this.maxima);
+    const input = command.spec ?? {};
+    const image = await this.templates.resolve(command.tenantId, input.template ?? this.templates.defaultRef);
+    const spec = parseSpec(withTemplate(input, image), this.maxima);
     const backend = this.backend(spec.backend);
     assertEnforceable(spec, await backend.probe());
     // Before anything is made: a refused mount leaves no record and no host resource.
@@ -132,7 +140,9 @@ export class SandboxManager implements SandboxEngine {
     });
     this.table.save(entry);
     try {
-      this.attach(entry, warm ?? (await backend.create(spec, { id: entry.info.sandboxId, signal: command.signal, mounts })));
+      const template = image.layerDir !== undefined ? { layerDir: image.layerDir } : undefined;
+      this.attach(entry, warm ?? (await backend.create(spec, { id: entry.info.sandboxId, signal: command.signal, mounts, ...(template ? { template } : {}) })));
+      await startTemplate(entry, image, command.signal);
     } catch (error) {
       await this.end(entry, 'failed', `failed to start: ${(error as Error).message}`);
       throw error;

@@ -10,6 +10,7 @@ export const HTTP_STATUS = {
   PERMISSION_DENIED: 403,
   NOT_FOUND: 404,
   SANDBOX_NOT_FOUND: 404,
+  TEMPLATE_NOT_FOUND: 404,
   PROCESS_NOT_FOUND: 404,
   FILE_NOT_FOUND: 404,
   ALREADY_EXISTS: 409,
@@ -29,6 +30,8 @@ export const HTTP_STATUS = {
   BACKEND_CANNOT_ENFORCE: 422,
   HOST_NOT_READY: 503,
   EXEC_FAILED: 422,
+  /** The template's start command failed or its ready check never passed. */
+  TEMPLATE_NOT_READY: 422,
   SANDBOX_CRASHED: 502,
   /** Client side: the SDK or CLI could not reach the Capsule server. */
   SERVER_UNREACHABLE: 503,

@@ -130,7 +130,7 @@ async function rejection(promise: Promise<unknown>): Promise<unknown> {
 beforeAll(async () => {
   buildDir = await mkdtemp(join(tmpdir(), 'capsule-agent-test-'));
   agentPath = join(buildDir, 'capsule-agent');
-  await runCommand(['gcc', '-O2', '-Wall', '-Wextra', '-Werror', '-o', agentPath, SOURCE, '-lutil']);
+  await runCommand(['gcc', '-O2', '-Wall', '-Wextra', '-Werror', '-o', agentPath, SOURCE, SOURCE.replace(/capsule-agent\.c$/, 'agent-users.c'), '-lutil']);
 });
 
 afterEach(async (context) => {
