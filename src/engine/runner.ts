@@ -12,9 +12,11 @@ import { newSandboxId } from './ids.js';
 import { WarmPool } from './warm-pool.js';
 import { superviseExec, type SuperviseOptions } from './supervise.js';
 import type { ExecResult } from './result.js';
-import { checkCollectOptions, collectArtifacts, type ArtifactRef, type CollectOptions } from './artifacts.js';
-import { compileReportSchema, readReport, type ReportError, type ReportOptions } from './report.js';
-import { LocalArtifactStore, type ArtifactStore } from '../store/artifacts/index.js';
+// Reports (ajv) and artifacts (SQLite) are loaded by the runs that ask for them: a plain one-shot
+// run (`capsule run`) starts without either.
+import type { ArtifactRef, CollectOptions } from './artifacts.js';
+import type { ReportError, ReportOptions } from './report.js';
+import type { ArtifactStore } from '../store/artifacts/index.js';
 
 export interface RunOptions extends Omit<SuperviseOptions, 'timeoutMs' | 'onStart'> {
   /** The sandbox spec; safe defaults fill what is left out. */
@@ -62,6 +64,12 @@ export interface RunnerOptions extends HostEnvironmentOptions {
   deferTeardown?: boolean;
   /** Where collected artifacts go. @default a LocalArtifactStore at <dataDir>/artifacts, opened per run */
   artifactStore?: ArtifactStore;
+  /**
+   * Leave the workspace volume mounted at `close()` (the host stays prepared), so that the next
+   * Runner in another process skips the mount. For `capsule run`, one Runner per process.
+   * @default false: close() unmounts it when no workspace is left on it
+   */
+  keepVolumeMounted?: boolean;
 }
 
 export const OUTPUT_DIR = '/workspace/output';
@@ -77,10 +85,12 @@ export class Runner {
   private readonly artifactStore: ArtifactStore | undefined;
   private readonly pool: WarmPool | undefined;
   private readonly deferTeardown: boolean;
+  private readonly keepVolumeMounted: boolean;
   private readonly teardowns = new Set<Promise<void>>();
 
   constructor(options: RunnerOptions = {}) {
     this.deferTeardown = options.deferTeardown ?? false;
+    this.keepVolumeMounted = options.keepVolumeMounted ?? false;
     this.host = new HostEnvironment(options);
     this.maxima = options.maxima;
     this.artifactStore = options.artifactStore;
@@ -97,7 +107,7 @@ export class Runner {
     await this.pool?.close();
     // Networked runs leave the egress proxy, its anchor and ready namespaces to their backend.
     for (const backend of this.backends.values()) await backend.close?.();
-    await this.host.volume.releaseIfIdle();
+    if (!this.keepVolumeMounted) await this.host.volume.releaseIfIdle();
   }
 
   async run(command: readonly string[], options: RunOptions = {}): Promise<RunResult> {
@@ -112,10 +122,12 @@ export class Runner {
       input.mounts = [...(input.mounts ?? []), { hostPath: options.inputDir, sandboxPath: '/input' }];
     }
     const spec = parseSpec(input, this.maxima);
-    const validate = options.reportSchema === undefined ? undefined : compileReportSchema(options.reportSchema);
     const collect = options.artifacts ?? (options.outputDir === undefined ? false : {});
-    if (collect !== false) checkCollectOptions(collect);
-    const wantsReport = collect !== false || validate !== undefined || options.report !== undefined;
+    const wantsReport = collect !== false || options.reportSchema !== undefined || options.report !== undefined;
+    const reports = wantsReport ? await import('./report.js') : undefined;
+    const validate = options.reportSchema === undefined ? undefined : reports?.compileReportSchema(options.reportSchema);
+    const artifacts = collect === false ? undefined : await import('./artifacts.js');
+    if (collect !== false) artifacts?.checkCollectOptions(collect);
     const backend = this.backends.get(spec.backend);
     if (!backend) {
       throw new SandboxError('BACKEND_UNAVAILABLE', `backend ${spec.backend} is not configured on this host`, {
@@ -137,8 +149,9 @@ export class Runner {
       let output: CopyOutReport | undefined;
       if (options.outputDir !== undefined || wantsReport) await sandbox.freeze(); // nothing may change the files while they are copied
       if (options.outputDir !== undefined) output = await copyOut(join(sandbox.workspaceDir, 'output'), options.outputDir);
-      const collection = collect === false ? undefined : await this.withStore((store) => collectArtifacts(sandbox, store, { ...collect, freeze: false }));
-      const report = wantsReport ? await readReport(sandbox, { ...options.report, validate }) : {};
+      const collection =
+        collect === false || !artifacts ? undefined : await this.withStore((store) => artifacts.collectArtifacts(sandbox, store, { ...collect, freeze: false }));
+      const report = reports ? await reports.readReport(sandbox, { ...options.report, validate }) : {};
       return {
         sandboxId,
         ...result,
@@ -160,6 +173,7 @@ export class Runner {
 
   private async withStore<T>(fn: (store: ArtifactStore) => Promise<T>): Promise<T> {
     if (this.artifactStore) return fn(this.artifactStore);
+    const { LocalArtifactStore } = await import('../store/artifacts/index.js');
     const store = await LocalArtifactStore.open({ root: join(this.host.dataDir, 'artifacts') });
     try {
       return await fn(store);
