@@ -1,29 +1,14 @@
 import { SandboxError } from '../errors/index.js';
 import type { AgentProcess } from '../backends/agent/index.js';
 import type { BackendSandbox } from '../backends/backend.js';
-import { HOST_TEMPLATE } from '../spec/index.js';
-import { baseEnv, SANDBOX_UID, SANDBOX_USER } from '../host/sandbox-layout.js';
-import { hasTemplateRoot } from './templates.js';
+import { baseEnv } from '../host/sandbox-layout.js';
+import { userFor } from './templates.js';
 import type { ExecResult, ProcessInfo, SandboxInfo } from '../wire/index.js';
 import type { ObservedProcess, ProcessObserver } from './events.js';
 import { ManagedProcess } from './managed-process.js';
 import { OutputBuffer, outputFields } from './output-buffer.js';
 import { superviseExec } from './supervise.js';
 import type { ProcessHandle, StartProcessCommand } from './types.js';
-
-/**
- * The user a process starts as. A sandbox from a template runs its agent as root and starts each
- * process as the user named (its own default: the template's). The host template has one user,
- * uid 1000, and no root: asking for another is refused, never silently ignored.
- */
-function userFor(template: string | undefined, user: string | undefined): string | undefined {
-  if (hasTemplateRoot(template)) return user ?? 'root';
-  if (user === undefined || user === SANDBOX_USER || user === String(SANDBOX_UID)) return undefined;
-  throw new SandboxError('BACKEND_CANNOT_ENFORCE', `the host template has one user, "${SANDBOX_USER}" (uid ${SANDBOX_UID}); it cannot run processes as "${user}"`, {
-    details: { field: 'user', user, template: HOST_TEMPLATE },
-    hint: 'Create the sandbox from a template (spec.template, e.g. "base") to run as root or another user.',
-  });
-}
 
 /** Ended processes kept per sandbox for late reattach. */
 const MAX_ENDED_PROCESSES = 100;

@@ -1,5 +1,6 @@
 import { SandboxError } from '../errors/index.js';
 import { HOST_TEMPLATE } from '../spec/index.js';
+import { SANDBOX_UID, SANDBOX_USER } from '../host/sandbox-layout.js';
 
 /**
  * What a sandbox is made from, as the engine needs it: the layer its root is a snapshot of, and
@@ -53,4 +54,18 @@ export function templateNotFound(ref: string): SandboxError {
 /** Whether sandboxes of this spec run from a template's root (root inside), not the host's /usr. */
 export function hasTemplateRoot(template: string | undefined): boolean {
   return template !== undefined && template !== HOST_TEMPLATE;
+}
+
+/**
+ * The user a process starts as. A sandbox from a template runs its agent as root and starts each
+ * process as the user named (its own default: the template's). The host template has one user,
+ * uid 1000, and no root: asking for another is refused, never silently ignored.
+ */
+export function userFor(template: string | undefined, user: string | undefined): string | undefined {
+  if (hasTemplateRoot(template)) return user ?? 'root';
+  if (user === undefined || user === SANDBOX_USER || user === String(SANDBOX_UID)) return undefined;
+  throw new SandboxError('BACKEND_CANNOT_ENFORCE', `the host template has one user, "${SANDBOX_USER}" (uid ${SANDBOX_UID}); it cannot run processes as "${user}"`, {
+    details: { field: 'user', user, template: HOST_TEMPLATE },
+    hint: 'Create the sandbox from a template (spec.template, e.g. "base") to run as root or another user.',
+  });
 }

@@ -109,8 +109,11 @@ function isRunning(pid: number): boolean {
   }
 }
 
-/** Polls a condition that has no event to wait on (another process disappearing). */
-async function waitFor(condition: () => boolean, { timeoutMs = 5000 } = {}): Promise<void> {
+/**
+ * Polls a condition that has no event to wait on (another process disappearing). The deadline is
+ * reached only by a failure: generous, so a busy machine (2 shared cores) cannot trip it.
+ */
+async function waitFor(condition: () => boolean, { timeoutMs = 30_000 } = {}): Promise<void> {
   const deadline = Date.now() + timeoutMs;
   while (!condition()) {
     if (Date.now() > deadline) throw new Error(`condition not met within ${timeoutMs} ms`);
