@@ -107,6 +107,11 @@ export interface CreateOptions {
   signal?: AbortSignal;
   /** Start on the workspace a previous process of Capsule left for this id (crash recovery). */
   reuseWorkspace?: boolean;
+  /**
+   * The tenant the sandbox belongs to: the credential broker serves it only the handles the
+   * operator granted to this tenant. @default 'default' (the operator's own, e.g. one-shot runs)
+   */
+  tenantId?: string;
 }
 
 export interface ReconcileReport {

@@ -6,6 +6,8 @@ import type { Backend, BackendSandbox } from '../backends/backend.js';
 import { createBackends } from '../backends/registry.js';
 import { baseEnv } from '../backends/namespace/bwrap-args.js';
 import { HostEnvironment } from '../host/host-env.host.js';
+import { CredentialBroker } from '../host/egress/broker.js';
+import { join } from 'node:path';
 import { assertEnforceable } from './capabilities.js';
 import { newSandboxId } from './ids.js';
 import { ManagedProcess } from './managed-process.js';
@@ -72,6 +74,17 @@ export interface SandboxManagerOptions {
   filesFactory?: (sandbox: BackendSandbox) => SandboxFiles;
   /** Observes each process started through `startProcess` (metrics, output logs). Must not throw. */
   processObserver?: ProcessObserver;
+  /**
+   * The operator's grants of credential handles to tenants. @default the broker's configuration
+   * in `<dataDir>/broker` (the same the egress network serves)
+   */
+  handleGrants?: HandleGrants;
+}
+
+/** Which credential handles a tenant may name (the broker's `handles.json`, `tenants` field). */
+export interface HandleGrants {
+  /** The names among `handles` the tenant may not use (unknown or not granted, alike). */
+  ungranted(tenantId: string, handles: readonly string[]): Promise<string[]>;
 }
 
 /** Which process a `ProcessObserver` call is about. */
@@ -121,6 +134,7 @@ export class SandboxManager implements SandboxEngine {
   private readonly onEvent: (event: EngineEvent) => void;
   private readonly filesFactory: ((sandbox: BackendSandbox) => SandboxFiles) | undefined;
   private readonly observer: ProcessObserver;
+  private readonly grants: HandleGrants;
   private closed = false;
   private pool: WarmPool | undefined;
   private host: HostEnvironment | undefined;
@@ -133,6 +147,7 @@ export class SandboxManager implements SandboxEngine {
     this.onEvent = options.onEvent ?? (() => undefined);
     this.filesFactory = options.filesFactory;
     this.observer = options.processObserver ?? {};
+    this.grants = options.handleGrants ?? new CredentialBroker({ dir: join(options.dataDir, 'broker') });
   }
 
   /** Prepares the host, reconciles it with the store, and recovers sandboxes a crash left. */
@@ -177,7 +192,7 @@ export class SandboxManager implements SandboxEngine {
         this.onEvent({ type: 'sandbox.recovered', sandbox: this.snapshot(entry) });
         return;
       }
-      const sandbox = await backend.create(record.spec, { id: record.sandboxId, reuseWorkspace: true });
+      const sandbox = await backend.create(record.spec, { id: record.sandboxId, reuseWorkspace: true, tenantId: record.tenantId });
       this.attach(entry, sandbox);
       entry.info.state = 'running';
       delete entry.info.pause;
@@ -200,6 +215,7 @@ export class SandboxManager implements SandboxEngine {
       });
     }
     assertEnforceable(spec, await backend.probe());
+    await this.assertGranted(command.tenantId, spec.network.handles);
     const warm = await this.pool?.take(spec);
     const now = this.now();
     const info: SandboxInfo = {
@@ -216,7 +232,7 @@ export class SandboxManager implements SandboxEngine {
     this.sandboxes.set(info.sandboxId, entry);
     this.save(entry);
     try {
-      const sandbox = warm ?? (await backend.create(spec, { id: info.sandboxId, signal: command.signal }));
+      const sandbox = warm ?? (await backend.create(spec, { id: info.sandboxId, signal: command.signal, tenantId: command.tenantId }));
       this.attach(entry, sandbox);
     } catch (error) {
       await this.end(entry, 'failed', `failed to start: ${(error as Error).message}`);
@@ -282,6 +298,7 @@ export class SandboxManager implements SandboxEngine {
   async setNetworkPolicy(tenantId: string, sandboxId: string, policy: NetworkPolicyInput): Promise<SandboxInfo> {
     const entry = this.findRunning(tenantId, sandboxId);
     const spec = parseSpec({ ...entry.info.spec, network: policy }, this.maxima);
+    await this.assertGranted(tenantId, spec.network.handles);
     if (entry.info.spec.network.mode === 'none' || !entry.sandbox?.setNetworkPolicy) {
       throw new SandboxError('BACKEND_CANNOT_ENFORCE', `sandbox ${sandboxId} was created without a network and cannot gain one`, {
         details: { sandboxId, backend: entry.info.backend, mode: spec.network.mode },
@@ -292,6 +309,21 @@ export class SandboxManager implements SandboxEngine {
     entry.info.spec.network = spec.network;
     this.save(entry);
     return this.snapshot(entry);
+  }
+
+  /**
+   * Refuses credential handles the operator did not grant to the tenant (PERMISSION_DENIED, the
+   * same for an unknown handle, so that one tenant cannot learn another's handle names).
+   */
+  private async assertGranted(tenantId: string, handles: readonly string[]): Promise<void> {
+    if (handles.length === 0) return;
+    const ungranted = await this.grants.ungranted(tenantId, handles);
+    if (ungranted.length === 0) return;
+    const names = ungranted.map((h) => `"${h}"`).join(', ');
+    throw new SandboxError('PERMISSION_DENIED', `credential handle${ungranted.length === 1 ? '' : 's'} ${names} ${ungranted.length === 1 ? 'is' : 'are'} not granted to tenant "${tenantId}"`, {
+      details: { field: 'network.handles', handles: ungranted, tenantId },
+      hint: `Remove ${names} from network.handles, or ask the operator to grant ${ungranted.length === 1 ? 'it' : 'them'} to this tenant ("tenants": ["${tenantId}"] in <dataDir>/broker/handles.json).`,
+    });
   }
 
   /**

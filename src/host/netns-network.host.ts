@@ -125,12 +125,12 @@ export class EgressNetwork {
     return this.starting;
   }
 
-  /** Takes a namespace for the sandbox and registers its policy with the proxy. */
-  async attach(sandboxId: string, policy: NetworkPolicy): Promise<NetworkAttachment> {
+  /** Takes a namespace for the sandbox and registers its policy (and tenant) with the proxy. */
+  async attach(sandboxId: string, policy: NetworkPolicy, tenantId?: string): Promise<NetworkAttachment> {
     await this.start();
     const slot = await this.pool.take(sandboxId);
     this.slots.set(sandboxId, slot);
-    this.proxy.register(sandboxId, slot.address, policy);
+    this.proxy.register(sandboxId, slot.address, policy, tenantId);
     const proxyUrl = `http://${this.proxyAddress}:${this.proxy.ports.proxy}`;
     return {
       netnsPath: slot.path,

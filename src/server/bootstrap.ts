@@ -92,6 +92,7 @@ export async function startServer(options: StartServerOptions): Promise<RunningS
       backends: createBackends(host, { namespace: { network } }),
       store: records,
       maxima: options.maxima,
+      handleGrants: network.broker,
       warmPool: options.warmPool,
       onEvent: (event) => {
         auditEvent(audit, event);

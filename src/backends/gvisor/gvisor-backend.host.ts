@@ -28,7 +28,7 @@ const CAPABILITIES: readonly Capability[] = [
 export interface NetworkNamespaceProvider {
   /** What sandboxes get through it, e.g. 'network.allowlist'. */
   readonly capabilities: readonly Capability[];
-  acquire(id: string, spec: SandboxSpec): Promise<NetworkAttachment>;
+  acquire(id: string, spec: SandboxSpec, tenantId?: string): Promise<NetworkAttachment>;
 }
 
 export interface GvisorBackendOptions {
@@ -69,7 +69,7 @@ export class GvisorBackend implements Backend {
   }
 
   async create(spec: SandboxSpec, options: CreateOptions): Promise<BackendSandbox> {
-    return this.open(spec, options.id, { mode: 'run', reuseWorkspace: options.reuseWorkspace === true, signal: options.signal });
+    return this.open(spec, options.id, { mode: 'run', reuseWorkspace: options.reuseWorkspace === true, signal: options.signal, tenantId: options.tenantId });
   }
 
   /** A sandbox a previous Capsule process paused to a checkpoint, still paused: resume() restores it. */
@@ -127,7 +127,7 @@ export class GvisorBackend implements Backend {
   private async open(
     spec: SandboxSpec,
     id: string,
-    how: { mode: 'run' | 'paused'; reuseWorkspace: boolean; signal?: AbortSignal },
+    how: { mode: 'run' | 'paused'; reuseWorkspace: boolean; signal?: AbortSignal; tenantId?: string | undefined },
   ): Promise<BackendSandbox> {
     const paths = await this.host.ensure();
     const { runsc } = await this.ready();
@@ -151,7 +151,7 @@ export class GvisorBackend implements Backend {
       // that finished is undone if another failed. runsc joins the pre-made cgroups and leaves
       // them when the container goes: the counters (OOM kills above all) stay readable after
       // the sandbox died of its memory limit.
-      const networkMade = spec.network.mode === 'none' ? Promise.resolve(undefined) : this.options.network?.acquire(id, spec);
+      const networkMade = spec.network.mode === 'none' ? Promise.resolve(undefined) : this.options.network?.acquire(id, spec, how.tenantId);
       const [madeRunscRoot, madeCgroup, madeWorkspace, madeNetwork, wroteBundle] = await Promise.allSettled([
         mkdir(this.layout.runscRoot, { recursive: true, mode: 0o700 }),
         SandboxCgroup.create(this.host.cgroupPrefix, id, limits),

@@ -96,7 +96,7 @@ export class NamespaceBackend implements Backend {
         : await this.host.volume.createWithoutLimit(options.id, uid);
       cleanup.push(() => this.host.volume.delete(options.id));
       const egress = spec.network.mode === 'none' ? undefined : this.egress();
-      const network = await egress?.attach(options.id, spec.network);
+      const network = await egress?.attach(options.id, spec.network, options.tenantId);
       if (egress) cleanup.push(() => egress.detach(options.id));
       options.signal?.throwIfAborted();
       const starting = NamespaceSandbox.start({

@@ -74,6 +74,7 @@ interface TrackedConnection {
 
 interface Client {
   sandboxId: string;
+  tenantId: string | undefined;
   address: string;
   policy: CompiledPolicy;
   stats: EgressStats;
@@ -162,10 +163,11 @@ export class EgressProxy {
     this.byId.clear();
   }
 
-  /** Starts serving a sandbox whose veth address is `address`. */
-  register(sandboxId: string, address: string, policy: NetworkPolicy): void {
+  /** Starts serving a sandbox whose veth address is `address`; `tenantId` is what the broker grants by. */
+  register(sandboxId: string, address: string, policy: NetworkPolicy, tenantId?: string): void {
     const client: Client = {
       sandboxId,
+      tenantId,
       address,
       policy: new CompiledPolicy(policy, this.operatorDeny),
       stats: { connections: 0, blocked: 0, limitHits: 0 },
@@ -295,7 +297,10 @@ export class EgressProxy {
     const path = `${target.pathname}${target.search}`;
     if (host === BROKER_HOST) {
       if (!this.options.broker) return sendJson(res, 403, { code: 'BROKER_UNKNOWN_HANDLE', message: 'no credential broker is configured on this host' });
-      return this.options.broker.serve({ sandboxId: client.sandboxId, handles: client.policy.handles }, req, res, path);
+      // The target as sent, not as the URL parser normalised it: the broker refuses what it would guess at.
+      const raw = transparent ? (req.url ?? '/') : (req.url ?? '').replace(/^[a-z][a-z0-9+.-]*:\/\/[^/?#]*/i, '') || '/';
+      const caller = { sandboxId: client.sandboxId, handles: client.policy.handles, ...(client.tenantId === undefined ? {} : { tenantId: client.tenantId }) };
+      return this.options.broker.serve(caller, req, res, raw);
     }
     const port = Number(target.port || 80);
     const verdict = await this.decide(client, host, port, 'http');
