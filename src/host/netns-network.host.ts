@@ -6,7 +6,8 @@ import type { NetworkPolicy } from '../spec/index.js';
 import { isSandboxError, SandboxError } from '../errors/index.js';
 import type { HostEnvironment } from './host-env.host.js';
 import { CredentialBroker } from './egress/broker.js';
-import { DEFAULT_EGRESS_PORTS, EgressProxy, type EgressEvent, type EgressPorts, type EgressStats } from './egress/egress-proxy.js';
+import { DEFAULT_EGRESS_PORTS, EgressProxy, type EgressPorts, type EgressStats } from './egress/egress-proxy.js';
+import type { EgressLogEntry } from './egress/denial-log.js';
 import { applyRuleset, deleteTable, hostRuleset, listTables, sandboxRuleset } from './nftables.host.js';
 import {
   destroyNetns, ensureAnchor, listInstanceNetns, NetnsPool, NetworkNames, removeAnchor, slotOwner, type NetnsSlot,
@@ -24,8 +25,8 @@ export interface EgressNetworkOptions {
   hosts?: Readonly<Record<string, readonly string[]>>;
   /** Resolve only names in `hosts` (tests: no query leaves the machine). @default false */
   hostsOnly?: boolean;
-  /** Where denied attempts are logged. @default a JSON line on stderr */
-  log?: (event: EgressEvent) => void;
+  /** Where denied attempts are logged (repeats summed; see EgressProxyOptions.log). @default a JSON line on stderr */
+  log?: (entry: EgressLogEntry) => void;
   /** @default a broker over `<dataDir>/broker` */
   broker?: CredentialBroker;
   ports?: Partial<EgressPorts>;

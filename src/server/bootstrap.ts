@@ -6,7 +6,7 @@ import { SandboxManager, type EngineEvent } from '../engine/sandbox-manager.js';
 import { createBackends } from '../backends/registry.js';
 import { HostEnvironment } from '../host/host-env.host.js';
 import { EgressNetwork } from '../host/netns-network.host.js';
-import type { EgressEvent } from '../host/egress/egress-proxy.js';
+import type { EgressLogEntry } from '../host/egress/denial-log.js';
 import type { OperatorMaxima } from '../spec/index.js';
 import { API_KEY_PATTERN, ApiKeyStore, AuditLog, OperationStore, SqliteSandboxRecords, openDatabase, type SqliteDatabase } from '../store/index.js';
 import { CapsuleApp, type CapsuleAppOptions } from './app.js';
@@ -78,7 +78,7 @@ export async function startServer(options: StartServerOptions): Promise<RunningS
     const observability = (observed = await Observability.open({ dataDir: options.dataDir, records }));
     // Sandbox networking with the operator's settings; started only when a sandbox asks for a
     // network. The broker reads <dataDir>/broker (handles.json, secrets/); docs/api.md.
-    let egressLog = (event: EgressEvent): void => void process.stderr.write(`${JSON.stringify({ egress: event })}\n`);
+    let egressLog = (entry: EgressLogEntry): void => void process.stderr.write(`${JSON.stringify({ egress: entry })}\n`);
     const host = new HostEnvironment({ dataDir: options.dataDir });
     const network = new EgressNetwork({
       host,
@@ -103,7 +103,8 @@ export async function startServer(options: StartServerOptions): Promise<RunningS
     });
     const app = new CapsuleApp({ engine, db, maxSandboxesPerTenant: options.maxSandboxesPerTenant, logger: options.logger, extensions: options.extensions, observability: observability.services });
     observability.attach(engine);
-    egressLog = (event) => app.app.log.warn({ egress: event }, 'egress denied');
+    // Repeats come summed (`repeated`, once per window); metrics below still count every denial.
+    egressLog = (entry) => app.app.log.warn({ egress: entry }, entry.repeated === undefined ? 'egress denied' : 'egress denied (repeats)');
     // egress_blocked_total; a connection-limit hit ends the work and is counted with its exec.
     network.proxy.onEvent((event) => {
       if (event.kind === 'blocked') app.services.metrics?.recordEgressBlocked();

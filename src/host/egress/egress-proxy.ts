@@ -9,6 +9,7 @@ import { addressFamily, ForbiddenAddresses, normalizeAddress } from './addresses
 import { DnsResponder, type DnsQuestion } from './dns.js';
 import { CompiledPolicy, DestinationList, type DenyCode, type Denial } from './policy.js';
 import { parseClientHello } from './sni.js';
+import { DenialLog, type EgressLogEntry } from './denial-log.js';
 
 /** Ports of the proxy on its address: proxy-aware clients, redirected HTTP, redirected TLS, DNS. */
 export interface EgressPorts {
@@ -56,8 +57,14 @@ export interface EgressProxyOptions {
   broker?: CredentialBroker;
   /** @default ForbiddenAddresses.forThisHost() */
   forbidden?: ForbiddenAddresses;
-  /** One call per denied or limited attempt. @default a JSON line on stderr */
-  log?: (event: EgressEvent) => void;
+  /**
+   * Where denied and limited attempts are logged: the first of each sandbox + destination + rule
+   * at once, its repeats summed once per `denialLogWindowMs` (`repeated`). `onEvent` listeners
+   * see every attempt. @default a JSON line on stderr
+   */
+  log?: (entry: EgressLogEntry) => void;
+  /** @default 10000 */
+  denialLogWindowMs?: number;
   connectTimeoutMs?: number;
   /**
    * Destination ports of redirected connections (nftables redirects these to the transparent
@@ -108,6 +115,7 @@ export class EgressProxy {
   private readonly tlsServer: NetServer;
   private readonly dns: DnsResponder;
   private readonly sockets = new Set<Duplex>();
+  private readonly denials: DenialLog;
 
   constructor(options: EgressProxyOptions) {
     this.options = options;
@@ -115,6 +123,10 @@ export class EgressProxy {
     this.ports = { ...DEFAULT_EGRESS_PORTS, ...options.ports };
     this.operatorDeny = new DestinationList(options.operatorDeny ?? [], { coversSubdomains: true });
     this.forbidden = options.forbidden ?? ForbiddenAddresses.forThisHost();
+    this.denials = new DenialLog({
+      write: options.log ?? ((e) => void process.stderr.write(`capsule egress: ${JSON.stringify(e)}\n`)),
+      windowMs: options.denialLogWindowMs,
+    });
     // A fault in one request must never take the server process down: answer 500 and move on.
     const guard = (res: ServerResponse | Duplex) => (error: unknown): void => {
       process.stderr.write(`capsule egress: internal error: ${(error as Error).message}\n`);
@@ -159,6 +171,7 @@ export class EgressProxy {
       (server) => new Promise<void>((resolve) => server.close(() => resolve())),
     );
     await Promise.all([...closing, this.dns.close()]);
+    this.denials.close();
     this.byAddress.clear();
     this.byId.clear();
   }
@@ -218,8 +231,7 @@ export class EgressProxy {
     if (kind === 'blocked') client.stats.blocked += 1;
     else client.stats.limitHits += 1;
     const event: EgressEvent = { sandboxId: client.sandboxId, kind, protocol, destination, code: denial.code, rule: denial.rule, message: denial.message };
-    const log = this.options.log ?? ((e: EgressEvent) => void process.stderr.write(`capsule egress: ${JSON.stringify(e)}\n`));
-    log(event);
+    this.denials.record(event);
     for (const listener of this.listeners) listener(event);
   }
 
