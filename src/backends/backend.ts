@@ -36,8 +36,14 @@ export interface SandboxCounters {
   cpuThrottledUsec: number;
   /** Outbound attempts the egress proxy denied (sandboxes with a network only). */
   egressBlocked?: number;
-  /** Outbound attempts refused because `network.maxConnections` was used up. */
+  /** Outbound attempts refused by an egress limit (any of the causes below, or `network.maxConnections`). */
   egressLimitHits?: number;
+  /** ... of them, because the sandbox held `network.maxConcurrentConnections` open connections. */
+  egressConcurrencyHits?: number;
+  /** ... of them, because the egress proxy held its descriptor budget for all sandboxes. */
+  egressCapacityHits?: number;
+  /** The egress proxy's descriptor budget for all sandboxes (what a capacity hit ran into). */
+  egressCapacity?: number;
 }
 
 export type ExecRequest = AgentStartOptions;

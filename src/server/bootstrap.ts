@@ -7,7 +7,8 @@ import { createBackends } from '../backends/registry.js';
 import { HostEnvironment } from '../host/host-env.host.js';
 import { EgressNetwork } from '../host/netns-network.host.js';
 import type { EgressLogEntry } from '../host/egress/denial-log.js';
-import type { OperatorMaxima } from '../spec/index.js';
+import type { EgressTimeouts } from '../host/egress/connection-budget.js';
+import { DEFAULT_MAXIMA, type OperatorMaxima } from '../spec/index.js';
 import { API_KEY_PATTERN, ApiKeyStore, AuditLog, OperationStore, SqliteSandboxRecords, openDatabase, type SqliteDatabase } from '../store/index.js';
 import { CapsuleApp, type CapsuleAppOptions } from './app.js';
 import { InstanceLock } from './instance-lock.js';
@@ -41,6 +42,17 @@ export interface StartServerOptions {
    * the machine). Not a CLI flag. @default the system resolver
    */
   egressHosts?: Readonly<Record<string, readonly string[]>>;
+  /**
+   * Egress proxy timeouts (`capsule serve --egress-idle-timeout`): a connection that names no
+   * destination within `handshakeTimeoutMs`, or is idle for `idleTimeoutMs`, is closed.
+   * @default DEFAULT_EGRESS_TIMEOUTS (10 s, 5 min)
+   */
+  egressTimeouts?: Partial<EgressTimeouts>;
+  /**
+   * Descriptors kept for the API and the rest of the server: the egress proxy holds at most
+   * RLIMIT_NOFILE minus this for all sandboxes. @default a quarter of the limit, at least 1024
+   */
+  egressDescriptorReserve?: number;
   /** Extra routes (E2B facade, metrics); see CapsuleAppOptions.extensions. */
   extensions?: CapsuleAppOptions['extensions'];
 }
@@ -85,6 +97,9 @@ export async function startServer(options: StartServerOptions): Promise<RunningS
       operatorDeny: options.operatorDeny,
       ...(options.egressHosts ? { hosts: options.egressHosts, hostsOnly: true } : {}),
       log: (event) => egressLog(event),
+      timeouts: options.egressTimeouts,
+      descriptorReserve: options.egressDescriptorReserve,
+      maxConcurrentConnections: (options.maxima ?? DEFAULT_MAXIMA).network?.maxConcurrentConnections,
     });
     const engine = await SandboxManager.open({
       dataDir: options.dataDir,

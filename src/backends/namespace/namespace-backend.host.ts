@@ -8,6 +8,7 @@ import { SandboxCgroup, listSandboxCgroups } from '../../host/cgroups.host.js';
 import type { HostEnvironment, HostPaths } from '../../host/host-env.host.js';
 import type { NetworkPolicy, SandboxSpec } from '../../spec/index.js';
 import { EgressNetwork, networkPrerequisitesProblem, type NetworkAttachment } from '../../host/netns-network.host.js';
+import { egressCounters } from '../../host/egress/egress-proxy.js';
 import type {
   Backend,
   BackendProbe,
@@ -273,7 +274,7 @@ class NamespaceSandbox implements BackendSandbox {
   async counters(): Promise<SandboxCounters> {
     const counters = await this.cgroup.counters();
     const egress = this.egress?.stats(this.id);
-    return egress ? { ...counters, egressBlocked: egress.blocked, egressLimitHits: egress.limitHits } : counters;
+    return egress ? { ...counters, ...egressCounters(egress) } : counters;
   }
 
   setNetworkPolicy(policy: NetworkPolicy): Promise<void> {

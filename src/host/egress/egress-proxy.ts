@@ -4,12 +4,15 @@ import { endRaw, openTunnel, sendJson } from './tunnel.js';
 import { lookup } from 'node:dns/promises';
 import type { Duplex } from 'node:stream';
 import type { NetworkPolicy } from '../../spec/index.js';
+import type { SandboxCounters } from '../../backends/backend.js';
+import { SandboxError } from '../../errors/index.js';
 import { BROKER_HOST, type CredentialBroker } from './broker.js';
 import { addressFamily, ForbiddenAddresses, normalizeAddress } from './addresses.js';
 import { DnsResponder, type DnsQuestion } from './dns.js';
 import { CompiledPolicy, DestinationList, type DenyCode, type Denial } from './policy.js';
 import { parseClientHello } from './sni.js';
 import { DenialLog, type EgressLogEntry } from './denial-log.js';
+import { DEFAULT_EGRESS_TIMEOUTS, DescriptorBudget, type EgressTimeouts } from './connection-budget.js';
 
 /** Ports of the proxy on its address: proxy-aware clients, redirected HTTP, redirected TLS, DNS. */
 export interface EgressPorts {
@@ -40,8 +43,29 @@ export interface EgressStats {
   connections: number;
   /** Attempts denied by policy (the per-sandbox `egressBlocked` counter). */
   blocked: number;
-  /** Attempts refused because `network.maxConnections` was used up. */
+  /** Attempts refused by any egress limit (the three below). */
   limitHits: number;
+  /** ... because `network.maxConnections` (a lifetime count) was used up. */
+  lifetimeLimitHits: number;
+  /** ... because the sandbox held `network.maxConcurrentConnections` open connections. */
+  concurrencyLimitHits: number;
+  /** ... because the proxy held its descriptor budget across all sandboxes. */
+  capacityLimitHits: number;
+  /** Connections of the sandbox the proxy holds open now (its side and upstream). */
+  openConnections: number;
+  /** The proxy's descriptor budget for all sandboxes. */
+  capacity: number;
+}
+
+/** The egress part of a sandbox's counters (SandboxCounters), from the proxy's stats. */
+export function egressCounters(stats: EgressStats): Pick<SandboxCounters, 'egressBlocked' | 'egressLimitHits' | 'egressConcurrencyHits' | 'egressCapacityHits' | 'egressCapacity'> {
+  return {
+    egressBlocked: stats.blocked,
+    egressLimitHits: stats.limitHits,
+    egressConcurrencyHits: stats.concurrencyLimitHits,
+    egressCapacityHits: stats.capacityLimitHits,
+    egressCapacity: stats.capacity,
+  };
 }
 
 export interface EgressProxyOptions {
@@ -66,6 +90,14 @@ export interface EgressProxyOptions {
   /** @default 10000 */
   denialLogWindowMs?: number;
   connectTimeoutMs?: number;
+  /** @default DEFAULT_EGRESS_TIMEOUTS */
+  timeouts?: Partial<EgressTimeouts>;
+  /**
+   * Descriptors the proxy may hold for all sandboxes together (see `descriptorBudget`); past it
+   * new connections are refused and counted as egress limits, so the server's own accept() always
+   * has descriptors left. @default unbounded (EgressNetwork sets it from RLIMIT_NOFILE)
+   */
+  maxDescriptors?: number;
   /**
    * Destination ports of redirected connections (nftables redirects these to the transparent
    * listeners and the original port is not visible to the proxy). @default { http: 80, tls: 443 }
@@ -86,12 +118,21 @@ interface Client {
   policy: CompiledPolicy;
   stats: EgressStats;
   tunnels: Set<TrackedConnection>;
+  /** Sandbox-side connections open now. */
+  downstream: number;
+  /** Upstream connections (and broker requests) open now. */
+  upstream: number;
 }
 
-type Verdict = { ok: true; address: string } | { ok: false; status: number; body: { code: string; message: string; rule?: string; destination?: string } };
+/** An allowed connection holds an upstream slot until `release` (called once, when it closes). */
+type Verdict =
+  | { ok: true; address: string; release: () => void }
+  | { ok: false; status: number; body: { code: string; message: string; rule?: string; destination?: string } };
 
-const HELLO_TIMEOUT_MS = 5000;
 const MAX_HELLO_BYTES = 20_000; // as tunnel.ts: a ClientHello is far smaller
+/** The `rule` of refusals past the sandbox's concurrent-connection limit, and past the proxy's budget. */
+export const CONCURRENCY_RULE = 'network.maxConcurrentConnections';
+export const CAPACITY_RULE = 'proxy-capacity';
 const HOP_BY_HOP = new Set(['connection', 'keep-alive', 'proxy-connection', 'proxy-authorization', 'proxy-authenticate', 'te', 'trailer', 'upgrade']);
 
 /**
@@ -116,6 +157,10 @@ export class EgressProxy {
   private readonly dns: DnsResponder;
   private readonly sockets = new Set<Duplex>();
   private readonly denials: DenialLog;
+  private readonly timeouts: EgressTimeouts;
+  private readonly descriptors: DescriptorBudget;
+  /** Connections that have not named their destination yet, and the timer that closes them. */
+  private readonly handshakes = new WeakMap<Duplex, NodeJS.Timeout>();
 
   constructor(options: EgressProxyOptions) {
     this.options = options;
@@ -133,15 +178,26 @@ export class EgressProxy {
       if ('headersSent' in res && !res.headersSent) sendJson(res, 500, { code: 'EGRESS_INTERNAL', message: 'the egress proxy failed on this request' });
       else res.destroy();
     };
-    this.proxyServer = createHttpServer((req, res) => void this.onRequest(req, res, false).catch(guard(res)));
+    this.timeouts = { ...DEFAULT_EGRESS_TIMEOUTS, ...options.timeouts };
+    for (const [name, value] of Object.entries(this.timeouts)) {
+      if (!Number.isInteger(value) || value <= 0) {
+        throw new SandboxError('INVALID_ARGUMENT', `egress ${name} must be a positive whole number of milliseconds, got ${value}`, {
+          details: { field: name, value },
+          hint: 'Pass e.g. --egress-idle-timeout 300000 (five minutes).',
+        });
+      }
+    }
+    this.descriptors = new DescriptorBudget(options.maxDescriptors ?? Number.MAX_SAFE_INTEGER);
+    const httpOptions = { headersTimeout: this.timeouts.handshakeTimeoutMs, requestTimeout: 0, keepAliveTimeout: Math.min(5000, this.timeouts.idleTimeoutMs) };
+    this.proxyServer = createHttpServer(httpOptions, (req, res) => void this.onRequest(req, res, false).catch(guard(res)));
     this.proxyServer.on('connect', (req: IncomingMessage, socket: Duplex, head: Buffer) => void this.onConnect(req, socket, head).catch(guard(socket)));
-    this.httpServer = createHttpServer((req, res) => void this.onRequest(req, res, true).catch(guard(res)));
-    this.tlsServer = createNetServer((socket) => this.onTls(socket));
-    for (const server of [this.proxyServer, this.httpServer, this.tlsServer]) {
+    this.httpServer = createHttpServer(httpOptions, (req, res) => void this.onRequest(req, res, true).catch(guard(res)));
+    this.tlsServer = createNetServer();
+    for (const [server, protocol] of [[this.proxyServer, 'http'], [this.httpServer, 'http'], [this.tlsServer, 'tls']] as const) {
+      // A sandbox that stops talking mid-request is closed after the idle timeout.
+      if (server !== this.tlsServer) (server as HttpServer).timeout = this.timeouts.idleTimeoutMs;
       server.on('connection', (socket: Socket) => {
-        this.sockets.add(socket);
-        socket.once('close', () => this.sockets.delete(socket));
-        socket.on('error', () => undefined);
+        if (this.admit(socket, protocol) && server === this.tlsServer) this.onTls(socket);
       });
     }
     this.dns = new DnsResponder({ address: this.address, port: this.ports.dns, answer: (source, q) => this.answerDns(source, q) });
@@ -183,8 +239,10 @@ export class EgressProxy {
       tenantId,
       address,
       policy: new CompiledPolicy(policy, this.operatorDeny),
-      stats: { connections: 0, blocked: 0, limitHits: 0 },
+      stats: { connections: 0, blocked: 0, limitHits: 0, lifetimeLimitHits: 0, concurrencyLimitHits: 0, capacityLimitHits: 0, openConnections: 0, capacity: this.descriptors.total },
       tunnels: new Set(),
+      downstream: 0,
+      upstream: 0,
     };
     this.byAddress.set(address, client);
     this.byId.set(sandboxId, client);
@@ -213,8 +271,13 @@ export class EgressProxy {
   }
 
   stats(sandboxId: string): EgressStats | undefined {
-    const stats = this.byId.get(sandboxId)?.stats;
-    return stats ? { ...stats } : undefined;
+    const client = this.byId.get(sandboxId);
+    return client ? { ...client.stats, openConnections: client.downstream + client.upstream } : undefined;
+  }
+
+  /** Descriptors the proxy holds now for all sandboxes, and its budget. */
+  descriptorUse(): { inUse: number; total: number } {
+    return { inUse: this.descriptors.inUse, total: this.descriptors.total };
   }
 
   /** Subscribes to denied and limited attempts; returns the unsubscribe function. */
@@ -229,13 +292,90 @@ export class EgressProxy {
 
   private report(client: Client, kind: EgressEvent['kind'], protocol: EgressProtocol, destination: string, denial: Denial): void {
     if (kind === 'blocked') client.stats.blocked += 1;
-    else client.stats.limitHits += 1;
+    else {
+      client.stats.limitHits += 1;
+      if (denial.rule === CONCURRENCY_RULE) client.stats.concurrencyLimitHits += 1;
+      else if (denial.rule === CAPACITY_RULE) client.stats.capacityLimitHits += 1;
+      else client.stats.lifetimeLimitHits += 1;
+    }
     const event: EgressEvent = { sandboxId: client.sandboxId, kind, protocol, destination, code: denial.code, rule: denial.rule, message: denial.message };
     this.denials.record(event);
     for (const listener of this.listeners) listener(event);
   }
 
-  /** Name rules, then the connection limit, then resolution and the address rules. */
+  /**
+   * Takes a sandbox-side connection in, or refuses it at once with a reset (counted as an egress
+   * limit) when the sandbox holds its `maxConcurrentConnections` or the proxy its descriptor
+   * budget. Admitted, it must name its destination within the handshake timeout.
+   */
+  private admit(socket: Socket, protocol: EgressProtocol): boolean {
+    socket.on('error', () => undefined);
+    const client = this.clientOf(socket);
+    const limit = client && client.downstream >= client.policy.maxConcurrentConnections ? this.concurrencyDenial(client) : undefined;
+    if (limit || !this.descriptors.tryTake()) {
+      if (client) this.report(client, 'limited', protocol, `${normalizeAddress(socket.localAddress ?? '')}:${socket.localPort ?? 0}`, limit ?? this.capacityDenial());
+      socket.resetAndDestroy();
+      return false;
+    }
+    if (client) client.downstream += 1;
+    this.sockets.add(socket);
+    const timer = setTimeout(() => socket.resetAndDestroy(), this.timeouts.handshakeTimeoutMs).unref();
+    this.handshakes.set(socket, timer);
+    socket.once('close', () => {
+      clearTimeout(timer);
+      this.sockets.delete(socket);
+      this.descriptors.give();
+      if (client) client.downstream -= 1;
+    });
+    return true;
+  }
+
+  /** The connection named its destination: the handshake timer stops (idle timeouts apply from here). */
+  private handshaken(socket: Duplex): void {
+    const timer = this.handshakes.get(socket);
+    if (timer) clearTimeout(timer);
+    this.handshakes.delete(socket);
+  }
+
+  private concurrencyDenial(client: Client): Denial {
+    const max = client.policy.maxConcurrentConnections;
+    return {
+      code: 'EGRESS_LIMIT',
+      rule: CONCURRENCY_RULE,
+      message: `concurrent connection limit ${max} reached: the sandbox holds ${max} open connections through the egress proxy; close idle ones, reuse them (HTTP keep-alive) or raise network.maxConcurrentConnections`,
+    };
+  }
+
+  private capacityDenial(): Denial {
+    return {
+      code: 'EGRESS_LIMIT',
+      rule: CAPACITY_RULE,
+      message: `the egress proxy holds its maximum of ${this.descriptors.total} descriptors for all sandboxes; retry later, and close connections you do not use`,
+    };
+  }
+
+  /**
+   * Takes an upstream slot for an allowed connection (or broker request): the sandbox's
+   * concurrent limit counts upstream connections too, and each uses a descriptor. Undefined and
+   * a refusal reported when there is none.
+   */
+  private claimUpstream(client: Client, protocol: EgressProtocol, destination: string): (() => void) | Denial {
+    const denial = client.upstream >= client.policy.maxConcurrentConnections ? this.concurrencyDenial(client) : this.descriptors.tryTake() ? undefined : this.capacityDenial();
+    if (denial) {
+      this.report(client, 'limited', protocol, destination, denial);
+      return denial;
+    }
+    client.upstream += 1;
+    let released = false;
+    return () => {
+      if (released) return;
+      released = true;
+      client.upstream -= 1;
+      this.descriptors.give();
+    };
+  }
+
+  /** Name rules, then the connection limits, then resolution and the address rules. */
   private async decide(client: Client, host: string, port: number, protocol: EgressProtocol): Promise<Verdict> {
     const destination = `${host}:${port}`;
     const deny = (denial: Denial, kind: EgressEvent['kind'] = 'blocked'): Verdict => {
@@ -260,8 +400,10 @@ export class EgressProxy {
     }
     const address = addresses[0];
     if (address === undefined) return { ok: false, status: 502, body: { code: 'EGRESS_RESOLVE_FAILED', message: `${host} has no address`, destination } };
+    const release = this.claimUpstream(client, protocol, destination);
+    if (typeof release !== 'function') return { ok: false, status: 429, body: { code: release.code, message: release.message, rule: release.rule, destination } };
     client.stats.connections += 1;
-    return { ok: true, address };
+    return { ok: true, address, release };
   }
 
   private async resolve(host: string): Promise<string[]> {
@@ -287,6 +429,7 @@ export class EgressProxy {
   }
 
   private async onRequest(req: IncomingMessage, res: ServerResponse, transparent: boolean): Promise<void> {
+    this.handshaken(req.socket);
     const client = this.clientOf(req.socket);
     if (!client) return sendJson(res, 403, { code: 'EGRESS_UNKNOWN_SOURCE', message: 'this address is not a Capsule sandbox' });
     let target: URL;
@@ -312,6 +455,13 @@ export class EgressProxy {
       // The target as sent, not as the URL parser normalised it: the broker refuses what it would guess at.
       const raw = transparent ? (req.url ?? '/') : (req.url ?? '').replace(/^[a-z][a-z0-9+.-]*:\/\/[^/?#]*/i, '') || '/';
       const caller = { sandboxId: client.sandboxId, handles: client.policy.handles, ...(client.tenantId === undefined ? {} : { tenantId: client.tenantId }) };
+      // A broker request holds an upstream connection like any other (and pipelined ones add up).
+      const release = this.claimUpstream(client, 'http', `${BROKER_HOST}:80`);
+      if (typeof release !== 'function') {
+        req.resume();
+        return sendJson(res, 429, { code: release.code, message: release.message, rule: release.rule, destination: `${BROKER_HOST}:80` });
+      }
+      res.once('close', release);
       return this.options.broker.serve(caller, req, res, raw);
     }
     const port = Number(target.port || 80);
@@ -323,16 +473,29 @@ export class EgressProxy {
     const headers: Record<string, string | string[]> = {};
     for (const [name, value] of Object.entries(req.headers)) if (value !== undefined && !HOP_BY_HOP.has(name)) headers[name] = value;
     headers.host = target.host;
-    const upstream = httpRequest({ host: verdict.address, port, method: req.method, path, headers, setHost: false, agent: false, timeout: this.options.connectTimeoutMs ?? 10_000 });
+    const connectTimeoutMs = this.options.connectTimeoutMs ?? 10_000;
+    const upstream = httpRequest({ host: verdict.address, port, method: req.method, path, headers, setHost: false, agent: false, timeout: connectTimeoutMs });
+    upstream.once('close', verdict.release);
     const tunnel: TrackedConnection = { host, port, close: () => { upstream.destroy(); res.destroy(); } };
     client.tunnels.add(tunnel);
-    res.once('close', () => client.tunnels.delete(tunnel));
-    // The timeout bounds connecting only: an upstream may think for minutes before it answers.
-    upstream.once('socket', (socket: Socket) => {
-      if (socket.connecting) socket.once('connect', () => upstream.setTimeout(0));
-      else upstream.setTimeout(0);
+    res.once('close', () => {
+      client.tunnels.delete(tunnel);
+      upstream.destroy(); // the sandbox went away: nothing is left waiting on the upstream
     });
-    upstream.once('timeout', () => upstream.destroy(new Error(`no connection within ${this.options.connectTimeoutMs ?? 10_000} ms`)));
+    // Connecting has its own bound; once connected, the idle timeout applies (an upstream may
+    // think for minutes before it answers, not for ever).
+    let connected = false;
+    upstream.once('socket', (socket: Socket) => {
+      const onConnect = (): void => {
+        connected = true;
+        upstream.setTimeout(this.timeouts.idleTimeoutMs);
+      };
+      if (socket.connecting) socket.once('connect', onConnect);
+      else onConnect();
+    });
+    upstream.on('timeout', () => {
+      upstream.destroy(new Error(connected ? `no bytes for ${this.timeouts.idleTimeoutMs} ms (the proxy's idle timeout)` : `no connection within ${connectTimeoutMs} ms`));
+    });
     upstream.once('response', (response) => {
       const out: Record<string, string | string[]> = {};
       for (const [name, value] of Object.entries(response.headers)) if (value !== undefined && !HOP_BY_HOP.has(name)) out[name] = value;
@@ -348,6 +511,7 @@ export class EgressProxy {
 
   private async onConnect(req: IncomingMessage, socket: Duplex, head: Buffer): Promise<void> {
     socket.on('error', () => undefined);
+    this.handshaken(socket);
     const client = this.clientOf(req.socket);
     const match = /^\[?([^\]]+?)\]?:(\d{1,5})$/.exec(req.url ?? '');
     if (!client || !match) {
@@ -360,21 +524,21 @@ export class EgressProxy {
     }
     const verdict = await this.decide(client, host, port, 'connect');
     if (!verdict.ok) return endRaw(socket, verdict.status, verdict.body);
-    this.tunnel(client, host, port, verdict.address, socket, head, 'HTTP/1.1 200 Connection Established\r\n\r\n');
+    this.tunnel(client, host, port, verdict, socket, head, 'HTTP/1.1 200 Connection Established\r\n\r\n');
   }
 
   private onTls(socket: Socket): void {
     const client = this.clientOf(socket);
     if (!client) return void socket.resetAndDestroy();
+    // The handshake timer (from admit) bounds the wait for the ClientHello.
     let buffered = Buffer.alloc(0);
-    const timer = setTimeout(() => socket.resetAndDestroy(), HELLO_TIMEOUT_MS);
     const onData = (chunk: Buffer): void => {
       buffered = Buffer.concat([buffered, chunk]);
       const hello = parseClientHello(buffered);
       if (hello.kind === 'incomplete' && buffered.length < MAX_HELLO_BYTES) return;
       socket.off('data', onData);
       socket.pause();
-      clearTimeout(timer);
+      this.handshaken(socket);
       const name = hello.kind === 'hello' ? hello.serverName : undefined;
       if (!name) {
         this.report(client, 'blocked', 'tls', `${normalizeAddress(socket.localAddress ?? '')}:443`, {
@@ -388,20 +552,20 @@ export class EgressProxy {
       void this.decide(client, name, port, 'tls').then(
         (verdict) => {
           if (!verdict.ok) return void socket.resetAndDestroy();
-          this.tunnel(client, name, port, verdict.address, socket, buffered, undefined);
+          this.tunnel(client, name, port, verdict, socket, buffered, undefined);
         },
         () => socket.resetAndDestroy(),
       );
     };
     socket.on('data', onData);
-    socket.once('close', () => clearTimeout(timer));
   }
 
   /** Opens a tunnel and tracks it, so that a policy change can close it. */
-  private tunnel(client: Client, host: string, port: number, address: string, socket: Duplex, head: Buffer, greeting: string | undefined): void {
+  private tunnel(client: Client, host: string, port: number, verdict: { address: string; release: () => void }, socket: Duplex, head: Buffer, greeting: string | undefined): void {
     const opened = openTunnel({
-      address, port, socket, head, greeting,
+      address: verdict.address, port, socket, head, greeting,
       connectTimeoutMs: this.options.connectTimeoutMs ?? 10_000,
+      idleTimeoutMs: this.timeouts.idleTimeoutMs,
       // Inside CONNECT, a ClientHello naming another server than the target (domain fronting
       // through an allowed host) must name an allowed one too; anything not TLS passes.
       admitHello: (hello) => {
@@ -422,6 +586,7 @@ export class EgressProxy {
     opened.upstream.once('close', () => {
       this.sockets.delete(opened.upstream);
       client.tunnels.delete(tracked);
+      verdict.release();
     });
   }
 }

@@ -98,6 +98,7 @@ export class CompiledPolicy {
   readonly mode: NetworkPolicy['mode'];
   readonly handles: ReadonlySet<string>;
   readonly maxConnections: number;
+  readonly maxConcurrentConnections: number;
   private readonly allow: DestinationList;
   private readonly deny: DestinationList;
 
@@ -107,6 +108,7 @@ export class CompiledPolicy {
     this.deny = operatorDeny;
     this.handles = new Set(policy.handles);
     this.maxConnections = policy.maxConnections;
+    this.maxConcurrentConnections = policy.maxConcurrentConnections;
   }
 
   /** Decides a destination as the client named it (a domain or an address literal). */
