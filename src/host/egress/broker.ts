@@ -259,6 +259,10 @@ export class CredentialBroker {
       );
       upstream.once('timeout', () => upstream.destroy(new Error(`no answer within ${this.upstreamTimeoutMs} ms`)));
       upstream.once('error', reject);
+      // The sandbox closed its connection: nothing will read the answer.
+      const gone = (): void => void upstream.destroy(new Error('the sandbox closed its connection'));
+      req.socket.once('close', gone);
+      upstream.once('close', () => req.socket.off('close', gone));
       let sent = 0;
       req.on('data', (chunk: Buffer) => {
         sent += chunk.length;

@@ -461,7 +461,10 @@ export class EgressProxy {
         req.resume();
         return sendJson(res, 429, { code: release.code, message: release.message, rule: release.rule, destination: `${BROKER_HOST}:80` });
       }
+      // Released when the answer is done or the connection goes (a queued pipelined answer never
+      // closes on its own; the broker drops its upstream request when the connection goes too).
       res.once('close', release);
+      req.socket.once('close', release);
       return this.options.broker.serve(caller, req, res, raw);
     }
     const port = Number(target.port || 80);
@@ -478,12 +481,20 @@ export class EgressProxy {
     upstream.once('close', verdict.release);
     const tunnel: TrackedConnection = { host, port, close: () => { upstream.destroy(); res.destroy(); } };
     client.tunnels.add(tunnel);
+    // When the answer is done or the sandbox's connection goes (a pipelined request whose answer
+    // is queued behind another never sees its own close), the upstream goes too.
+    const gone = (): void => void upstream.destroy();
+    req.socket.once('close', gone);
+    upstream.once('close', () => req.socket.off('close', gone));
     res.once('close', () => {
       client.tunnels.delete(tunnel);
-      upstream.destroy(); // the sandbox went away: nothing is left waiting on the upstream
+      upstream.destroy();
     });
     // Connecting has its own bound; once connected, the idle timeout applies (an upstream may
-    // think for minutes before it answers, not for ever).
+    // think for minutes before it answers, not for ever). While the request is upstream, that
+    // timer guards it (bytes either way are activity there), so the sandbox gets a 502 rather
+    // than a silent close from its own side's timer.
+    req.socket.setTimeout(0);
     let connected = false;
     upstream.once('socket', (socket: Socket) => {
       const onConnect = (): void => {

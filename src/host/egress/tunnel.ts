@@ -94,10 +94,17 @@ function gateFirstBytes(socket: Duplex, upstream: Socket, head: Buffer, admit: (
   };
   const onData = (chunk: Buffer): void => {
     buffered = Buffer.concat([buffered, chunk]);
-    decide();
+    if (decide()) socket.off('end', onEnd);
+  };
+  // The client half-closed before its first bytes were judged: nothing goes upstream, and the
+  // upstream is half-closed too (a server that speaks first may still answer), as a pipe would.
+  const onEnd = (): void => {
+    socket.off('data', onData);
+    upstream.end();
   };
   if (buffered.length > 0 && decide()) return;
   socket.on('data', onData);
+  socket.once('end', onEnd);
   socket.resume();
 }
 
