@@ -8,7 +8,7 @@ import type { HostEnvironment } from './host-env.host.js';
 import { CredentialBroker } from './egress/broker.js';
 import { DEFAULT_EGRESS_PORTS, EgressProxy, type EgressPorts, type EgressStats } from './egress/egress-proxy.js';
 import type { EgressLogEntry } from './egress/denial-log.js';
-import { descriptorBudget, parseOpenFilesLimit, type EgressTimeouts } from './egress/connection-budget.js';
+import { descriptorBudget, parseOpenFilesLimit, type EgressTimeouts } from './egress/connection-limits.js';
 import { DEFAULT_MAXIMA } from '../spec/index.js';
 import { applyRuleset, deleteTable, hostRuleset, kernelConnectionCap, listTables, sandboxRuleset } from './nftables.host.js';
 import {

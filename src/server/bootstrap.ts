@@ -7,7 +7,7 @@ import { createBackends } from '../backends/registry.js';
 import { HostEnvironment } from '../host/host-env.host.js';
 import { EgressNetwork } from '../host/netns-network.host.js';
 import type { EgressLogEntry } from '../host/egress/denial-log.js';
-import type { EgressTimeouts } from '../host/egress/connection-budget.js';
+import type { EgressTimeouts } from '../host/egress/connection-limits.js';
 import { DEFAULT_MAXIMA, type OperatorMaxima } from '../spec/index.js';
 import { API_KEY_PATTERN, ApiKeyStore, AuditLog, OperationStore, SqliteSandboxRecords, openDatabase, type SqliteDatabase } from '../store/index.js';
 import { CapsuleApp, type CapsuleAppOptions } from './app.js';

@@ -1,4 +1,4 @@
-import type { EgressEvent } from './egress-proxy.js';
+import type { EgressEvent } from './egress-types.js';
 
 /** A log line about denied egress: the first denial of a kind, or a sum of its repeats. */
 export interface EgressLogEntry extends EgressEvent {

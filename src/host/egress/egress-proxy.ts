@@ -1,109 +1,22 @@
-import { createServer as createHttpServer, request as httpRequest, type IncomingMessage, type Server as HttpServer, type ServerResponse } from 'node:http';
+import { createServer as createHttpServer, type IncomingMessage, type Server as HttpServer, type ServerResponse } from 'node:http';
 import { createServer as createNetServer, type AddressInfo, type Server as NetServer, type Socket } from 'node:net';
 import { endRaw, openTunnel, sendJson } from './tunnel.js';
 import { lookup } from 'node:dns/promises';
 import type { Duplex } from 'node:stream';
 import type { NetworkPolicy } from '../../spec/index.js';
-import type { SandboxCounters } from '../../backends/backend.js';
-import { SandboxError } from '../../errors/index.js';
-import { BROKER_HOST, type CredentialBroker } from './broker.js';
+import { BROKER_HOST } from './broker.js';
 import { addressFamily, ForbiddenAddresses, normalizeAddress } from './addresses.js';
 import { DnsResponder, type DnsQuestion } from './dns.js';
-import { CompiledPolicy, DestinationList, type DenyCode, type Denial } from './policy.js';
+import { CompiledPolicy, DestinationList, type Denial } from './policy.js';
 import { parseClientHello } from './sni.js';
-import { DenialLog, type EgressLogEntry } from './denial-log.js';
-import { DEFAULT_EGRESS_TIMEOUTS, DescriptorBudget, type EgressTimeouts } from './connection-budget.js';
+import { DenialLog } from './denial-log.js';
+import { CAPACITY_RULE, CONCURRENCY_RULE, ConnectionLimits, DEFAULT_EGRESS_TIMEOUTS } from './connection-limits.js';
+import { forwardHttp } from './forward-http.js';
+import { DEFAULT_EGRESS_PORTS, type EgressEvent, type EgressPorts, type EgressProtocol, type EgressProxyOptions, type EgressStats } from './egress-types.js';
 
-/** Ports of the proxy on its address: proxy-aware clients, redirected HTTP, redirected TLS, DNS. */
-export interface EgressPorts {
-  proxy: number;
-  http: number;
-  tls: number;
-  dns: number;
-}
-/** DNS is served on a high port (no clash with a host resolver on *:53); nftables maps port 53 to it. */
-export const DEFAULT_EGRESS_PORTS: EgressPorts = { proxy: 3128, http: 3129, tls: 3130, dns: 3153 };
-
-export type EgressProtocol = 'http' | 'connect' | 'tls' | 'dns';
-
-/** A denied or limited attempt, for metrics (`egress_blocked_total`) and the log. */
-export interface EgressEvent {
-  sandboxId: string;
-  kind: 'blocked' | 'limited';
-  protocol: EgressProtocol;
-  /** `host:port` as the sandbox named it (the name for DNS). */
-  destination: string;
-  code: DenyCode;
-  rule: string;
-  message: string;
-}
-
-export interface EgressStats {
-  /** Outbound connections and proxied requests opened. */
-  connections: number;
-  /** Attempts denied by policy (the per-sandbox `egressBlocked` counter). */
-  blocked: number;
-  /** Attempts refused by any egress limit (the three below). */
-  limitHits: number;
-  /** ... because `network.maxConnections` (a lifetime count) was used up. */
-  lifetimeLimitHits: number;
-  /** ... because the sandbox held `network.maxConcurrentConnections` open connections. */
-  concurrencyLimitHits: number;
-  /** ... because the proxy held its descriptor budget across all sandboxes. */
-  capacityLimitHits: number;
-  /** Connections of the sandbox the proxy holds open now (its side and upstream). */
-  openConnections: number;
-  /** The proxy's descriptor budget for all sandboxes. */
-  capacity: number;
-}
-
-/** The egress part of a sandbox's counters (SandboxCounters), from the proxy's stats. */
-export function egressCounters(stats: EgressStats): Pick<SandboxCounters, 'egressBlocked' | 'egressLimitHits' | 'egressConcurrencyHits' | 'egressCapacityHits' | 'egressCapacity'> {
-  return {
-    egressBlocked: stats.blocked,
-    egressLimitHits: stats.limitHits,
-    egressConcurrencyHits: stats.concurrencyLimitHits,
-    egressCapacityHits: stats.capacityLimitHits,
-    egressCapacity: stats.capacity,
-  };
-}
-
-export interface EgressProxyOptions {
-  /** The anchor address the proxy binds (never 0.0.0.0). */
-  address: string;
-  ports?: Partial<EgressPorts>;
-  /** Operator deny list (domains, wildcards, CIDRs): overrides every sandbox's allowlist. */
-  operatorDeny?: readonly string[];
-  /** Name → addresses consulted before the system resolver (an operator "hosts" override). */
-  hosts?: Readonly<Record<string, readonly string[]>>;
-  /** Resolve only names in `hosts`; nothing goes to the system resolver (tests). @default false */
-  hostsOnly?: boolean;
-  broker?: CredentialBroker;
-  /** @default ForbiddenAddresses.forThisHost() */
-  forbidden?: ForbiddenAddresses;
-  /**
-   * Where denied and limited attempts are logged: the first of each sandbox + destination + rule
-   * at once, its repeats summed once per `denialLogWindowMs` (`repeated`). `onEvent` listeners
-   * see every attempt. @default a JSON line on stderr
-   */
-  log?: (entry: EgressLogEntry) => void;
-  /** @default 10000 */
-  denialLogWindowMs?: number;
-  connectTimeoutMs?: number;
-  /** @default DEFAULT_EGRESS_TIMEOUTS */
-  timeouts?: Partial<EgressTimeouts>;
-  /**
-   * Descriptors the proxy may hold for all sandboxes together (see `descriptorBudget`); past it
-   * new connections are refused and counted as egress limits, so the server's own accept() always
-   * has descriptors left. @default unbounded (EgressNetwork sets it from RLIMIT_NOFILE)
-   */
-  maxDescriptors?: number;
-  /**
-   * Destination ports of redirected connections (nftables redirects these to the transparent
-   * listeners and the original port is not visible to the proxy). @default { http: 80, tls: 443 }
-   */
-  transparentPorts?: { http: number; tls: number };
-}
+export { DEFAULT_EGRESS_PORTS, egressCounters } from './egress-types.js';
+export { CAPACITY_RULE, CONCURRENCY_RULE } from './connection-limits.js';
+export type { EgressEvent, EgressPorts, EgressProtocol, EgressProxyOptions, EgressStats } from './egress-types.js';
 
 interface TrackedConnection {
   host: string;
@@ -130,10 +43,6 @@ type Verdict =
   | { ok: false; status: number; body: { code: string; message: string; rule?: string; destination?: string } };
 
 const MAX_HELLO_BYTES = 20_000; // as tunnel.ts: a ClientHello is far smaller
-/** The `rule` of refusals past the sandbox's concurrent-connection limit, and past the proxy's budget. */
-export const CONCURRENCY_RULE = 'network.maxConcurrentConnections';
-export const CAPACITY_RULE = 'proxy-capacity';
-const HOP_BY_HOP = new Set(['connection', 'keep-alive', 'proxy-connection', 'proxy-authorization', 'proxy-authenticate', 'te', 'trailer', 'upgrade']);
 
 /**
  * Capsule's egress proxy: the only thing a sandbox with a network can talk to. It serves
@@ -157,10 +66,7 @@ export class EgressProxy {
   private readonly dns: DnsResponder;
   private readonly sockets = new Set<Duplex>();
   private readonly denials: DenialLog;
-  private readonly timeouts: EgressTimeouts;
-  private readonly descriptors: DescriptorBudget;
-  /** Connections that have not named their destination yet, and the timer that closes them. */
-  private readonly handshakes = new WeakMap<Duplex, NodeJS.Timeout>();
+  private readonly limits: ConnectionLimits;
 
   constructor(options: EgressProxyOptions) {
     this.options = options;
@@ -178,24 +84,16 @@ export class EgressProxy {
       if ('headersSent' in res && !res.headersSent) sendJson(res, 500, { code: 'EGRESS_INTERNAL', message: 'the egress proxy failed on this request' });
       else res.destroy();
     };
-    this.timeouts = { ...DEFAULT_EGRESS_TIMEOUTS, ...options.timeouts };
-    for (const [name, value] of Object.entries(this.timeouts)) {
-      if (!Number.isInteger(value) || value <= 0) {
-        throw new SandboxError('INVALID_ARGUMENT', `egress ${name} must be a positive whole number of milliseconds, got ${value}`, {
-          details: { field: name, value },
-          hint: 'Pass e.g. --egress-idle-timeout 300000 (five minutes).',
-        });
-      }
-    }
-    this.descriptors = new DescriptorBudget(options.maxDescriptors ?? Number.MAX_SAFE_INTEGER);
-    const httpOptions = { headersTimeout: this.timeouts.handshakeTimeoutMs, requestTimeout: 0, keepAliveTimeout: Math.min(5000, this.timeouts.idleTimeoutMs) };
+    this.limits = new ConnectionLimits({ timeouts: { ...DEFAULT_EGRESS_TIMEOUTS, ...options.timeouts }, maxDescriptors: options.maxDescriptors });
+    const { handshakeTimeoutMs, idleTimeoutMs } = this.limits.timeouts;
+    const httpOptions = { headersTimeout: handshakeTimeoutMs, requestTimeout: 0, keepAliveTimeout: Math.min(5000, idleTimeoutMs) };
     this.proxyServer = createHttpServer(httpOptions, (req, res) => void this.onRequest(req, res, false).catch(guard(res)));
     this.proxyServer.on('connect', (req: IncomingMessage, socket: Duplex, head: Buffer) => void this.onConnect(req, socket, head).catch(guard(socket)));
     this.httpServer = createHttpServer(httpOptions, (req, res) => void this.onRequest(req, res, true).catch(guard(res)));
     this.tlsServer = createNetServer();
     for (const [server, protocol] of [[this.proxyServer, 'http'], [this.httpServer, 'http'], [this.tlsServer, 'tls']] as const) {
       // A sandbox that stops talking mid-request is closed after the idle timeout.
-      if (server !== this.tlsServer) (server as HttpServer).timeout = this.timeouts.idleTimeoutMs;
+      if (server !== this.tlsServer) (server as HttpServer).timeout = idleTimeoutMs;
       server.on('connection', (socket: Socket) => {
         if (this.admit(socket, protocol) && server === this.tlsServer) this.onTls(socket);
       });
@@ -239,7 +137,7 @@ export class EgressProxy {
       tenantId,
       address,
       policy: new CompiledPolicy(policy, this.operatorDeny),
-      stats: { connections: 0, blocked: 0, limitHits: 0, lifetimeLimitHits: 0, concurrencyLimitHits: 0, capacityLimitHits: 0, openConnections: 0, capacity: this.descriptors.total },
+      stats: { connections: 0, blocked: 0, limitHits: 0, lifetimeLimitHits: 0, concurrencyLimitHits: 0, capacityLimitHits: 0, openConnections: 0, capacity: this.limits.capacity },
       tunnels: new Set(),
       downstream: 0,
       upstream: 0,
@@ -277,7 +175,7 @@ export class EgressProxy {
 
   /** Descriptors the proxy holds now for all sandboxes, and its budget. */
   descriptorUse(): { inUse: number; total: number } {
-    return { inUse: this.descriptors.inUse, total: this.descriptors.total };
+    return this.limits.descriptorUse();
   }
 
   /** Subscribes to denied and limited attempts; returns the unsubscribe function. */
@@ -304,75 +202,28 @@ export class EgressProxy {
   }
 
   /**
-   * Takes a sandbox-side connection in, or refuses it at once with a reset (counted as an egress
-   * limit) when the sandbox holds its `maxConcurrentConnections` or the proxy its descriptor
-   * budget. Admitted, it must name its destination within the handshake timeout.
+   * Takes a sandbox-side connection in, or refuses it at once with a reset, counted as an egress
+   * limit, when the sandbox holds its `maxConcurrentConnections` or the proxy its descriptor budget.
    */
   private admit(socket: Socket, protocol: EgressProtocol): boolean {
     socket.on('error', () => undefined);
     const client = this.clientOf(socket);
-    const limit = client && client.downstream >= client.policy.maxConcurrentConnections ? this.concurrencyDenial(client) : undefined;
-    if (limit || !this.descriptors.tryTake()) {
-      if (client) this.report(client, 'limited', protocol, `${normalizeAddress(socket.localAddress ?? '')}:${socket.localPort ?? 0}`, limit ?? this.capacityDenial());
+    const refused = this.limits.admit(socket, client);
+    if (refused) {
+      if (client) this.report(client, 'limited', protocol, `${normalizeAddress(socket.localAddress ?? '')}:${socket.localPort ?? 0}`, refused);
       socket.resetAndDestroy();
       return false;
     }
-    if (client) client.downstream += 1;
     this.sockets.add(socket);
-    const timer = setTimeout(() => socket.resetAndDestroy(), this.timeouts.handshakeTimeoutMs).unref();
-    this.handshakes.set(socket, timer);
-    socket.once('close', () => {
-      clearTimeout(timer);
-      this.sockets.delete(socket);
-      this.descriptors.give();
-      if (client) client.downstream -= 1;
-    });
+    socket.once('close', () => this.sockets.delete(socket));
     return true;
   }
 
-  /** The connection named its destination: the handshake timer stops (idle timeouts apply from here). */
-  private handshaken(socket: Duplex): void {
-    const timer = this.handshakes.get(socket);
-    if (timer) clearTimeout(timer);
-    this.handshakes.delete(socket);
-  }
-
-  private concurrencyDenial(client: Client): Denial {
-    const max = client.policy.maxConcurrentConnections;
-    return {
-      code: 'EGRESS_LIMIT',
-      rule: CONCURRENCY_RULE,
-      message: `concurrent connection limit ${max} reached: the sandbox holds ${max} open connections through the egress proxy; close idle ones, reuse them (HTTP keep-alive) or raise network.maxConcurrentConnections`,
-    };
-  }
-
-  private capacityDenial(): Denial {
-    return {
-      code: 'EGRESS_LIMIT',
-      rule: CAPACITY_RULE,
-      message: `the egress proxy holds its maximum of ${this.descriptors.total} descriptors for all sandboxes; retry later, and close connections you do not use`,
-    };
-  }
-
-  /**
-   * Takes an upstream slot for an allowed connection (or broker request): the sandbox's
-   * concurrent limit counts upstream connections too, and each uses a descriptor. Undefined and
-   * a refusal reported when there is none.
-   */
+  /** An upstream slot for an allowed connection: its release, or the refusal (reported). */
   private claimUpstream(client: Client, protocol: EgressProtocol, destination: string): (() => void) | Denial {
-    const denial = client.upstream >= client.policy.maxConcurrentConnections ? this.concurrencyDenial(client) : this.descriptors.tryTake() ? undefined : this.capacityDenial();
-    if (denial) {
-      this.report(client, 'limited', protocol, destination, denial);
-      return denial;
-    }
-    client.upstream += 1;
-    let released = false;
-    return () => {
-      if (released) return;
-      released = true;
-      client.upstream -= 1;
-      this.descriptors.give();
-    };
+    const claimed = this.limits.claimUpstream(client);
+    if (typeof claimed !== 'function') this.report(client, 'limited', protocol, destination, claimed);
+    return claimed;
   }
 
   /** Name rules, then the connection limits, then resolution and the address rules. */
@@ -429,7 +280,7 @@ export class EgressProxy {
   }
 
   private async onRequest(req: IncomingMessage, res: ServerResponse, transparent: boolean): Promise<void> {
-    this.handshaken(req.socket);
+    this.limits.handshaken(req.socket);
     const client = this.clientOf(req.socket);
     if (!client) return sendJson(res, 403, { code: 'EGRESS_UNKNOWN_SOURCE', message: 'this address is not a Capsule sandbox' });
     let target: URL;
@@ -473,56 +324,22 @@ export class EgressProxy {
       req.resume();
       return sendJson(res, verdict.status, verdict.body);
     }
-    const headers: Record<string, string | string[]> = {};
-    for (const [name, value] of Object.entries(req.headers)) if (value !== undefined && !HOP_BY_HOP.has(name)) headers[name] = value;
-    headers.host = target.host;
-    const connectTimeoutMs = this.options.connectTimeoutMs ?? 10_000;
-    const upstream = httpRequest({ host: verdict.address, port, method: req.method, path, headers, setHost: false, agent: false, timeout: connectTimeoutMs });
-    upstream.once('close', verdict.release);
-    const tunnel: TrackedConnection = { host, port, close: () => { upstream.destroy(); res.destroy(); } };
-    client.tunnels.add(tunnel);
-    // When the answer is done or the sandbox's connection goes (a pipelined request whose answer
-    // is queued behind another never sees its own close), the upstream goes too.
-    const gone = (): void => void upstream.destroy();
-    req.socket.once('close', gone);
-    upstream.once('close', () => req.socket.off('close', gone));
-    res.once('close', () => {
-      client.tunnels.delete(tunnel);
-      upstream.destroy();
+    forwardHttp({
+      req, res, host, port, hostHeader: target.host, path, address: verdict.address,
+      connectTimeoutMs: this.options.connectTimeoutMs ?? 10_000,
+      idleTimeoutMs: this.limits.timeouts.idleTimeoutMs,
+      release: verdict.release,
+      track: (close) => {
+        const tracked: TrackedConnection = { host, port, close };
+        client.tunnels.add(tracked);
+        return () => client.tunnels.delete(tracked);
+      },
     });
-    // Connecting has its own bound; once connected, the idle timeout applies (an upstream may
-    // think for minutes before it answers, not for ever). While the request is upstream, that
-    // timer guards it (bytes either way are activity there), so the sandbox gets a 502 rather
-    // than a silent close from its own side's timer.
-    req.socket.setTimeout(0);
-    let connected = false;
-    upstream.once('socket', (socket: Socket) => {
-      const onConnect = (): void => {
-        connected = true;
-        upstream.setTimeout(this.timeouts.idleTimeoutMs);
-      };
-      if (socket.connecting) socket.once('connect', onConnect);
-      else onConnect();
-    });
-    upstream.on('timeout', () => {
-      upstream.destroy(new Error(connected ? `no bytes for ${this.timeouts.idleTimeoutMs} ms (the proxy's idle timeout)` : `no connection within ${connectTimeoutMs} ms`));
-    });
-    upstream.once('response', (response) => {
-      const out: Record<string, string | string[]> = {};
-      for (const [name, value] of Object.entries(response.headers)) if (value !== undefined && !HOP_BY_HOP.has(name)) out[name] = value;
-      res.writeHead(response.statusCode ?? 502, out);
-      response.pipe(res);
-    });
-    upstream.once('error', (error) => {
-      if (res.headersSent) res.destroy();
-      else sendJson(res, 502, { code: 'EGRESS_UPSTREAM_FAILED', message: `${host}:${port} failed: ${error.message}` });
-    });
-    req.pipe(upstream);
   }
 
   private async onConnect(req: IncomingMessage, socket: Duplex, head: Buffer): Promise<void> {
     socket.on('error', () => undefined);
-    this.handshaken(socket);
+    this.limits.handshaken(req.socket); // the same socket, handed over by the HTTP server
     const client = this.clientOf(req.socket);
     const match = /^\[?([^\]]+?)\]?:(\d{1,5})$/.exec(req.url ?? '');
     if (!client || !match) {
@@ -549,7 +366,7 @@ export class EgressProxy {
       if (hello.kind === 'incomplete' && buffered.length < MAX_HELLO_BYTES) return;
       socket.off('data', onData);
       socket.pause();
-      this.handshaken(socket);
+      this.limits.handshaken(socket);
       const name = hello.kind === 'hello' ? hello.serverName : undefined;
       if (!name) {
         this.report(client, 'blocked', 'tls', `${normalizeAddress(socket.localAddress ?? '')}:443`, {
@@ -576,7 +393,7 @@ export class EgressProxy {
     const opened = openTunnel({
       address: verdict.address, port, socket, head, greeting,
       connectTimeoutMs: this.options.connectTimeoutMs ?? 10_000,
-      idleTimeoutMs: this.timeouts.idleTimeoutMs,
+      idleTimeoutMs: this.limits.timeouts.idleTimeoutMs,
       // Inside CONNECT, a ClientHello naming another server than the target (domain fronting
       // through an allowed host) must name an allowed one too; anything not TLS passes.
       admitHello: (hello) => {
