@@ -202,6 +202,7 @@ describe('one tenant cannot exhaust the egress proxy for the others (finding 3)'
 
       // Thousands of refusals, a handful of log lines (repeats are summed).
       const egressLines = logs.split('\n').filter((line) => line.includes('"egress"') && line.includes(a.sandboxId));
+      console.log(`tenancy-egress: ${report.refused} refusals of A, ${egressLines.length} egress log lines about A`);
       expect(egressLines.length).toBeGreaterThanOrEqual(1);
       expect(egressLines.length).toBeLessThanOrEqual(20);
     } finally {
