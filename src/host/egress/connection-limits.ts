@@ -31,10 +31,11 @@ export function parseOpenFilesLimit(procLimits: string): number | undefined {
 /**
  * Descriptors the proxy may hold across all sandboxes: the process's RLIMIT_NOFILE less a
  * reserve for everything else the server does (its API's accept() above all, SQLite, logs,
- * sandboxes' agent pipes). The reserve defaults to a quarter of the limit, at least 1024.
+ * sandboxes' agent pipes). The reserve defaults to a quarter of the limit, at least 1024 (at
+ * least half of a limit below 2048, so a small limit still leaves the proxy some).
  */
 export function descriptorBudget(openFilesLimit: number, reserve?: number): number {
-  const kept = reserve ?? Math.max(1024, Math.ceil(openFilesLimit / 4));
+  const kept = reserve ?? Math.max(Math.ceil(openFilesLimit / 4), Math.min(1024, Math.floor(openFilesLimit / 2)));
   return Math.max(0, openFilesLimit - kept);
 }
 
