@@ -324,6 +324,7 @@ export class EgressProxy {
       req.resume();
       return sendJson(res, verdict.status, verdict.body);
     }
+    if (req.socket.destroyed) return verdict.release(); // the sandbox left while the name resolved
     forwardHttp({
       req, res, host, port, hostHeader: target.host, path, address: verdict.address,
       connectTimeoutMs: this.options.connectTimeoutMs ?? 10_000,
@@ -390,6 +391,7 @@ export class EgressProxy {
 
   /** Opens a tunnel and tracks it, so that a policy change can close it. */
   private tunnel(client: Client, host: string, port: number, verdict: { address: string; release: () => void }, socket: Duplex, head: Buffer, greeting: string | undefined): void {
+    if (socket.destroyed) return verdict.release(); // the sandbox left while the name resolved
     const opened = openTunnel({
       address: verdict.address, port, socket, head, greeting,
       connectTimeoutMs: this.options.connectTimeoutMs ?? 10_000,
