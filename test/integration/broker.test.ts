@@ -1,7 +1,7 @@
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { createServer, type Server } from 'node:http';
 import { connect, type AddressInfo } from 'node:net';
-import { mkdtemp, rm } from 'node:fs/promises';
+import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { brotliCompressSync, deflateRawSync, deflateSync, gzipSync } from 'node:zlib';
 import { expectNoLeaks, testDataDir } from '../helpers/sandbox.js';
@@ -207,5 +207,19 @@ describe('handles are tenant grants (finding 6)', () => {
   it('refuses a grant naming something that is not a tenant id', async () => {
     const [handle] = await broker.listHandles();
     await expect(broker.registerHandle({ ...handle!, name: 'bad', tenants: ['Not A Tenant'] })).rejects.toMatchObject({ code: 'INVALID_ARGUMENT' });
+  });
+});
+
+describe('the broker configuration', () => {
+  it('refuses to guess from a handles.json that does not parse, and reads it again once fixed', async () => {
+    const file = join(dir, 'handles.json');
+    const good = await readFile(file, 'utf8');
+    await writeFile(file, '[{"name": "api", ', { mode: 0o600 }); // an operator mid-edit
+    try {
+      await expect(broker.ungranted(DEFAULT_TENANT, ['api'])).rejects.toMatchObject({ code: 'HOST_NOT_READY' });
+    } finally {
+      await writeFile(file, good, { mode: 0o600 });
+    }
+    expect(await broker.ungranted(DEFAULT_TENANT, ['api'])).toEqual([]);
   });
 });

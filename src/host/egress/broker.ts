@@ -294,7 +294,17 @@ export class CredentialBroker {
     if (version === 'absent') {
       this.handles = new Map();
     } else {
-      const list = JSON.parse(await readFile(file, 'utf8')) as BrokerHandle[];
+      let list: BrokerHandle[];
+      try {
+        list = JSON.parse(await readFile(file, 'utf8')) as BrokerHandle[];
+        if (!Array.isArray(list)) throw new Error('it is not a JSON array');
+      } catch (error) {
+        // No handle is served, and no grant is assumed, until the file reads again.
+        throw new SandboxError('HOST_NOT_READY', `the broker's ${file} cannot be read: ${(error as Error).message}`, {
+          cause: error,
+          hint: 'Fix the file (a JSON array of handles, docs/api.md "Credential broker"); it is read again as soon as it changes.',
+        });
+      }
       this.handles = new Map(list.map((h) => [h.name, h]));
     }
     this.loadedVersion = version;
