@@ -98,6 +98,14 @@ export const NetworkPolicySchema = z.strictObject({
    * past it the proxy answers 429 and the work is reported as an `egress` limit. @default 4096
    */
   maxConnections: z.number().int().positive().max(1_000_000).default(4096),
+  /**
+   * Connections to the egress proxy the sandbox may hold open at once: each tunnel, proxied or
+   * redirected request and broker request counts from the proxy's accept until it closes, and
+   * so does each upstream connection the proxy opens for it. Past it a new connection is reset
+   * (a request answered 429) and the work is reported as an `egress` limit; the operator's
+   * maximum bounds it. @default 256
+   */
+  maxConcurrentConnections: z.number().int().positive().max(65_536).default(256),
 }).superRefine((policy, ctx) => {
   if (policy.mode === 'none' && policy.handles.length > 0) {
     ctx.addIssue({

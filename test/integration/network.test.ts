@@ -402,11 +402,14 @@ describe('credential broker', () => {
         'curl -sS http://broker.capsule/docs.read/private; echo',
         'curl -sS --path-as-is http://broker.capsule/docs.read/docs/../private; echo',
         'curl -sS http://broker.capsule/docs.read/docsx; echo',
+        // Encoded slashes and dot segments are refused, never resolved (issue 11, finding 7).
+        'curl -sS --path-as-is http://broker.capsule/docs.read/docs/..%2fprivate; echo',
+        `node -e "fetch('http://broker.capsule/docs.read/docs/..%5cprivate').then(r => r.text()).then(t => console.log(t))"`,
       ].join('\n'));
       const codes = r.stdout.trim().split('\n').map((line) => (JSON.parse(line) as { code: string }).code);
       expect(codes, show(r)).toEqual([
         'BROKER_UNKNOWN_HANDLE', 'BROKER_UNKNOWN_HANDLE', 'BROKER_METHOD_NOT_ALLOWED',
-        'BROKER_PATH_NOT_ALLOWED', 'BROKER_PATH_NOT_ALLOWED', 'BROKER_PATH_NOT_ALLOWED',
+        'BROKER_PATH_NOT_ALLOWED', 'BROKER_BAD_PATH', 'BROKER_PATH_NOT_ALLOWED', 'BROKER_BAD_PATH', 'BROKER_BAD_PATH',
       ]);
     });
   });

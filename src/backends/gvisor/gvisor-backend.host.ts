@@ -31,7 +31,7 @@ const CAPABILITIES: readonly Capability[] = [
 export interface NetworkNamespaceProvider {
   /** What sandboxes get through it, e.g. 'network.allowlist'. */
   readonly capabilities: readonly Capability[];
-  acquire(id: string, spec: SandboxSpec): Promise<NetworkAttachment>;
+  acquire(id: string, spec: SandboxSpec, tenantId?: string): Promise<NetworkAttachment>;
 }
 
 export interface GvisorBackendOptions {
@@ -73,7 +73,7 @@ export class GvisorBackend implements Backend {
 
   async create(spec: SandboxSpec, options: CreateOptions): Promise<BackendSandbox> {
     return this.open(spec, options.id, {
-      mode: 'run', reuseWorkspace: options.reuseWorkspace === true, signal: options.signal, mounts: options.mounts, template: options.template,
+      mode: 'run', reuseWorkspace: options.reuseWorkspace === true, signal: options.signal, mounts: options.mounts, template: options.template, tenantId: options.tenantId,
     });
   }
 
@@ -132,7 +132,10 @@ export class GvisorBackend implements Backend {
   private async open(
     spec: SandboxSpec,
     id: string,
-    how: { mode: 'run' | 'paused'; reuseWorkspace: boolean; signal?: AbortSignal; mounts?: readonly HostMount[]; template?: { layerDir: string } },
+    how: {
+      mode: 'run' | 'paused'; reuseWorkspace: boolean; signal?: AbortSignal; mounts?: readonly HostMount[]; template?: { layerDir: string };
+      tenantId?: string | undefined;
+    },
   ): Promise<BackendSandbox> {
     const mounts = hostMountsOf(spec, how.mounts);
     const paths = await this.host.ensure();
@@ -161,7 +164,7 @@ export class GvisorBackend implements Backend {
       // that finished is undone if another failed. runsc joins the pre-made cgroups and leaves
       // them when the container goes: the counters (OOM kills above all) stay readable after
       // the sandbox died of its memory limit.
-      const networkMade = spec.network.mode === 'none' ? Promise.resolve(undefined) : this.options.network?.acquire(id, spec);
+      const networkMade = spec.network.mode === 'none' ? Promise.resolve(undefined) : this.options.network?.acquire(id, spec, how.tenantId);
       const [madeRunscRoot, madeCgroup, madeWorkspace, madeNetwork, wroteBundle] = await Promise.allSettled([
         mkdir(this.layout.runscRoot, { recursive: true, mode: 0o700 }),
         SandboxCgroup.create(this.host.cgroupPrefix, id, limits),

@@ -5,6 +5,7 @@ import { join } from 'node:path';
 import { AgentClient, type AgentHandOver, type AgentProcess, type AgentProcessRecord } from '../agent/index.js';
 import { SandboxError } from '../../errors/index.js';
 import type { SandboxCgroup } from '../../host/cgroups.host.js';
+import { egressCounters, type EgressStats } from '../../host/egress/egress-proxy.js';
 import type { NetworkPolicy, SandboxSpec } from '../../spec/index.js';
 import type { BackendSandbox, ExecRequest, PauseOptions, PauseResult, SandboxCounters } from '../backend.js';
 import type { HostMount } from '../../host/mount-roots.host.js';
@@ -40,7 +41,7 @@ export interface NetworkAttachment {
   /** Replaces the sandbox's egress policy; new connections follow it at once. */
   setPolicy?(policy: NetworkPolicy): void;
   /** Denied and over-limit connections so far (the egress proxy's counters). */
-  stats?(): { blocked: number; limitHits: number } | undefined;
+  stats?(): EgressStats | undefined;
   release(): Promise<void>;
 }
 
@@ -133,7 +134,7 @@ export class GvisorSandbox implements BackendSandbox {
   async counters(): Promise<SandboxCounters> {
     const counters = await this.cgroup.counters();
     const egress = this.options.network?.stats?.();
-    return egress ? { ...counters, egressBlocked: egress.blocked, egressLimitHits: egress.limitHits } : counters;
+    return egress ? { ...counters, ...egressCounters(egress) } : counters;
   }
 
   /** Delegates to the egress network; a sandbox created without one cannot gain one. */

@@ -8,6 +8,7 @@ import { SandboxCgroup, listSandboxCgroups } from '../../host/cgroups.host.js';
 import type { HostEnvironment, HostPaths } from '../../host/host-env.host.js';
 import type { NetworkPolicy, SandboxSpec } from '../../spec/index.js';
 import { EgressNetwork, networkPrerequisitesProblem, type NetworkAttachment } from '../../host/netns-network.host.js';
+import { egressCounters } from '../../host/egress/egress-proxy.js';
 import type { Backend, BackendProbe, BackendSandbox, Capability, CreateOptions, ExecRequest, PauseOptions, PauseResult, ReconcileReport, SandboxCounters } from '../backend.js';
 import type { HostMount } from '../../host/mount-roots.host.js';
 import { STAGE_DIR } from '../../host/sandbox-layout.js';
@@ -97,7 +98,7 @@ export class NamespaceBackend implements Backend {
           : await volume.createWithoutLimit(options.id, uid);
       cleanup.push(() => volume.delete(options.id));
       const egress = spec.network.mode === 'none' ? undefined : this.egress();
-      const network = await egress?.attach(options.id, spec.network);
+      const network = await egress?.attach(options.id, spec.network, options.tenantId);
       if (egress) cleanup.push(() => egress.detach(options.id));
       options.signal?.throwIfAborted();
       const starting = NamespaceSandbox.start({
@@ -295,7 +296,7 @@ class NamespaceSandbox implements BackendSandbox {
   async counters(): Promise<SandboxCounters> {
     const counters = await this.cgroup.counters();
     const egress = this.egress?.stats(this.id);
-    return egress ? { ...counters, egressBlocked: egress.blocked, egressLimitHits: egress.limitHits } : counters;
+    return egress ? { ...counters, ...egressCounters(egress) } : counters;
   }
 
   setNetworkPolicy(policy: NetworkPolicy): Promise<void> {

@@ -59,6 +59,7 @@ interface NetworkFlags extends ClientFlags {
   allow?: string[];
   handle?: string[];
   maxConnections?: number;
+  maxConcurrentConnections?: number;
 }
 
 interface ListFlags extends ClientFlags {
@@ -229,6 +230,7 @@ export function sandboxCommand(context: CliContext): Command {
       .option('--allow <domain-or-cidr>', 'allowed destination (repeatable, with --network allowlist)', collect)
       .option('--handle <name>', 'credential-broker handle the sandbox may use (repeatable)', collect)
       .option('--max-connections <n>', 'outbound connections over its lifetime (default 4096)', numberOption('--max-connections'))
+      .option('--max-concurrent-connections <n>', 'connections through the egress proxy open at once (default 256)', numberOption('--max-concurrent-connections'))
       .action(async (id: string, flags: NetworkFlags) => {
         const target = await Sandbox.connect(id, connection(flags, context));
         const info = await target.setNetwork({
@@ -236,6 +238,7 @@ export function sandboxCommand(context: CliContext): Command {
           allow: flags.allow ?? [],
           handles: flags.handle ?? [],
           ...(flags.maxConnections !== undefined && { maxConnections: flags.maxConnections }),
+          ...(flags.maxConcurrentConnections !== undefined && { maxConcurrentConnections: flags.maxConcurrentConnections }),
         });
         if (flags.json) return printJson(context, info);
         const { mode, allow, handles } = info.spec.network;
