@@ -7,9 +7,11 @@ export interface Loosenings {
   /** A time to live longer than the default. */
   ttlMs?: number;
   /** Any network at all, with what it may reach. */
-  network?: { mode: SandboxSpec['network']['mode']; allow: string[]; maxConnections?: number };
+  network?: { mode: SandboxSpec['network']['mode']; allow: string[]; maxConnections?: number; maxConcurrentConnections?: number };
   /** Credential-broker handles the sandbox may spend. */
   handles?: string[];
+  /** Processes run as root (in the sandbox's own user namespace) unless a call names another user. */
+  user?: 'root';
   /** Host mounts, by granted root (never a host path). */
   mounts?: { root: string; subpath: string; sandboxPath: string; readOnly: boolean }[];
 }
@@ -20,7 +22,7 @@ const DEFAULT_TTL_MS = SandboxSpecSchema.parse({}).ttlMs;
 
 /**
  * Every way `spec` is looser than the defaults: raised limits, a longer TTL, a network (mode,
- * allow entries, a raised connection budget), handles and mounts. This is what the audit log
+ * allow entries, raised connection budgets), handles, root as the default user and mounts. This is what the audit log
  * records as the `policy` of a create, so an auditor sees each capability a tenant opened.
  * Undefined when the spec opens nothing. Pure.
  */
@@ -38,9 +40,11 @@ export function loosenings(spec: SandboxSpec): Loosenings | undefined {
       mode: network.mode,
       allow: [...network.allow],
       ...(network.maxConnections > DEFAULT_NETWORK.maxConnections ? { maxConnections: network.maxConnections } : {}),
+      ...(network.maxConcurrentConnections > DEFAULT_NETWORK.maxConcurrentConnections ? { maxConcurrentConnections: network.maxConcurrentConnections } : {}),
     };
   }
   if (network.handles.length > 0) found.handles = [...network.handles];
+  if (spec.user === 'root' || spec.user === '0' || spec.user?.startsWith('0:') === true) found.user = 'root';
   if (spec.mounts.length > 0) {
     found.mounts = spec.mounts.map((m) => ({ root: m.root, subpath: m.subpath ?? '', sandboxPath: m.sandboxPath, readOnly: m.readOnly }));
   }

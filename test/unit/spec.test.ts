@@ -92,6 +92,14 @@ describe('loosenings', () => {
     });
   });
 
+  it('record root as the default user and raised concurrent connections', () => {
+    expect(loosenings(parseSpec({ template: 'base', user: 'root' }))).toEqual({ user: 'root' });
+    expect(loosenings(parseSpec({ template: 'base', user: 'user' }))).toBeUndefined();
+    expect(loosenings(parseSpec({ network: { mode: 'allowlist', maxConcurrentConnections: 512 } }))).toEqual({
+      network: { mode: 'allowlist', allow: [], maxConcurrentConnections: 512 },
+    });
+  });
+
   it('record an internet grant even with no allow entries', () => {
     expect(loosenings(parseSpec({ network: { mode: 'internet' } }))).toEqual({ network: { mode: 'internet', allow: [] } });
   });
