@@ -35,9 +35,10 @@ export interface SandboxManagerOptions extends EngineHostOptions {
   onEvent?: (event: EngineEvent) => void;
   /**
    * Namespace sandboxes kept started ahead for creates whose spec can share them (no network, no
-   * mounts, default start-time limits); each is used once. @default 0
+   * mounts, default start-time limits); each is used once. A number: that many of the default
+   * template; a map: that many per template reference. @default 0
    */
-  warmPool?: number;
+  warmPool?: number | Readonly<Record<string, number>>;
   /** Builds the file service of a live sandbox (src/engine/files). */
   filesFactory?: (sandbox: BackendSandbox) => SandboxFiles;
   /** Observes processes and artifact deliveries (metrics, output logs). Must not throw. */
@@ -85,7 +86,7 @@ export class SandboxManager implements SandboxEngine {
   private readonly interpreters = new Interpreters();
   private readonly usageSampler: UsageSampler;
   private closed = false;
-  private pool: WarmPool | undefined;
+  private readonly pools = new Map<string, WarmPool>();
 
   private constructor(
     private readonly options: SandboxManagerOptions,
@@ -125,10 +126,7 @@ export class SandboxManager implements SandboxEngine {
     const manager = new SandboxManager({ ...options, handleGrants: options.handleGrants ?? broker }, backends, host, options.mountRoots ?? new Map());
     await manager.reconcile();
     // After reconcile, which removes every sandbox it does not know, warm ones included.
-    const namespace = manager.backends.get('namespace');
-    if (options.warmPool && namespace) {
-      manager.pool = new WarmPool({ backend: namespace, spec: parseSpec({}, manager.maxima), size: options.warmPool });
-    }
+    await manager.startPools(options.warmPool);
     return manager;
   }
 
@@ -142,7 +140,7 @@ export class SandboxManager implements SandboxEngine {
     await this.assertGranted(command.tenantId, spec.network.handles);
     // Before anything is made: a refused mount leaves no record and no host resource.
     const mounts = await this.mountsFor(spec, command.grants?.mountRoots ?? []);
-    const warm = await this.pool?.take(spec);
+    const warm = await this.pools.get(spec.template ?? '')?.take(spec);
     const now = this.now();
     const entry = this.newEntry({
       sandboxId: warm?.id ?? newSandboxId(),
@@ -304,7 +302,7 @@ export class SandboxManager implements SandboxEngine {
   /** Destroys every live sandbox; records say why. */
   async close(): Promise<void> {
     this.closed = true;
-    await this.pool?.close();
+    await Promise.all([...this.pools.values()].map((pool) => pool.close()));
     const live = this.table.all().filter((e) => isLiveState(e.info.state));
     await Promise.all(live.map((e) => this.end(e, 'killed', 'server shut down')));
     await Promise.all(this.table.all().flatMap((e) => (e.ending ? [e.ending] : [])));
@@ -326,6 +324,20 @@ export class SandboxManager implements SandboxEngine {
       details: { field: 'network.handles', handles: ungranted, tenantId },
       hint: `Remove ${names} from network.handles, or ask the operator to grant ${ungranted.length === 1 ? 'it' : 'them'} to this tenant ("tenants": ["${tenantId}"] in <dataDir>/broker/handles.json).`,
     });
+  }
+
+  /** The operator's warm pools: per template (its public one), of the namespace backend. */
+  private async startPools(sizes: SandboxManagerOptions['warmPool']): Promise<void> {
+    const namespace = this.backends.get('namespace');
+    if (!namespace || sizes === undefined) return;
+    const wanted = typeof sizes === 'number' ? { [this.templates.defaultRef]: sizes } : sizes;
+    for (const [ref, size] of Object.entries(wanted)) {
+      if (size <= 0) continue;
+      const image = await this.templates.resolve('default', ref);
+      const spec = parseSpec(withTemplate({}, image), this.maxima);
+      const template = image.layerDir !== undefined ? { template: { layerDir: image.layerDir } } : {};
+      this.pools.set(image.ref, new WarmPool({ backend: namespace, spec, size, ...template }));
+    }
   }
 
   // ---- lifecycle

@@ -8,6 +8,8 @@ export interface WarmPoolOptions {
   spec: SandboxSpec;
   /** Warm sandboxes kept ready. */
   size: number;
+  /** The template layer warm sandboxes are made from. @default the host template */
+  template?: { layerDir: string };
   /** A refill failed (logged by the owner; the pool retries on the next take). */
   onError?: (error: unknown) => void;
 }
@@ -62,7 +64,7 @@ export class WarmPool {
     while (!this.closed && this.ready.length + this.filling < this.options.size) {
       this.filling++;
       const task = this.options.backend
-        .create(this.options.spec, { id: newSandboxId() })
+        .create(this.options.spec, { id: newSandboxId(), ...(this.options.template ? { template: this.options.template } : {}) })
         .then(
           async (sandbox) => {
             if (this.closed) return sandbox.destroy();

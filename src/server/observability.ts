@@ -62,7 +62,7 @@ export class Observability {
     switch (event.type) {
       case 'sandbox.created':
         // createdAt is when the engine accepted the request; the event fires once it is running.
-        this.metrics.recordCreate((Date.now() - Date.parse(sandbox.createdAt)) / 1000, { backend: sandbox.backend, template: 'base', poolWarm: event.poolWarm === true });
+        this.metrics.recordCreate((Date.now() - Date.parse(sandbox.createdAt)) / 1000, { backend: sandbox.backend, template: sandbox.spec.template ?? 'host', poolWarm: event.poolWarm === true });
         break;
       case 'sandbox.recovered':
         break;

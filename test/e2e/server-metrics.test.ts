@@ -52,7 +52,7 @@ describe('GET /metrics', () => {
     const before = await scrape();
     const id = await create();
     const running = await scrape();
-    const createCount = 'capsule_sandbox_create_duration_seconds_count{backend="namespace",template="base",pool_warm="false"}';
+    const createCount = 'capsule_sandbox_create_duration_seconds_count{backend="namespace",template="host",pool_warm="false"}';
     expect(value(running, createCount)).toBe(value(before, createCount) + 1);
     expect(value(running, 'capsule_active_sandboxes')).toBe(value(before, 'capsule_active_sandboxes') + 1);
 

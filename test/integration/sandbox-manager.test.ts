@@ -165,7 +165,7 @@ describe('warm pool in the engine', () => {
     const seen: EngineEvent[] = [];
     const pooled = await SandboxManager.open({ dataDir: testDataDir(), warmPool: 1, onEvent: (e) => seen.push(e) });
     try {
-      const pool = (pooled as unknown as { pool: { size: number } }).pool;
+      const pool = (pooled as unknown as { pools: Map<string, { size: number }> }).pools.get('host')!;
       await waitFor(() => pool.size === 1, 15_000);
       const s = await pooled.create({ tenantId: T, spec: { limits: { memoryBytes: 128 * 1024 * 1024 } } });
       expect(seen.find((e) => e.type === 'sandbox.created')?.poolWarm).toBe(true);

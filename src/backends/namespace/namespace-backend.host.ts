@@ -62,7 +62,8 @@ export class NamespaceBackend implements Backend {
   poolKey(spec: SandboxSpec): string | undefined {
     if (spec.network.mode !== 'none' || spec.mounts.length > 0) return undefined;
     const { tmpBytes, shmBytes, fileSizeBytes, openFiles } = spec.limits;
-    return `namespace:tmp=${tmpBytes}:shm=${shmBytes}:fsize=${fileSizeBytes}:nofile=${openFiles}`;
+    // The template and the user are fixed at start (the root, the agent's user namespace).
+    return `namespace:tpl=${spec.template ?? 'host'}:user=${spec.user ?? ''}:tmp=${tmpBytes}:shm=${shmBytes}:fsize=${fileSizeBytes}:nofile=${openFiles}`;
   }
 
   async probe(): Promise<BackendProbe> {
