@@ -38,7 +38,7 @@ describe('e2b SDK 2.51 against Capsule', () => {
       expect(failure).toBeInstanceOf(CommandExitError);
       expect(failure).toMatchObject({ exitCode: 3, stdout: 'partial\n', error: 'exit status 3' });
       const root = await sbx.commands.run('id', { user: 'root' }).catch((error: unknown) => error);
-      expect(String(root)).toMatch(/user "root" does not exist in Capsule sandboxes/);
+      expect(String(root)).toMatch(/the host template has one user, "user"/);
     }));
 
   it('runs background commands: list, stdin, connect, kill', () =>

@@ -123,7 +123,9 @@ export class GvisorSandbox implements BackendSandbox {
       );
     }
     const base = this.options.network?.env;
-    return this.agent.start(base ? { ...request, env: { ...base, ...request.env } } : request);
+    // From a template the agent is root; a request that names no user runs as the sandbox's user.
+    const withUser = this.options.template ? { ...request, user: request.user ?? this.spec.user ?? 'root' } : request;
+    return this.agent.start(base ? { ...withUser, env: { ...base, ...request.env } } : withUser);
   }
 
   /** Running processes the host can talk to, including those a previous Capsule process started. */

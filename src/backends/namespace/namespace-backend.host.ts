@@ -200,6 +200,11 @@ class NamespaceSandbox implements BackendSandbox {
   private readonly network: NetworkAttachment | undefined;
   private readonly egress: EgressNetwork | undefined;
   private readonly childExited: Promise<void>;
+  /**
+   * From a template: the agent runs as root in the sandbox's user namespace, and a request that
+   * names no user (the file helper, an interpreter) runs as the sandbox's user.
+   */
+  private readonly fromTemplate: boolean;
   private stderrTail = '';
   private destroying: Promise<void> | undefined;
 
@@ -216,6 +221,7 @@ class NamespaceSandbox implements BackendSandbox {
     this.child = child;
     this.agent = agent;
     this.childExited = new Promise((resolve) => child.once('close', () => resolve()));
+    this.fromTemplate = options.rootDir !== undefined;
     this.lost = new Promise((resolve) => agent.onLost(() => resolve()));
     child.stderr?.on('data', (chunk: Buffer) => {
       this.stderrTail = (this.stderrTail + chunk.toString('utf8')).slice(-STDERR_TAIL_BYTES);
@@ -291,7 +297,8 @@ class NamespaceSandbox implements BackendSandbox {
       return Promise.reject(new SandboxError('SANDBOX_NOT_RUNNING', `sandbox ${this.id} is being destroyed`));
     }
     // Proxy settings are the base of a networked sandbox's environment; the request may override.
-    return this.agent.start(this.network ? { ...request, env: { ...this.network.env, ...request.env } } : request);
+    const withUser = this.fromTemplate ? { ...request, user: request.user ?? this.spec.user ?? 'root' } : request;
+    return this.agent.start(this.network ? { ...withUser, env: { ...this.network.env, ...request.env } } : withUser);
   }
 
   async counters(): Promise<SandboxCounters> {

@@ -6,7 +6,7 @@ import type { SandboxAccess } from './access.js';
 import { ConnectError, deadlineMs, serverStream } from './connect-protocol.js';
 import type { E2bContext, PortConstraint } from './deps.js';
 import { envdService, record, reply } from './envd-rpc.js';
-import { E2B_HOME, checkUser } from './paths.js';
+import { E2B_HOME, E2B_USER, requestedUser } from './paths.js';
 
 /** envd's `process.Process` service over the engine's processes. */
 
@@ -82,7 +82,7 @@ export function envdProcessRoutes(ctx: E2bContext, auth: Authenticate, constrain
       'process.start',
       'Start',
       (access, message, request) => {
-        checkUser(request);
+        const user = requestedUser(request);
         const config = record(message.process, 'process');
         if (typeof config.cmd !== 'string' || config.cmd === '') throw new ConnectError('invalid_argument', 'process.cmd is required');
         const args = Array.isArray(config.args) ? config.args.map(String) : [];
@@ -102,6 +102,8 @@ export function envdProcessRoutes(ctx: E2bContext, auth: Authenticate, constrain
             stdin: size ? true : message.stdin !== false,
             ...(size ? { pty: { cols: size.cols ?? 80, rows: size.rows ?? 24 } } : {}),
             ...(typeof message.tag === 'string' ? { tag: message.tag } : {}),
+            // E2B's default user is "user": the template's own when the sandbox has a template.
+            ...(user !== undefined && user !== E2B_USER ? { user } : {}),
           })
           .then((handle) => {
             if (size) ptys.add(handle);

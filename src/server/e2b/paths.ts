@@ -24,10 +24,11 @@ export function toE2bPath(path: string): string {
 
 /**
  * The envd user a call names (`Authorization: Basic base64("user:")` on RPC, `?username=` on
- * REST). Capsule sandboxes have one unprivileged user; asking for another one is refused rather
- * than silently running as `user`.
+ * REST), or undefined for the sandbox's own user. A process may run as any user of the sandbox's
+ * template (the engine refuses users the host template does not have); file calls run as the
+ * sandbox's user, so for them only that user (or none) is accepted rather than silently ignored.
  */
-export function checkUser(request: { headers: Record<string, unknown>; query?: unknown }): void {
+export function requestedUser(request: { headers: Record<string, unknown>; query?: unknown }): string | undefined {
   let name: string | undefined;
   const auth = request.headers.authorization;
   if (typeof auth === 'string' && /^Basic\s+/i.test(auth)) {
@@ -35,9 +36,15 @@ export function checkUser(request: { headers: Record<string, unknown>; query?: u
   }
   const query = request.query as { username?: unknown } | undefined;
   if (typeof query?.username === 'string') name = query.username;
-  if (name === undefined || name === '' || name === E2B_USER) return;
+  return name === undefined || name === '' ? undefined : name;
+}
+
+/** A file call's user: the sandbox's own (`user`) or none; any other is refused. */
+export function checkUser(request: { headers: Record<string, unknown>; query?: unknown }): void {
+  const name = requestedUser(request);
+  if (name === undefined || name === E2B_USER) return;
   throw new ConnectError(
     'permission_denied',
-    `user "${name}" does not exist in Capsule sandboxes: every process runs as the unprivileged "user" (uid 1000); omit the user option`,
+    `file calls run as the sandbox's user "${E2B_USER}", not "${name}": omit the user option for files (commands may run as another user of a template, e.g. root)`,
   );
 }
