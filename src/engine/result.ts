@@ -32,10 +32,22 @@ export interface ExecResult {
   outcome: Outcome;
   exitCode: number | null;
   signal: string | null;
+  /**
+   * The kept stdout (the first `limits.stdoutBytes`). In results of the server's processes at most
+   * the first `RESULT_INLINE_BYTES` of it: see `stdoutInlineTruncated`.
+   */
   stdout: string;
   stderr: string;
+  /** The process wrote more than the cap: the rest was not kept (`stdoutBytes` counts it). */
   stdoutTruncated: boolean;
   stderrTruncated: boolean;
+  /**
+   * Set (true) when `stdout` holds only the first `RESULT_INLINE_BYTES` (1 MiB) of the kept stdout:
+   * a result never carries more inline. The process's events (a reattach replays them) and its
+   * log hold all of it; the SDK rebuilds the whole kept stdout from the events it received.
+   */
+  stdoutInlineTruncated?: boolean;
+  stderrInlineTruncated?: boolean;
   /** Bytes the process wrote, including the part that was dropped. */
   stdoutBytes: number;
   stderrBytes: number;
@@ -51,6 +63,12 @@ export interface ExecResult {
    */
   diagnostic?: string;
 }
+
+/** How a process ended, without its output: what the server keeps in memory for an ended process. */
+export type ProcessEnd = Omit<ExecResult, 'stdout' | 'stderr'>;
+
+/** Bytes of each stream a result carries inline at most (the rest stays on disk, in the log). */
+export const RESULT_INLINE_BYTES = 1024 * 1024;
 
 export const DIAGNOSTIC_TAIL_LINES = 20;
 export const DIAGNOSTIC_TAIL_BYTES = 2048;

@@ -11,9 +11,10 @@ import { newSandboxId } from './ids.js';
 import { ManagedProcess } from './managed-process.js';
 import { superviseExec } from './supervise.js';
 import { WarmPool } from './warm-pool.js';
-import { OutputBuffer, outputFields } from './output-buffer.js';
 import { InterpreterService } from './interpreter/service.js';
+import { ProcessLogs, type LogOwner } from './process-logs.js';
 import type { AgentProcess } from '../backends/agent/index.js';
+import type { ProcessOutput } from './process-output.js';
 import type { ExecResult } from './result.js';
 import type {
   CreateSandboxCommand,
@@ -70,8 +71,13 @@ export interface SandboxManagerOptions {
   warmPool?: number;
   /** Builds the file service of a live sandbox (src/engine/files). */
   filesFactory?: (sandbox: BackendSandbox) => SandboxFiles;
-  /** Observes each process started through `startProcess` (metrics, output logs). Must not throw. */
+  /** Observes each process started through `startProcess` (metrics). Must not throw. */
   processObserver?: ProcessObserver;
+  /**
+   * Where processes' output is logged and replayed from (`<dataDir>/logs`), and whose disk budget
+   * it takes. @default logs under `dataDir`, kept until removed, with no budget
+   */
+  processLogs?: ProcessLogs;
 }
 
 /** Which process a `ProcessObserver` call is about. */
@@ -83,12 +89,11 @@ export interface ObservedProcess {
 }
 
 /**
- * Hooks on the processes of `startProcess`: its start, its full output (not capped like the
- * replayable event log) and its settled result. Called synchronously; errors are the observer's.
+ * Hooks on the processes of `startProcess`: its start and its settled result (whose output fields
+ * are empty: the output is in the process's log). Called synchronously; errors are the observer's.
  */
 export interface ProcessObserver {
   onProcessStart?(process: ObservedProcess): void;
-  onProcessOutput?(process: ObservedProcess, stream: 'stdout' | 'stderr', data: Buffer): void;
   onExecResult?(process: ObservedProcess, result: ExecResult): void;
 }
 
@@ -121,6 +126,7 @@ export class SandboxManager implements SandboxEngine {
   private readonly onEvent: (event: EngineEvent) => void;
   private readonly filesFactory: ((sandbox: BackendSandbox) => SandboxFiles) | undefined;
   private readonly observer: ProcessObserver;
+  private readonly logs: ProcessLogs;
   private closed = false;
   private pool: WarmPool | undefined;
   private host: HostEnvironment | undefined;
@@ -133,6 +139,12 @@ export class SandboxManager implements SandboxEngine {
     this.onEvent = options.onEvent ?? (() => undefined);
     this.filesFactory = options.filesFactory;
     this.observer = options.processObserver ?? {};
+    this.logs = options.processLogs ?? new ProcessLogs({ dataDir: options.dataDir });
+    // Once an ended sandbox's logs are gone, so is what the engine remembers of its processes.
+    this.logs.onRemoved = (sandboxId) => {
+      const entry = this.sandboxes.get(sandboxId);
+      if (entry && !LIVE_STATES.has(entry.info.state)) this.sandboxes.delete(sandboxId);
+    };
   }
 
   /** Prepares the host, reconciles it with the store, and recovers sandboxes a crash left. */
@@ -351,29 +363,30 @@ export class SandboxManager implements SandboxEngine {
   /** A process a previous Capsule process started (restored from a checkpoint): events from now on. */
   private adoptProcess(entry: Live, agent: AgentProcess): void {
     const spec = entry.info.spec;
-    const stdout = new OutputBuffer(spec.limits.stdoutBytes);
-    const stderr = new OutputBuffer(spec.limits.stderrBytes);
+    const owner = { tenantId: entry.info.tenantId, sandboxId: entry.info.sandboxId, pid: agent.pid };
+    // It runs already: its log takes room as it goes, without a reservation that could refuse it.
+    const log = this.logs.open(owner, 0, (high) => agent.throttle?.(high));
     const started = this.now();
     const result = agent.exited.then((exit): ExecResult => ({
       outcome: exit.lost ? 'error' : exit.exitCode === 0 ? 'ok' : 'exit_nonzero',
       exitCode: exit.exitCode,
       signal: exit.signal,
-      ...outputFields(stdout, stderr),
+      stdout: '',
+      stderr: '',
+      stdoutTruncated: false,
+      stderrTruncated: false,
+      stdoutBytes: 0,
+      stderrBytes: 0,
       durationMs: this.now() - started,
       usage: { memoryPeakBytes: 0, cpuTimeMs: 0, cpuThrottledMs: 0, diskUsedBytes: null },
       warnings: [],
       ...(exit.lost ? { error: { code: 'SANDBOX_CRASHED', message: `sandbox ${entry.info.sandboxId} stopped while the process ran` } } : {}),
     }));
     const managed = new ManagedProcess({ argv: ['(restored)'], cwd: spec.cwd, startedAt: new Date(started).toISOString() }, spec.limits, result);
-    managed.started(agent);
-    agent.onStdout((chunk) => {
-      stdout.push(chunk);
-      managed.output('stdout', chunk);
-    });
-    agent.onStderr((chunk) => {
-      stderr.push(chunk);
-      managed.output('stderr', chunk);
-    });
+    managed.started(agent, log);
+    agent.onStdout((chunk) => managed.output('stdout', chunk));
+    agent.onStderr((chunk) => managed.output('stderr', chunk));
+    void managed.ended.finally(() => this.logs.closed(owner, log)).catch(() => undefined);
     entry.processes.set(agent.pid, managed);
   }
 
@@ -386,6 +399,10 @@ export class SandboxManager implements SandboxEngine {
         details: { field: 'timeoutMs', value: command.timeoutMs },
       });
     }
+    // Room in the tenant's disk budget for what the process's log keeps, before anything starts.
+    const owner: LogOwner = { tenantId, sandboxId };
+    const reserved = this.logs.reserve(owner, spec.limits);
+    let log: ProcessOutput | undefined;
     let resolveStarted: (() => void) | undefined;
     const started = new Promise<void>((resolve) => (resolveStarted = resolve));
     let settle: ((result: Promise<ExecResult>) => void) | undefined;
@@ -407,25 +424,25 @@ export class SandboxManager implements SandboxEngine {
       },
       {
         timeoutMs: command.timeoutMs ?? spec.limits.wallClockMs,
+        keepOutput: false,
         onStart: (agent) => {
-          managed.started(agent);
+          log = this.logs.open({ ...owner, pid: agent.pid }, reserved, (high) => agent.throttle?.(high));
+          managed.started(agent, log);
           entry.processes.set(agent.pid, managed);
           this.trimEnded(entry);
           this.observer.onProcessStart?.(observed());
           resolveStarted?.();
         },
-        onStdout: (chunk) => {
-          managed.output('stdout', chunk);
-          this.observer.onProcessOutput?.(observed(), 'stdout', chunk);
-        },
-        onStderr: (chunk) => {
-          managed.output('stderr', chunk);
-          this.observer.onProcessOutput?.(observed(), 'stderr', chunk);
-        },
-        onWarning: (warning) => managed.push({ type: 'warning', warning }),
+        onStdout: (chunk) => managed.output('stdout', chunk),
+        onStderr: (chunk) => managed.output('stderr', chunk),
+        onWarning: (warning) => managed.warn(warning),
       },
     );
     settle?.(result);
+    // The log is closed (its unused reservation given back) once the process ended.
+    void managed.ended
+      .finally(() => (log ? this.logs.closed({ ...owner, pid: managed.pid }, log) : this.logs.unreserve(owner, reserved)))
+      .catch(() => undefined);
     // Observer hook: where a process's result settles (also for programs that never started).
     void result.then((r) => this.observer.onExecResult?.(observed(), r), () => undefined);
     const outcome = await Promise.race([started.then(() => undefined), result]);
@@ -539,6 +556,7 @@ export class SandboxManager implements SandboxEngine {
         entry.info.endReason = `${reason}; cleanup failed: ${(error as Error).message}`;
       }
       this.save(entry);
+      this.logs.sandboxEnded(entry.info.sandboxId);
       if (state !== 'failed') this.onEvent({ type: `sandbox.${state}`, sandbox: this.snapshot(entry) });
     })();
     this.save(entry);

@@ -1,6 +1,6 @@
 import type { Readable } from 'node:stream';
 import type { NetworkPolicyInput, SandboxSpec, SandboxSpecInput } from '../spec/index.js';
-import type { ExecResult, Warning } from './result.js';
+import type { ExecResult, ProcessEnd, Warning } from './result.js';
 
 /**
  * The engine's contract with the server, SDK-facing routes and the E2B facade. The server turns a
@@ -75,7 +75,12 @@ export interface ProcessHandle {
   readonly info: ProcessInfo;
   /** Every event from the start (kept output is replayed), then live ones, ending with `exit`. */
   events(signal?: AbortSignal): AsyncIterable<ProcessEvent>;
+  /** The result, with at most 1 MiB of each stream inline (read back from the log). */
   readonly result: Promise<ExecResult>;
+  /** How the process ended, without its output: for callers that need no output. */
+  readonly ended: Promise<ProcessEnd>;
+  /** Writes what the process's log holds in memory, so a reader of the file sees all output so far. */
+  flushLog(): Promise<void>;
   writeStdin(data: Buffer | string): void;
   closeStdin(): void;
   signal(signal: NodeJS.Signals): void;

@@ -98,6 +98,7 @@ export async function startServer(options: StartServerOptions): Promise<RunningS
         observability.onEvent(event);
       },
       processObserver: observability.processObserver,
+      processLogs: observability.processLogs,
       filesFactory: (sandbox) => createSandboxFiles(sandbox),
     });
     const app = new CapsuleApp({ engine, db, maxSandboxesPerTenant: options.maxSandboxesPerTenant, logger: options.logger, extensions: options.extensions, observability: observability.services });

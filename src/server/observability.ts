@@ -6,7 +6,7 @@ import type { BackendSandbox } from '../backends/backend.js';
 import { CapsuleMetrics } from '../metrics/metrics.js';
 import { LocalArtifactStore } from '../store/artifacts/index.js';
 import type { SandboxRecordStore } from '../engine/sandbox-manager.js';
-import { ProcessLogs } from './process-logs.js';
+import { ProcessLogs, type LogDiskBudget } from '../engine/process-logs.js';
 import type { ServerServices } from './services.js';
 
 export interface ObservabilityOptions {
@@ -14,6 +14,8 @@ export interface ObservabilityOptions {
   records: SandboxRecordStore;
   /** How often expired artifacts and old output logs are swept. @default 10 minutes */
   sweepIntervalMs?: number;
+  /** Where process logs take their disk from (the tenants' disk quota). */
+  logBudget?: LogDiskBudget;
 }
 
 /**
@@ -31,16 +33,19 @@ export class Observability {
 
   private constructor(
     readonly artifacts: LocalArtifactStore,
-    dataDir: string,
+    options: ObservabilityOptions,
   ) {
-    this.processLogs = new ProcessLogs(dataDir);
+    this.processLogs = new ProcessLogs({ dataDir: options.dataDir, budget: options.logBudget });
   }
 
-  /** Opens the artifact store and drops the output logs of sandboxes a previous run ended. */
+  /**
+   * Opens the artifact store and drops the output logs of sandboxes a previous run ended (the
+   * logs of live ones are charged to their tenants again).
+   */
   static async open(options: ObservabilityOptions): Promise<Observability> {
     const store = await LocalArtifactStore.open({ root: join(options.dataDir, 'artifacts') });
-    const observability = new Observability(store, options.dataDir);
-    await observability.processLogs.removeAllExcept(new Set(options.records.listLive().map((r) => r.sandboxId)));
+    const observability = new Observability(store, options);
+    await observability.processLogs.reconcile(options.records.listLive());
     observability.sweepTimer = setInterval(() => void observability.sweep(), options.sweepIntervalMs ?? 10 * 60 * 1000);
     observability.sweepTimer.unref();
     return observability;
@@ -52,12 +57,7 @@ export class Observability {
 
   /** For SandboxManagerOptions.processObserver. */
   readonly processObserver: ProcessObserver = {
-    onProcessStart: (process) => this.processLogs.started(process),
-    onProcessOutput: (process, stream, data) => this.processLogs.output(process, stream, data),
-    onExecResult: (process, result) => {
-      this.metrics.recordExec(result, process.backend);
-      this.processLogs.ended(process);
-    },
+    onExecResult: (process, result) => this.metrics.recordExec(result, process.backend),
   };
 
   /** The engine whose live sandboxes are sampled (set once it is open). */
@@ -79,7 +79,6 @@ export class Observability {
         break;
       default:
         this.usage.untrack(sandbox.sandboxId);
-        this.processLogs.sandboxEnded(sandbox.sandboxId);
     }
   }
 
@@ -103,7 +102,7 @@ export class Observability {
     clearInterval(this.sweepTimer);
     this.usage.close();
     await this.sweeping;
-    await this.processLogs.close();
+    await this.processLogs.flushed();
     await this.artifacts.close();
   }
 

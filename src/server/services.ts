@@ -2,7 +2,7 @@ import type { SandboxEngine, SandboxInfo } from '../engine/types.js';
 import type { UsageSampler } from '../engine/usage-sampler.js';
 import type { CapsuleMetrics } from '../metrics/metrics.js';
 import type { ArtifactStore } from '../store/artifacts/index.js';
-import type { ProcessLogs } from './process-logs.js';
+import type { ProcessLogs } from '../engine/process-logs.js';
 import { SandboxError } from '../errors/index.js';
 import type { ApiKeyStore, AuditLog, OperationStore, SqliteSandboxRecords } from '../store/index.js';
 import type { TenantQuota } from './quota.js';

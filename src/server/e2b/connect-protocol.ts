@@ -192,7 +192,8 @@ export async function serverStream(
     arm();
     for await (const message of messages(controller.signal)) {
       if (raw.writableEnded || controller.signal.aborted) break;
-      raw.write(envelope(0, message));
+      // A slow client holds the producer (a replay read from disk) back instead of the heap.
+      if (!raw.write(envelope(0, message))) await drained(raw, controller.signal);
       arm();
     }
   } catch (error) {
@@ -203,4 +204,20 @@ export async function serverStream(
     clearTimeout(keepalive);
     if (!raw.writableEnded) raw.end(envelope(2, end));
   }
+}
+
+/** Resolves when `stream` can take more, closes, or `signal` aborts. */
+function drained(stream: NodeJS.WritableStream, signal: AbortSignal): Promise<void> {
+  if (signal.aborted) return Promise.resolve();
+  return new Promise((resolve) => {
+    const done = (): void => {
+      stream.off('drain', done);
+      stream.off('close', done);
+      signal.removeEventListener('abort', done);
+      resolve();
+    };
+    stream.on('drain', done);
+    stream.on('close', done);
+    signal.addEventListener('abort', done, { once: true });
+  });
 }

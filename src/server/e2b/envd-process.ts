@@ -1,5 +1,5 @@
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
-import type { ExecResult } from '../../engine/result.js';
+import type { ProcessEnd } from '../../engine/result.js';
 import type { ProcessHandle } from '../../engine/types.js';
 import type { SandboxAccess } from './access.js';
 import { audited } from './audit.js';
@@ -32,7 +32,7 @@ function strings(value: unknown): Record<string, string> {
 }
 
 /** Go's ProcessState: `exit status N`, or `signal: killed` with exit code -1. */
-export function endEvent(result: ExecResult): object {
+export function endEvent(result: ProcessEnd): object {
   if (result.outcome === 'ok') return { exitCode: 0, exited: true, status: 'exit status 0' };
   if (result.outcome === 'exit_nonzero' && result.exitCode !== null) {
     const status = `exit status ${result.exitCode}`;
@@ -99,7 +99,7 @@ export function registerEnvdProcess(app: FastifyInstance, ctx: E2bContext, const
         ...(typeof message.tag === 'string' ? { tag: message.tag } : {}),
       });
       const handle = await audited(ctx, request, access, 'process.start', { subject: JSON.stringify(argv) }, run, (h) =>
-        h.result.then((result) => ({ type: 'exit', result })),
+        h.ended.then((result) => ({ type: 'exit', result })),
       );
       if (size) ptys.add(handle);
       return handle;
