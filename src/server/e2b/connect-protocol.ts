@@ -67,6 +67,8 @@ const FROM_CAPSULE: Partial<Record<ErrorCode, ConnectCode>> = {
   CONFLICT: 'aborted',
   SANDBOX_NOT_RUNNING: 'unavailable',
   LIMIT_EXCEEDED: 'resource_exhausted',
+  QUOTA_EXCEEDED: 'resource_exhausted',
+  CAPACITY_EXHAUSTED: 'unavailable',
   NO_SPACE: 'resource_exhausted',
   FILE_TOO_LARGE: 'resource_exhausted',
   EXEC_FAILED: 'invalid_argument',

@@ -5,7 +5,7 @@ import type { CreateSandboxCommand, SandboxInfo, SandboxState } from '../../engi
 import type { SandboxSpecInput } from '../../spec/index.js';
 import { AuditTrail } from '../audit-trail.js';
 import type { Principal } from '../auth.js';
-import { sendError } from '../errors.js';
+import { retryAfterSeconds, sendError } from '../errors.js';
 import { e2bPrincipal, isE2bCaller } from './access.js';
 import { ENVD_VERSION, lenientJson, type E2bContext, type E2bEngine } from './deps.js';
 import { E2B_HOME, E2B_USER } from './paths.js';
@@ -39,6 +39,8 @@ function sendE2bError(request: FastifyRequest, reply: FastifyReply, error: unkno
   let message = isSandboxError(error) ? [error.message, error.hint].filter(Boolean).join('. ') : 'internal error';
   if (!isSandboxError(error) && status < 500) message = (error as Error).message;
   if (status >= 500) request.log.error({ err: error }, 'E2B control-plane call failed');
+  const retryAfter = isSandboxError(error) ? retryAfterSeconds(error) : undefined;
+  if (retryAfter !== undefined) reply.header('retry-after', String(retryAfter));
   return reply.code(status).type('application/json').send({ code: status, message });
 }
 
