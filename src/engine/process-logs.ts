@@ -3,10 +3,12 @@ import { join } from 'node:path';
 import { DEFAULT_OUTPUT_LOG_BYTES, logRecordBytes, outputLogDir, outputLogPath, removeOutputLogs } from './output-log.js';
 import { ProcessOutput, type LogBudget } from './process-output.js';
 
-/** Whose logs: disk is charged to the tenant, per sandbox. */
+/** Whose logs: disk is charged to the tenant (under its creating key's quota), per sandbox. */
 export interface LogOwner {
   tenantId: string;
   sandboxId: string;
+  /** The disk quota the sandbox was created under. @default the operator's */
+  quotaBytes?: number;
 }
 
 /**

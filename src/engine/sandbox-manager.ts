@@ -1,11 +1,12 @@
 import { SandboxError } from '../errors/index.js';
-import { DEFAULT_MAXIMA, parseSpec, type OperatorMaxima, type BackendName, type NetworkPolicyInput } from '../spec/index.js';
+import { DEFAULT_MAXIMA, parseSpec, type OperatorMaxima, type BackendName, type NetworkPolicyInput, type SandboxSpec } from '../spec/index.js';
 
 export type { NetworkPolicyInput } from '../spec/index.js';
 import type { Backend, BackendSandbox } from '../backends/backend.js';
 import { createBackends } from '../backends/registry.js';
 import { baseEnv } from '../backends/namespace/bwrap-args.js';
 import { HostEnvironment } from '../host/host-env.host.js';
+import type { VolumeCapacity } from '../host/volume.host.js';
 import { assertEnforceable } from './capabilities.js';
 import { newSandboxId } from './ids.js';
 import { ManagedProcess } from './managed-process.js';
@@ -13,6 +14,7 @@ import { superviseExec } from './supervise.js';
 import { WarmPool } from './warm-pool.js';
 import { InterpreterService } from './interpreter/service.js';
 import { ProcessLogs, type LogOwner } from './process-logs.js';
+import { WorkspaceCapacity, type WorkspaceBudget } from './disk-budget.js';
 import type { AgentProcess } from '../backends/agent/index.js';
 import type { ProcessOutput } from './process-output.js';
 import type { ExecResult } from './result.js';
@@ -78,6 +80,13 @@ export interface SandboxManagerOptions {
    * it takes. @default logs under `dataDir`, kept until removed, with no budget
    */
   processLogs?: ProcessLogs;
+  /** Where tenants' workspaces are charged (their disk quota). @default nothing is charged */
+  workspaceBudget?: WorkspaceBudget;
+  /**
+   * How far the disk limits of live sandboxes may exceed what the workspace volume can back
+   * (1: never; a create that does not fit is refused with CAPACITY_EXHAUSTED). @default 1
+   */
+  diskOvercommit?: number;
 }
 
 /** Which process a `ProcessObserver` call is about. */
@@ -105,6 +114,10 @@ const MAX_ENDED_PROCESSES = 100;
 
 interface Live {
   info: SandboxInfo;
+  /** The disk quota its creator's key has (undefined: the operator's, and after a restart). */
+  quotaBytes?: number;
+  /** Gives back its workspace's disk limit to the volume and the tenant's quota; once. */
+  releaseDisk?: () => void;
   sandbox?: BackendSandbox;
   processes: Map<number, ManagedProcess>;
   files?: SandboxFiles;
@@ -127,6 +140,8 @@ export class SandboxManager implements SandboxEngine {
   private readonly filesFactory: ((sandbox: BackendSandbox) => SandboxFiles) | undefined;
   private readonly observer: ProcessObserver;
   private readonly logs: ProcessLogs;
+  private readonly workspaceBudget: WorkspaceBudget | undefined;
+  private readonly capacity: WorkspaceCapacity;
   private closed = false;
   private pool: WarmPool | undefined;
   private host: HostEnvironment | undefined;
@@ -140,6 +155,16 @@ export class SandboxManager implements SandboxEngine {
     this.filesFactory = options.filesFactory;
     this.observer = options.processObserver ?? {};
     this.logs = options.processLogs ?? new ProcessLogs({ dataDir: options.dataDir });
+    this.workspaceBudget = options.workspaceBudget;
+    const pooledBytes = (options.warmPool ?? 0) * parseSpec({}, this.maxima).limits.diskBytes;
+    this.capacity = new WorkspaceCapacity({
+      measure: async () => {
+        await this.host!.ensure();
+        return this.host!.volume.capacity();
+      },
+      overcommit: options.diskOvercommit,
+      heldBytes: () => (this.pool ? pooledBytes : 0),
+    });
     // Once an ended sandbox's logs are gone, so is what the engine remembers of its processes.
     this.logs.onRemoved = (sandboxId) => {
       const entry = this.sandboxes.get(sandboxId);
@@ -173,6 +198,14 @@ export class SandboxManager implements SandboxEngine {
   private async recover(record: SandboxInfo): Promise<void> {
     const entry: Live = { info: { ...record }, processes: new Map() };
     this.sandboxes.set(record.sandboxId, entry);
+    // Its workspace is there: it counts against the volume and its tenant's quota until it ends.
+    const diskBytes = record.spec.limits.diskBytes;
+    const releaseVolume = this.capacity.restore(diskBytes);
+    this.workspaceBudget?.restoreWorkspace({ tenantId: record.tenantId }, diskBytes);
+    entry.releaseDisk = once(() => {
+      releaseVolume();
+      this.workspaceBudget?.releaseWorkspace({ tenantId: record.tenantId }, diskBytes);
+    });
     if (Date.parse(record.expiresAt) <= this.now()) {
       await this.end(entry, 'expired', 'ttl expired while the server was down');
       return;
@@ -212,7 +245,14 @@ export class SandboxManager implements SandboxEngine {
       });
     }
     assertEnforceable(spec, await backend.probe());
-    const warm = await this.pool?.take(spec);
+    const releaseDisk = this.reserveDisk(command, spec, await this.capacity.measure());
+    let warm: BackendSandbox | undefined;
+    try {
+      warm = await this.pool?.take(spec);
+    } catch (error) {
+      releaseDisk();
+      throw error;
+    }
     const now = this.now();
     const info: SandboxInfo = {
       sandboxId: warm?.id ?? newSandboxId(),
@@ -224,7 +264,7 @@ export class SandboxManager implements SandboxEngine {
       createdAt: new Date(now).toISOString(),
       expiresAt: new Date(now + spec.ttlMs).toISOString(),
     };
-    const entry: Live = { info, processes: new Map() };
+    const entry: Live = { info, processes: new Map(), quotaBytes: command.diskQuotaBytes, releaseDisk };
     this.sandboxes.set(info.sandboxId, entry);
     this.save(entry);
     try {
@@ -363,7 +403,7 @@ export class SandboxManager implements SandboxEngine {
   /** A process a previous Capsule process started (restored from a checkpoint): events from now on. */
   private adoptProcess(entry: Live, agent: AgentProcess): void {
     const spec = entry.info.spec;
-    const owner = { tenantId: entry.info.tenantId, sandboxId: entry.info.sandboxId, pid: agent.pid };
+    const owner = { tenantId: entry.info.tenantId, sandboxId: entry.info.sandboxId, quotaBytes: entry.quotaBytes, pid: agent.pid };
     // It runs already: its log takes room as it goes, without a reservation that could refuse it.
     const log = this.logs.open(owner, 0, (high) => agent.throttle?.(high));
     const started = this.now();
@@ -400,7 +440,7 @@ export class SandboxManager implements SandboxEngine {
       });
     }
     // Room in the tenant's disk budget for what the process's log keeps, before anything starts.
-    const owner: LogOwner = { tenantId, sandboxId };
+    const owner: LogOwner = { tenantId, sandboxId, quotaBytes: entry.quotaBytes };
     const reserved = this.logs.reserve(owner, spec.limits);
     let log: ProcessOutput | undefined;
     let resolveStarted: (() => void) | undefined;
@@ -555,12 +595,34 @@ export class SandboxManager implements SandboxEngine {
       } catch (error) {
         entry.info.endReason = `${reason}; cleanup failed: ${(error as Error).message}`;
       }
+      entry.releaseDisk?.();
       this.save(entry);
       this.logs.sandboxEnded(entry.info.sandboxId);
       if (state !== 'failed') this.onEvent({ type: `sandbox.${state}`, sandbox: this.snapshot(entry) });
     })();
     this.save(entry);
     return entry.ending;
+  }
+
+  /**
+   * Promises the workspace's disk limit on the volume (CAPACITY_EXHAUSTED when it cannot be
+   * backed) and charges it to the tenant's quota (QUOTA_EXCEEDED), both before anything is made
+   * and in one synchronous step, so concurrent creates cannot overshoot. Returns the release.
+   */
+  private reserveDisk(command: CreateSandboxCommand, spec: SandboxSpec, capacity: VolumeCapacity): () => void {
+    const diskBytes = spec.limits.diskBytes;
+    const releaseVolume = this.capacity.reserve(diskBytes, capacity);
+    const owner = { tenantId: command.tenantId, quotaBytes: command.diskQuotaBytes };
+    try {
+      this.workspaceBudget?.reserveWorkspace(owner, diskBytes);
+    } catch (error) {
+      releaseVolume();
+      throw error;
+    }
+    return once(() => {
+      releaseVolume();
+      this.workspaceBudget?.releaseWorkspace(owner, diskBytes);
+    });
   }
 
   private trimEnded(entry: Live): void {
@@ -615,4 +677,14 @@ export class SandboxManager implements SandboxEngine {
   private assertOpen(): void {
     if (this.closed) throw new SandboxError('SANDBOX_NOT_RUNNING', 'the engine is shutting down');
   }
+}
+
+/** `fn`, callable many times, run once. */
+function once(fn: () => void): () => void {
+  let done = false;
+  return () => {
+    if (done) return;
+    done = true;
+    fn();
+  };
 }

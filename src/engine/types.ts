@@ -30,6 +30,11 @@ export interface CreateSandboxCommand {
   spec?: SandboxSpecInput;
   metadata?: Record<string, string>;
   signal?: AbortSignal;
+  /**
+   * The disk quota of the key that creates the sandbox: its workspace and its processes' logs are
+   * charged to the tenant under it. @default the operator's quota (SandboxManagerOptions.workspaceBudget)
+   */
+  diskQuotaBytes?: number;
 }
 
 export interface ListSandboxesQuery {

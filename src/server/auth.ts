@@ -7,6 +7,12 @@ export interface Principal {
   tenantId: string;
   keyId: string;
   isAdmin: boolean;
+  /**
+   * The disk quota this key's tenant works under (its workspaces, logs, artifacts and snapshots
+   * together; src/server/disk-quota.ts), when the key carries its own. @default the operator's
+   * `--tenant-disk-quota`
+   */
+  diskQuotaBytes?: number;
 }
 
 export type AuthLevel = 'none' | 'tenant' | 'admin';

@@ -6,7 +6,8 @@ import type { BackendSandbox } from '../backends/backend.js';
 import { CapsuleMetrics } from '../metrics/metrics.js';
 import { LocalArtifactStore } from '../store/artifacts/index.js';
 import type { SandboxRecordStore } from '../engine/sandbox-manager.js';
-import { ProcessLogs, type LogDiskBudget } from '../engine/process-logs.js';
+import { ProcessLogs } from '../engine/process-logs.js';
+import type { TenantDiskQuota } from './disk-quota.js';
 import type { ServerServices } from './services.js';
 
 export interface ObservabilityOptions {
@@ -14,8 +15,8 @@ export interface ObservabilityOptions {
   records: SandboxRecordStore;
   /** How often expired artifacts and old output logs are swept. @default 10 minutes */
   sweepIntervalMs?: number;
-  /** Where process logs take their disk from (the tenants' disk quota). */
-  logBudget?: LogDiskBudget;
+  /** Each tenant's disk quota: process logs and artifacts are charged to it. */
+  diskQuota?: TenantDiskQuota;
 }
 
 /**
@@ -31,11 +32,14 @@ export class Observability {
   private sweepTimer: NodeJS.Timeout | undefined;
   private sweeping: Promise<void> | undefined;
 
+  private readonly diskQuota: TenantDiskQuota | undefined;
+
   private constructor(
     readonly artifacts: LocalArtifactStore,
     options: ObservabilityOptions,
   ) {
-    this.processLogs = new ProcessLogs({ dataDir: options.dataDir, budget: options.logBudget });
+    this.diskQuota = options.diskQuota;
+    this.processLogs = new ProcessLogs({ dataDir: options.dataDir, budget: options.diskQuota });
   }
 
   /**
@@ -46,13 +50,14 @@ export class Observability {
     const store = await LocalArtifactStore.open({ root: join(options.dataDir, 'artifacts') });
     const observability = new Observability(store, options);
     await observability.processLogs.reconcile(options.records.listLive());
+    options.diskQuota?.setStoredArtifacts(await store.bytesByTenant());
     observability.sweepTimer = setInterval(() => void observability.sweep(), options.sweepIntervalMs ?? 10 * 60 * 1000);
     observability.sweepTimer.unref();
     return observability;
   }
 
-  get services(): Pick<ServerServices, 'metrics' | 'artifacts' | 'usage' | 'processLogs'> {
-    return { metrics: this.metrics, artifacts: this.artifacts, usage: this.usage, processLogs: this.processLogs };
+  get services(): Pick<ServerServices, 'metrics' | 'artifacts' | 'usage' | 'processLogs' | 'diskQuota'> {
+    return { metrics: this.metrics, artifacts: this.artifacts, usage: this.usage, processLogs: this.processLogs, diskQuota: this.diskQuota };
   }
 
   /** For SandboxManagerOptions.processObserver. */
@@ -88,6 +93,8 @@ export class Observability {
       try {
         await this.artifacts.sweepExpired();
         await this.processLogs.sweep();
+        // Expired artifacts no longer count; the running totals are set from the store again.
+        this.diskQuota?.setStoredArtifacts(await this.artifacts.bytesByTenant());
       } catch (error) {
         process.stderr.write(`capsule: sweeping artifacts and logs failed: ${(error as Error).message}\n`);
       } finally {

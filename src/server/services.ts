@@ -6,6 +6,7 @@ import type { ProcessLogs } from '../engine/process-logs.js';
 import { SandboxError } from '../errors/index.js';
 import type { ApiKeyStore, AuditLog, OperationStore, SqliteSandboxRecords } from '../store/index.js';
 import type { TenantQuota } from './quota.js';
+import type { TenantDiskQuota } from './disk-quota.js';
 
 /** What the routes are built on: one object, passed in (no module state). */
 export interface ServerServices {
@@ -26,6 +27,8 @@ export interface ServerServices {
   usage?: UsageSampler;
   /** Full output of processes (GET /v1/sandboxes/{id}/processes/{pid}/log). */
   processLogs?: ProcessLogs;
+  /** Each tenant's disk quota (workspaces, logs, artifacts, snapshots). */
+  diskQuota?: TenantDiskQuota;
 }
 
 /** The tenant's record of a sandbox; a foreign or unknown id is SANDBOX_NOT_FOUND (never 403). */

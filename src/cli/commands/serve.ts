@@ -1,6 +1,6 @@
 import { Command } from 'commander';
 import { DEFAULT_DATA_DIR } from '../../host/host-env.host.js';
-import { collect, numberOption } from '../options.js';
+import { bytesOption, collect, numberOption } from '../options.js';
 import type { CliContext } from '../context.js';
 
 interface ServeFlags {
@@ -11,6 +11,9 @@ interface ServeFlags {
   warmPool: number;
   logLevel: string;
   deny?: string[];
+  tenantDiskQuota?: number;
+  diskOvercommit?: number;
+  volumeSize?: number;
 }
 
 /**
@@ -26,6 +29,9 @@ export function serveCommand(context: CliContext): Command {
     .option('--max-sandboxes <n>', 'concurrent sandboxes per tenant', numberOption('--max-sandboxes'), 20)
     .option('--log-level <level>', 'fatal, error, warn, info, debug', 'info')
     .option('--warm-pool <n>', 'sandboxes kept started ahead for creates with no network and no mounts', numberOption('--warm-pool'), 2)
+    .option('--tenant-disk-quota <size>', "each tenant's disk quota over its workspaces (by their disk limits), logs, artifacts and snapshots, e.g. 20GiB (default 20GiB)", bytesOption('--tenant-disk-quota'))
+    .option('--disk-overcommit <ratio>', 'how far the disk limits of live sandboxes may exceed what the workspace volume holds (default 1: never)', numberOption('--disk-overcommit'))
+    .option('--volume-size <size>', 'size of the workspace volume image when it is first made (default 32GiB)', bytesOption('--volume-size'))
     .option('--deny <domain-or-cidr>', 'operator deny list: no sandbox reaches it, whatever its allow list (repeatable; a domain covers its subdomains; also $CAPSULE_EGRESS_DENY, comma-separated)', collect)
     .addHelpText(
       'after',
@@ -42,6 +48,9 @@ export function serveCommand(context: CliContext): Command {
         env: context.env,
         maxSandboxesPerTenant: flags.maxSandboxes,
         warmPool: flags.warmPool,
+        tenantDiskQuotaBytes: flags.tenantDiskQuota,
+        diskOvercommit: flags.diskOvercommit,
+        volumeBytes: flags.volumeSize,
         operatorDeny: [...(flags.deny ?? []), ...(context.env.CAPSULE_EGRESS_DENY ?? '').split(',').map((e) => e.trim()).filter((e) => e !== '')],
         logger: { level: flags.logLevel, stream: context.stderr },
       });

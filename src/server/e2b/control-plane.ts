@@ -170,7 +170,7 @@ export function registerControlPlane(app: FastifyInstance, ctx: E2bContext): voi
       const release = ctx.quota?.reserve(principal.tenantId);
       try {
         const metadata = { ...(body.metadata ?? {}), [TEMPLATE_KEY]: body.templateID };
-        return await createWithinMaxima(engine, { tenantId: principal.tenantId, spec: specFor(body), metadata });
+        return await createWithinMaxima(engine, { tenantId: principal.tenantId, spec: specFor(body), metadata, diskQuotaBytes: principal.diskQuotaBytes });
       } finally {
         release?.();
       }

@@ -7,6 +7,7 @@ import { SANDBOX_ID_PATTERN } from '../../engine/ids.js';
 import { defineRoute, type AnyRoute } from '../route.js';
 import { ErrorBodySchema, SandboxIdParams, SandboxPath } from '../schemas.js';
 import { requireSandbox, type ServerServices } from '../services.js';
+import type { Principal } from '../auth.js';
 
 const error = (description: string) => ({ description, schema: ErrorBodySchema });
 const GiB = 1024 * 1024 * 1024;
@@ -58,19 +59,25 @@ function liveSandbox(services: ServerServices, tenantId: string, sandboxId: stri
   return engine.backendSandbox(tenantId, sandboxId);
 }
 
-/** Collects a running sandbox's directory into the store (frozen copy), counting each outcome. */
+/**
+ * Collects a running sandbox's directory into the store (frozen copy), counting each outcome; a
+ * collection that does not fit the tenant's disk quota is refused (QUOTA_EXCEEDED) before any copy.
+ */
 export async function collectFor(
   services: ServerServices,
-  tenantId: string,
+  principal: Pick<Principal, 'tenantId' | 'diskQuotaBytes'>,
   sandboxId: string,
   options: Pick<CollectOptions, 'dir' | 'maxFileBytes' | 'maxTotalBytes' | 'signal'>,
 ): Promise<Omit<Collection, 'deliveredBytes'>> {
   const store = requireStore(services);
+  const { tenantId } = principal;
   const sandbox = liveSandbox(services, tenantId, sandboxId);
+  const quota = services.diskQuota;
   const { artifacts, truncated } = await collectArtifacts(sandbox, store, {
     ...options,
     tenantId,
     onOutcome: (outcome) => services.metrics?.recordArtifact(outcome),
+    ...(quota ? { reserve: (bytes: number) => quota.reserveArtifacts({ tenantId, quotaBytes: principal.diskQuotaBytes }, bytes) } : {}),
   });
   return { artifacts, truncated };
 }
@@ -91,11 +98,12 @@ export function artifactRoutes(services: ServerServices): AnyRoute[] {
       responses: {
         200: { description: 'One reference per file; skipped files say why', schema: CollectionSchema },
         409: error('The sandbox is not running'),
+        429: error("The files would not fit the tenant's disk quota (nothing was copied)"),
       },
       audit: ({ params, body }) => ({ sandboxId: params.sandboxId, subject: body?.dir ?? '/workspace/output' }),
       async handler({ params, body, principal, signal }) {
         requireSandbox(services, principal.tenantId, params.sandboxId);
-        const collection = await collectFor(services, principal.tenantId, params.sandboxId, { ...body, signal });
+        const collection = await collectFor(services, principal, params.sandboxId, { ...body, signal });
         return { kind: 'json', status: 200, body: collection };
       },
     }),
@@ -139,6 +147,8 @@ export function artifactRoutes(services: ServerServices): AnyRoute[] {
       audit: ({ params }) => ({ subject: params.ref }),
       async handler({ params, principal }) {
         await store.delete(params.ref, { tenantId: principal.tenantId });
+        // What the tenant stores now, read back: a digest may have had several rows.
+        services.diskQuota?.setStoredArtifacts(await store.bytesByTenant(principal.tenantId), [principal.tenantId]);
         return { kind: 'empty', status: 204 };
       },
     }),
