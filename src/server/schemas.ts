@@ -116,6 +116,9 @@ export const ExecResultSchema = z.object({
   stderr: z.string(),
   stdoutTruncated: z.boolean(),
   stderrTruncated: z.boolean(),
+  /** Set when `stdout` holds only the first 1 MiB of the kept stdout; the events and the log hold it all. */
+  stdoutInlineTruncated: z.boolean().optional(),
+  stderrInlineTruncated: z.boolean().optional(),
   stdoutBytes: z.number(),
   stderrBytes: z.number(),
   durationMs: z.number(),
