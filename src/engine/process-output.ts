@@ -75,7 +75,7 @@ export class ProcessOutput {
   /** Everything before this position is handed to the writer; `unqueuedChunks` chunks are not. */
   private queuedPos = 0;
   private unqueuedChunks = 0;
-  /** Everything before this position is in the file, which holds this process's lines from `baseOffset` to `fileEnd`. */
+  /** Everything before this position is in the file, which holds this process's records from `baseOffset` to `fileEnd`. */
   private diskPos = 0;
   private baseOffset = 0;
   private fileEnd = 0;
