@@ -26,8 +26,8 @@ export interface ProcessOutputOptions {
   /** @default Date.now */
   now?: () => number;
   /**
-   * Told `true` when more than 1 MiB waits to be written (the producer should pause: the disk is
-   * slower than the process) and `false` once under 256 KiB again.
+   * Told `true` when more than 512 KiB wait to be written (the producer should pause: the disk is
+   * slower than the process) and `false` once under 128 KiB again.
    */
   onPressure?: (high: boolean) => void;
 }
@@ -55,8 +55,8 @@ const COALESCE_BYTES = 16 * 1024;
 /** Buffers per writev call (IOV_MAX is 1024). */
 const WRITEV_PARTS = 512;
 const FLUSH_CHUNKS = 512;
-const PRESSURE_HIGH_BYTES = 1024 * 1024;
-const PRESSURE_LOW_BYTES = 256 * 1024;
+const PRESSURE_HIGH_BYTES = 512 * 1024;
+const PRESSURE_LOW_BYTES = 128 * 1024;
 
 /**
  * The output of one process, in its log on disk. Logged output is held in memory only until it is
