@@ -95,7 +95,9 @@ async function idleMemory(conn: ConnectionOptions, count: number): Promise<IdleM
   const before = await rssBytes();
   const sandboxes: Sandbox[] = [];
   try {
-    for (let i = 0; i < count; i++) sandboxes.push(await Sandbox.create({ ttlMs: 600_000 }, conn));
+    // Idle sandboxes need little disk: 100 of the default 512 MiB would not fit the volume, which
+    // is never promised more than it holds (docs/decisions/006).
+    for (let i = 0; i < count; i++) sandboxes.push(await Sandbox.create({ ttlMs: 600_000, limits: { diskBytes: 64 * MiB } }, conn));
     const after = await rssBytes();
     const pids = await descendants(process.pid);
     let pss = 0;

@@ -36,6 +36,12 @@ export interface CollectOptions {
   freeze?: boolean;
   /** Receives one outcome per file (for `CapsuleMetrics.recordArtifact`). */
   onOutcome?: (outcome: ArtifactOutcome) => void;
+  /**
+   * Called with the bytes the collection plans to store, before anything is copied: throws to
+   * refuse it (a tenant's disk quota, QUOTA_EXCEEDED); the function it returns is called once
+   * with the bytes stored, when the copies are done (or failed).
+   */
+  reserve?: (plannedBytes: number) => (storedBytes: number) => void;
   signal?: AbortSignal;
 }
 
@@ -111,6 +117,7 @@ async function collectFrozen(sandbox: BackendSandbox, store: ArtifactStore, dir:
     }
   }
   const root = await realpath(sandbox.workspaceDir);
+  const settle = plannedBytes > 0 ? options.reserve?.(plannedBytes) : undefined;
   let next = 0;
   const worker = async (): Promise<void> => {
     for (let job = toDeliver[next++]; job; job = toDeliver[next++]) {
@@ -118,7 +125,11 @@ async function collectFrozen(sandbox: BackendSandbox, store: ArtifactStore, dir:
       refs[job.index] = await deliver(job.entry, `${dir}/${job.entry.name}`, root, sandbox.id, store, options);
     }
   };
-  await Promise.all(Array.from({ length: Math.min(DELIVERY_CONCURRENCY, toDeliver.length) }, worker));
+  try {
+    await Promise.all(Array.from({ length: Math.min(DELIVERY_CONCURRENCY, toDeliver.length) }, worker));
+  } finally {
+    settle?.(refs.reduce((sum, ref) => sum + (ref && !('skipped' in ref) ? ref.size : 0), 0));
+  }
   for (const ref of refs) {
     if (!ref) continue;
     if (!('skipped' in ref)) collection.deliveredBytes += ref.size;

@@ -34,6 +34,8 @@ export interface EngineHostOptions {
   dataDir: string;
   /** The prepared host the backends run on. @default one on `dataDir` */
   host?: HostEnvironment;
+  /** Size of the workspace volume's image when it is first made; ignored when `host` is given. @default 32 GiB */
+  volumeBytes?: number;
   /** Backends by name. @default every backend of the registry on the host */
   backends?: Backend[];
   /** Networking of the default backends; ignored when `backends` is given. */
@@ -45,7 +47,7 @@ export interface EngineHostOptions {
  * host with one egress network shared by both backends. The server never builds these itself.
  */
 export function openEngineHost(options: EngineHostOptions): { host: HostEnvironment; backends: Backend[]; broker?: CredentialBroker } {
-  const host = options.host ?? new HostEnvironment({ dataDir: options.dataDir });
+  const host = options.host ?? new HostEnvironment({ dataDir: options.dataDir, volumeBytes: options.volumeBytes });
   if (options.backends) return { host, backends: options.backends };
   const egress = options.egress;
   if (!egress) return { host, backends: createBackends(host) };

@@ -17,13 +17,12 @@ export interface ObservedProcess {
 }
 
 /**
- * Hooks on the engine's work: a process's start, its full output (not capped like the replayable
- * event log), its settled result, and each artifact delivery. Called synchronously; errors are
+ * Hooks on the engine's work: a process's start, its settled result (whose output fields are
+ * empty: the output is in the process's log), and each artifact delivery. Called synchronously; errors are
  * the observer's.
  */
 export interface ProcessObserver {
   onProcessStart?(process: ObservedProcess): void;
-  onProcessOutput?(process: ObservedProcess, stream: 'stdout' | 'stderr', data: Buffer): void;
   onExecResult?(process: ObservedProcess, result: ExecResult): void;
   onArtifact?(outcome: ArtifactOutcome): void;
 }

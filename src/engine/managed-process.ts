@@ -1,87 +1,141 @@
 import { SandboxError } from '../errors/index.js';
 import type { AgentProcess } from '../backends/agent/index.js';
-import type { ExecResult } from '../wire/index.js';
+import type { OutputStream } from './output-log.js';
+import type { ProcessOutput } from './process-output.js';
+import { RESULT_INLINE_BYTES, type ProcessEnd } from './result.js';
 import type { ProcessEvent, ProcessHandle } from './types.js';
-import type { ProcessInfo } from '../wire/index.js';
+import type { ExecResult, ProcessInfo, Warning } from '../wire/index.js';
+
+type Caps = { stdoutBytes: number; stderrBytes: number };
 
 /**
- * A process's event log: every event is kept (output only up to the sandbox's caps, like the
- * result) so a reader that attaches late, even after the exit, replays the whole story.
+ * A process and its replayable events. Its output goes to its log on disk (ProcessOutput), which
+ * is where a reader that attaches late, even after the exit, replays it from; the heap keeps only
+ * the small events (start, warnings with their place in the output, how it ended). Output is
+ * kept up to the sandbox's caps, like the result; a result carries at most 1 MiB of each stream
+ * inline, read back from the log.
  */
 export class ManagedProcess implements ProcessHandle {
   readonly info: ProcessInfo;
-  readonly result: Promise<ExecResult>;
-  private readonly log: ProcessEvent[] = [];
-  private readonly waiters = new Set<() => void>();
-  private readonly keptBytes = { stdout: 0, stderr: 0 };
+  /** How the process ended, without its output. */
+  readonly ended: Promise<ProcessEnd>;
+  private readonly kept = { stdout: 0, stderr: 0 };
+  private readonly written = { stdout: 0, stderr: 0 };
+  private readonly closedKept = { stdout: false, stderr: false };
+  /** Log position just past the last kept byte: a replay reads no further. */
+  private keptEnd = 0;
+  private readonly warnings: { pos: number; warning: Warning }[] = [];
+  private end: ProcessEnd | undefined;
   private agent: AgentProcess | undefined;
+  private log: ProcessOutput | undefined;
+  private readonly startedOrEnded: Promise<void>;
+  private markStarted: () => void = () => undefined;
 
   constructor(
     info: Omit<ProcessInfo, 'pid' | 'running'>,
-    private readonly caps: { stdoutBytes: number; stderrBytes: number },
+    private readonly caps: Caps,
     result: Promise<ExecResult>,
   ) {
     this.info = { ...info, pid: 0, running: true };
-    this.result = result.then(
+    this.ended = result.then(
       (r) => {
         this.info.running = false;
-        this.push({ type: 'exit', result: r });
-        return r;
+        this.end = this.endOf(r);
+        this.log?.notify();
+        return this.end;
       },
       (error: unknown) => {
         this.info.running = false;
+        this.log?.notify();
         throw error;
       },
     );
-    this.result.catch(() => undefined);
+    this.ended.catch(() => undefined);
+    const started = new Promise<void>((resolve) => (this.markStarted = resolve));
+    this.startedOrEnded = Promise.race([started, this.ended.then(() => undefined, () => undefined)]);
   }
 
   get pid(): number {
     return this.info.pid;
   }
 
-  /** Called once the agent reports the process started. */
-  started(agent: AgentProcess): void {
+  /** The result with up to 1 MiB of each stream inline, read back from the log (each access reads anew). */
+  get result(): Promise<ExecResult> {
+    return this.ended.then(async (end) => this.resultOf(end, await this.inlineOutput()));
+  }
+
+  /** Called once the agent reports the process started, with the log its output goes to. */
+  started(agent: AgentProcess, log: ProcessOutput): void {
     this.agent = agent;
+    this.log = log;
     this.info.pid = agent.pid;
-    this.push({ type: 'start', pid: agent.pid });
+    this.markStarted();
   }
 
-  output(stream: 'stdout' | 'stderr', data: Buffer): void {
+  /** Every chunk the process writes: kept up to the cap (and logged), the rest logged while there is room. */
+  output(stream: OutputStream, data: Buffer): void {
+    this.written[stream] += data.length;
+    const log = this.log;
+    if (!log) return;
     const cap = stream === 'stdout' ? this.caps.stdoutBytes : this.caps.stderrBytes;
-    const room = cap - this.keptBytes[stream];
-    if (room <= 0) return;
-    const part = data.length <= room ? data : data.subarray(0, room);
-    this.keptBytes[stream] += part.length;
-    this.push({ type: stream, data: part });
-  }
-
-  push(event: ProcessEvent): void {
-    this.log.push(event);
-    for (const wake of this.waiters) wake();
-    this.waiters.clear();
-  }
-
-  async *events(signal?: AbortSignal): AsyncIterable<ProcessEvent> {
-    let index = 0;
-    for (;;) {
-      while (index < this.log.length) {
-        const event = this.log[index++]!;
-        yield event;
-        if (event.type === 'exit') return;
+    const room = this.closedKept[stream] ? 0 : Math.max(0, cap - this.kept[stream]);
+    const keptPart = data.length <= room ? data : data.subarray(0, room);
+    if (keptPart.length > 0) {
+      if (log.append(stream, keptPart, true)) {
+        this.kept[stream] += keptPart.length;
+        this.keptEnd = log.position;
+      } else {
+        this.closedKept[stream] = true; // no room in the log: what is kept ends here, and is flagged
       }
-      if (signal?.aborted) return;
-      // One abort listener per wait, removed when an event comes: a long stream must not pile
-      // them up on the request's signal.
-      await new Promise<void>((resolve) => {
-        const onAbort = (): void => resolve();
-        this.waiters.add(() => {
-          signal?.removeEventListener('abort', onAbort);
-          resolve();
-        });
-        signal?.addEventListener('abort', onAbort, { once: true });
-      });
     }
+    if (keptPart.length < data.length) log.append(stream, data.subarray(keptPart.length), false);
+  }
+
+  warn(warning: Warning): void {
+    this.warnings.push({ pos: this.log?.position ?? 0, warning });
+    this.log?.notify();
+  }
+
+  /** Every event from the start (kept output read back from the log), then live ones, ending with `exit`. */
+  async *events(signal?: AbortSignal): AsyncIterable<ProcessEvent> {
+    await untilAborted(this.startedOrEnded, signal);
+    if (signal?.aborted) return;
+    if (this.agent) yield { type: 'start', pid: this.info.pid };
+    const inline = new InlineOutput();
+    const counts = { stdout: 0, stderr: 0 };
+    let next = 0; // the next warning to deliver
+    let pos = 0;
+    const log = this.log;
+    if (log) {
+      for await (const piece of log.read(() => (this.end ? this.keptEnd : undefined), signal)) {
+        pos = piece.pos;
+        let data = piece.data;
+        for (;;) {
+          while (next < this.warnings.length && this.warnings[next]!.pos <= pos) yield { type: 'warning', warning: this.warnings[next++]!.warning };
+          if (data.length === 0) break;
+          // Output up to the next warning's place, so a replay has the warning where it happened.
+          const at = this.warnings[next]?.pos;
+          const cut = at !== undefined && at < pos + data.length ? at - pos : data.length;
+          const part = this.keptOf(piece.stream, data.subarray(0, cut), counts);
+          if (part.length > 0) {
+            inline.add(piece.stream, part);
+            yield { type: piece.stream, data: part };
+          }
+          pos += cut;
+          data = data.subarray(cut);
+        }
+      }
+    }
+    if (signal?.aborted) return;
+    const end = await untilAborted(this.ended, signal);
+    if (!end) return;
+    while (next < this.warnings.length) yield { type: 'warning', warning: this.warnings[next++]!.warning };
+    yield { type: 'exit', result: this.resultOf(end, inline) };
+  }
+
+  /** Flushes the log, so that a reader of the file sees all output so far. */
+  async flushLog(): Promise<void> {
+    await this.log?.flush();
   }
 
   writeStdin(data: Buffer | string): void {
@@ -100,6 +154,47 @@ export class ManagedProcess implements ProcessHandle {
     this.running().resize(cols, rows);
   }
 
+  /** The part of `data` (the next bytes of `stream` in the log) within the stream's cap. */
+  private keptOf(stream: OutputStream, data: Buffer, counts: { stdout: number; stderr: number }): Buffer {
+    const cap = stream === 'stdout' ? this.caps.stdoutBytes : this.caps.stderrBytes;
+    const room = Math.max(0, cap - counts[stream]);
+    counts[stream] += data.length;
+    return data.length <= room ? data : data.subarray(0, room);
+  }
+
+  /** The first bytes of each stream's kept output, read from the log; stops once both are full. */
+  private async inlineOutput(): Promise<InlineOutput> {
+    const inline = new InlineOutput();
+    if (!this.log) return inline;
+    const counts = { stdout: 0, stderr: 0 };
+    for await (const piece of this.log.read(() => this.keptEnd)) {
+      inline.add(piece.stream, this.keptOf(piece.stream, piece.data, counts));
+      if (inline.holds(this.kept)) break;
+    }
+    return inline;
+  }
+
+  private endOf(r: ExecResult): ProcessEnd {
+    const { stdout: _stdout, stderr: _stderr, ...end } = r;
+    return {
+      ...end,
+      stdoutBytes: Math.max(r.stdoutBytes, this.written.stdout),
+      stderrBytes: Math.max(r.stderrBytes, this.written.stderr),
+      stdoutTruncated: this.kept.stdout < Math.max(r.stdoutBytes, this.written.stdout),
+      stderrTruncated: this.kept.stderr < Math.max(r.stderrBytes, this.written.stderr),
+    };
+  }
+
+  private resultOf(end: ProcessEnd, inline: InlineOutput): ExecResult {
+    return {
+      ...end,
+      stdout: inline.text('stdout'),
+      stderr: inline.text('stderr'),
+      ...(this.kept.stdout > inline.bytes.stdout ? { stdoutInlineTruncated: true } : {}),
+      ...(this.kept.stderr > inline.bytes.stderr ? { stderrInlineTruncated: true } : {}),
+    };
+  }
+
   private running(): AgentProcess {
     if (!this.agent || !this.info.running) {
       throw new SandboxError('PROCESS_NOT_FOUND', `process ${this.info.pid} is not running`, {
@@ -109,4 +204,39 @@ export class ManagedProcess implements ProcessHandle {
     }
     return this.agent;
   }
+}
+
+/** The first RESULT_INLINE_BYTES of each stream. */
+class InlineOutput {
+  readonly bytes = { stdout: 0, stderr: 0 };
+  private readonly chunks: Record<OutputStream, Buffer[]> = { stdout: [], stderr: [] };
+
+  add(stream: OutputStream, data: Buffer): void {
+    const room = RESULT_INLINE_BYTES - this.bytes[stream];
+    if (room <= 0 || data.length === 0) return;
+    const part = data.length <= room ? data : data.subarray(0, room);
+    // A copy: a slice would keep the whole chunk it came from alive.
+    this.chunks[stream].push(Buffer.from(part));
+    this.bytes[stream] += part.length;
+  }
+
+  /** Whether it holds as much of each stream as a result carries of `kept` bytes. */
+  holds(kept: { stdout: number; stderr: number }): boolean {
+    return this.bytes.stdout >= Math.min(RESULT_INLINE_BYTES, kept.stdout) && this.bytes.stderr >= Math.min(RESULT_INLINE_BYTES, kept.stderr);
+  }
+
+  text(stream: OutputStream): string {
+    return Buffer.concat(this.chunks[stream]).toString('utf8');
+  }
+}
+
+/** `promise`, or undefined as soon as `signal` aborts (its listener is removed either way). */
+function untilAborted<T>(promise: Promise<T>, signal: AbortSignal | undefined): Promise<T | undefined> {
+  if (!signal) return promise;
+  if (signal.aborted) return Promise.resolve(undefined);
+  return new Promise<T | undefined>((resolve, reject) => {
+    const onAbort = (): void => resolve(undefined);
+    signal.addEventListener('abort', onAbort, { once: true });
+    promise.finally(() => signal.removeEventListener('abort', onAbort)).then(resolve, reject);
+  });
 }

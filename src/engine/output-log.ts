@@ -1,24 +1,25 @@
-import { createReadStream } from 'node:fs';
-import { mkdir, open, rename, rm, stat, type FileHandle } from 'node:fs/promises';
+import { open, rm, stat } from 'node:fs/promises';
 import { join } from 'node:path';
-import { createInterface } from 'node:readline';
 import { SandboxError } from '../errors/index.js';
 
 /**
- * The full output of a process, kept out of API replies: NDJSON at
- * `<dataDir>/logs/<sandboxId>/<pid>.ndjson`, one line per chunk
- * `{"t":<epoch ms>,"stream":"stdout"|"stderr","data":"<base64>"}`, bounded per process. When a
- * file reaches half the bound it is rotated to `<pid>.1.ndjson` (replacing the previous one), so
- * at most `maxBytes` are kept and the oldest output goes first; `rotated` says that happened.
+ * The on-disk log of a process's output: `<dataDir>/logs/<sandboxId>/<pid>.output`, a sequence of
+ * records, each a 16-byte header (byte 0: stream, 1 stdout / 2 stderr; bytes 4-7: the data's
+ * length, u32 LE; bytes 8-15: epoch milliseconds when it arrived, f64 LE) and the raw bytes. Raw,
+ * not base64 in JSON: output is written as it came (no copy, no encoding) and costs its own size
+ * on disk. It is where a process's kept output lives (a reattach replays it from here, see
+ * ProcessOutput) and what `GET .../processes/{pid}/log` serves, as NDJSON. It keeps the first
+ * bytes: everything within the sandbox's output caps, then what fits in `DEFAULT_OUTPUT_LOG_BYTES` more.
  */
 
+/** Room in a process's log for output past the sandbox's caps. */
 export const DEFAULT_OUTPUT_LOG_BYTES = 64 * 1024 * 1024;
 const SANDBOX_ID = /^[a-z0-9_-]{1,64}$/;
 
 export type OutputStream = 'stdout' | 'stderr';
 
 export interface OutputLogEntry {
-  /** Epoch milliseconds when the chunk arrived. */
+  /** Epoch milliseconds when the output arrived. */
   t: number;
   stream: OutputStream;
   data: Buffer;
@@ -28,13 +29,6 @@ export interface OutputLogOptions {
   dataDir: string;
   sandboxId: string;
   pid: number;
-  /** Bound of the kept log (both files together). @default 64 MiB */
-  maxBytes?: number;
-}
-
-export interface OutputLogWriterOptions extends OutputLogOptions {
-  /** Makes the log directory; a caller that knows it exists can make this free. @default mkdir -p */
-  ensureDir?: () => Promise<void>;
 }
 
 export function outputLogDir(dataDir: string, sandboxId: string): string {
@@ -44,131 +38,91 @@ export function outputLogDir(dataDir: string, sandboxId: string): string {
   return join(dataDir, 'logs', sandboxId);
 }
 
-function logPaths(options: OutputLogOptions): { current: string; previous: string } {
+export function outputLogPath(options: OutputLogOptions): string {
   if (!Number.isSafeInteger(options.pid) || options.pid < 0) {
     throw new SandboxError('INVALID_ARGUMENT', `${options.pid} is not a process id`, { details: { field: 'pid' } });
   }
-  const dir = outputLogDir(options.dataDir, options.sandboxId);
-  return { current: join(dir, `${options.pid}.ndjson`), previous: join(dir, `${options.pid}.1.ndjson`) };
+  return join(outputLogDir(options.dataDir, options.sandboxId), `${options.pid}.output`);
 }
 
-/** Output kept in memory before the log file is touched: most processes print less than this. */
-const BUFFER_BYTES = 64 * 1024;
+export const LOG_HEADER_BYTES = 16;
+const STREAM_CODES: Record<OutputStream, number> = { stdout: 1, stderr: 2 };
 
-/** One write to the current file, after rotating it away when `rotateFirst`. */
-interface Segment {
-  rotateFirst: boolean;
-  data: Buffer;
+/** The header of one record. */
+export function encodeLogHeader(t: number, stream: OutputStream, dataBytes: number): Buffer {
+  const header = Buffer.alloc(LOG_HEADER_BYTES);
+  header.writeUInt8(STREAM_CODES[stream], 0);
+  header.writeUInt32LE(dataBytes, 4);
+  header.writeDoubleLE(t, 8);
+  return header;
 }
 
-/** Splits `lines` at the points where the current file (holding `written` bytes) must rotate. */
-function plan(written: number, fileBytes: number, lines: Buffer[]): { segments: Segment[]; written: number } {
-  const segments: Segment[] = [];
-  let run: Buffer[] = [];
-  let rotateFirst = false;
-  let size = written;
-  for (const line of lines) {
-    if (size > 0 && size + line.length > fileBytes) {
-      if (run.length > 0) segments.push({ rotateFirst, data: Buffer.concat(run) });
-      run = [];
-      rotateFirst = true;
-      size = 0;
-    }
-    run.push(line);
-    size += line.length;
-  }
-  if (run.length > 0) segments.push({ rotateFirst, data: Buffer.concat(run) });
-  return { segments, written: size };
+/** Bytes of a record holding `dataBytes` of output. */
+export function logRecordBytes(dataBytes: number): number {
+  return LOG_HEADER_BYTES + dataBytes;
 }
+
+/** A record read back, with its length in the file. */
+export interface LogRecord extends OutputLogEntry {
+  recordBytes: number;
+}
+
+const READ_BLOCK_BYTES = 256 * 1024;
 
 /**
- * Appends a process's output to its log. Output is buffered in memory up to 64 KiB, so a process
- * that prints less (most do) touches the disk once, when it ends, instead of opening its log
- * while it starts and writing every chunk. Larger output goes through an open file handle, in
- * order. All of it runs on the thread pool: creating a file can take milliseconds when the disk
- * is busy, and must not stall the event loop. `flush()` makes the log current for a reader.
+ * The records of a log file between two byte offsets (which must fall on record starts), in
+ * order. Each record's data is its own memory (a reader may keep it).
  */
-export class OutputLogWriter {
-  private readonly paths: { current: string; previous: string };
-  private readonly dir: string;
-  private readonly fileBytes: number;
-  private buffered: Buffer[] = [];
-  private bufferedBytes = 0;
-  private handle: FileHandle | undefined;
-  private written = 0;
-  private queue: Promise<void> = Promise.resolve();
-  private failure: unknown;
-  /** Older output was dropped to stay within the bound. */
-  rotated = false;
-
-  constructor(private readonly options: OutputLogWriterOptions) {
-    this.paths = logPaths(options);
-    this.dir = outputLogDir(options.dataDir, options.sandboxId);
-    this.fileBytes = Math.max(1024, Math.floor((options.maxBytes ?? DEFAULT_OUTPUT_LOG_BYTES) / 2));
-  }
-
-  /** A writer whose (possibly empty) log file exists now. */
-  static async open(options: OutputLogWriterOptions): Promise<OutputLogWriter> {
-    const writer = new OutputLogWriter(options);
-    await writer.flush();
-    return writer;
-  }
-
-  /** Queues one chunk. A write failure is kept and thrown by `close()`, never swallowed. */
-  write(stream: OutputStream, data: Buffer): void {
-    const line = Buffer.from(`${JSON.stringify({ t: Date.now(), stream, data: data.toString('base64') })}\n`);
-    this.buffered.push(line);
-    this.bufferedBytes += line.length;
-    if (this.bufferedBytes >= BUFFER_BYTES) void this.flush();
-  }
-
-  /** Writes what is buffered, creating the file if need be, so that a reader sees all of it. */
-  flush(): Promise<void> {
-    const lines = this.takeBuffered();
-    this.queue = this.queue
-      .then(() => this.append(lines))
-      .catch((error: unknown) => {
-        this.failure ??= error;
-      });
-    return this.queue;
-  }
-
-  async close(): Promise<{ rotated: boolean }> {
-    await this.flush();
-    await this.handle?.close();
-    this.handle = undefined;
-    if (this.failure !== undefined) {
-      throw new SandboxError('INTERNAL', `writing the output log of process ${this.options.pid} failed`, { cause: this.failure });
-    }
-    return { rotated: this.rotated };
-  }
-
-  private takeBuffered(): Buffer[] {
-    const lines = this.buffered;
-    this.buffered = [];
-    this.bufferedBytes = 0;
-    return lines;
-  }
-
-  private async append(lines: Buffer[]): Promise<void> {
-    if (!this.handle) {
-      await (this.options.ensureDir?.() ?? mkdir(this.dir, { recursive: true, mode: 0o700 }));
-      this.handle = await open(this.paths.current, 'a', 0o600);
-      this.written = (await this.handle.stat()).size;
-    }
-    const { segments, written } = plan(this.written, this.fileBytes, lines);
-    for (const segment of segments) {
-      if (segment.rotateFirst) {
-        await this.handle.close();
-        await rename(this.paths.current, this.paths.previous);
-        this.handle = await open(this.paths.current, 'a', 0o600);
-        this.rotated = true;
+export async function* readLogRecords(path: string, start: number, end: number, signal?: AbortSignal): AsyncGenerator<LogRecord> {
+  if (end <= start) return;
+  const handle = await open(path, 'r');
+  try {
+    let offset = start;
+    const header = Buffer.alloc(LOG_HEADER_BYTES);
+    // Small records are read a block at a time; a large one straight into its own buffer.
+    let block = Buffer.alloc(0);
+    let blockAt = 0;
+    const readAt = async (target: Buffer, position: number): Promise<void> => {
+      let done = 0;
+      while (done < target.length) {
+        const { bytesRead } = await handle.read(target, done, target.length - done, position + done);
+        if (bytesRead === 0) throw new SandboxError('INTERNAL', `the output log ${path} ends inside a record at byte ${position + done}`);
+        done += bytesRead;
       }
-      await this.handle.write(segment.data);
+    };
+    while (offset < end) {
+      signal?.throwIfAborted();
+      if (offset < blockAt || offset + LOG_HEADER_BYTES > blockAt + block.length) {
+        block = Buffer.alloc(Math.min(READ_BLOCK_BYTES, end - offset));
+        blockAt = offset;
+        await readAt(block, offset);
+      }
+      block.copy(header, 0, offset - blockAt, offset - blockAt + LOG_HEADER_BYTES);
+      const code = header.readUInt8(0);
+      const length = header.readUInt32LE(4);
+      const t = header.readDoubleLE(8);
+      const stream: OutputStream | undefined = code === 1 ? 'stdout' : code === 2 ? 'stderr' : undefined;
+      const dataAt = offset + LOG_HEADER_BYTES;
+      if (!stream || dataAt + length > end) throw new SandboxError('INTERNAL', `the output log ${path} has a bad record at byte ${offset}`);
+      let data: Buffer;
+      if (dataAt + length <= blockAt + block.length) {
+        data = block.subarray(dataAt - blockAt, dataAt - blockAt + length);
+      } else {
+        data = Buffer.alloc(length);
+        await readAt(data, dataAt);
+      }
+      offset = dataAt + length;
+      yield { t, stream, data, recordBytes: LOG_HEADER_BYTES + length };
     }
-    this.written = written;
+  } finally {
+    await handle.close();
   }
+}
 
+/** Whether a process has a log, and its size in bytes. */
+export async function outputLogInfo(options: OutputLogOptions): Promise<{ exists: boolean; bytes: number }> {
+  const info = await stat(outputLogPath(options)).catch(() => undefined);
+  return { exists: info !== undefined, bytes: info?.size ?? 0 };
 }
 
 export interface ReadOutputLogOptions extends OutputLogOptions {
@@ -177,17 +131,8 @@ export interface ReadOutputLogOptions extends OutputLogOptions {
   signal?: AbortSignal;
 }
 
-/** Whether a process has a log, its size, and whether older output was rotated away. */
-export async function outputLogInfo(options: OutputLogOptions): Promise<{ exists: boolean; bytes: number; rotated: boolean }> {
-  const paths = logPaths(options);
-  const [current, previous] = await Promise.all([stat(paths.current).catch(() => undefined), stat(paths.previous).catch(() => undefined)]);
-  // Two generations exist only after a rotation; a rotation replaced any earlier previous file.
-  return { exists: current !== undefined, bytes: (current?.size ?? 0) + (previous?.size ?? 0), rotated: previous !== undefined };
-}
-
 /** The log of a process, oldest first. `PROCESS_NOT_FOUND` when it has none. */
 export async function* readOutputLog(options: ReadOutputLogOptions): AsyncGenerator<OutputLogEntry> {
-  const paths = logPaths(options);
   const info = await outputLogInfo(options);
   if (!info.exists) {
     throw new SandboxError('PROCESS_NOT_FOUND', `process ${options.pid} of sandbox ${options.sandboxId} has no output log`, {
@@ -195,15 +140,9 @@ export async function* readOutputLog(options: ReadOutputLogOptions): AsyncGenera
       hint: 'List the processes of the sandbox; logs are kept while the sandbox is.',
     });
   }
-  for (const path of info.rotated ? [paths.previous, paths.current] : [paths.current]) {
-    const lines = createInterface({ input: createReadStream(path), crlfDelay: Infinity });
-    for await (const line of lines) {
-      options.signal?.throwIfAborted();
-      if (line === '') continue;
-      const parsed = JSON.parse(line) as { t: number; stream: OutputStream; data: string };
-      if (options.stream !== undefined && parsed.stream !== options.stream) continue;
-      yield { t: parsed.t, stream: parsed.stream, data: Buffer.from(parsed.data, 'base64') };
-    }
+  for await (const record of readLogRecords(outputLogPath(options), 0, info.bytes, options.signal)) {
+    if (options.stream !== undefined && record.stream !== options.stream) continue;
+    yield { t: record.t, stream: record.stream, data: record.data };
   }
 }
 

@@ -31,7 +31,7 @@ export async function resumeSandbox(entry: LiveSandbox & { sandbox: BackendSandb
   const sandbox = entry.sandbox;
   if (sandbox.resume) await sandbox.resume();
   else await sandbox.thaw();
-  for (const agent of sandbox.processes?.() ?? []) entry.processes.adopt(entry.info, agent);
+  for (const agent of sandbox.processes?.() ?? []) entry.processes.adopt(entry.info, agent, entry.quotaBytes);
   entry.info.state = 'running';
   delete entry.info.pause;
   if (entry.info.spec.onTimeout === 'pause') entry.info.expiresAt = new Date(nowMs + entry.info.spec.ttlMs).toISOString();

@@ -6,7 +6,8 @@ import { userFor } from './templates.js';
 import type { ExecResult, ProcessInfo, SandboxInfo } from '../wire/index.js';
 import type { ObservedProcess, ProcessObserver } from './events.js';
 import { ManagedProcess } from './managed-process.js';
-import { OutputBuffer, outputFields } from './output-buffer.js';
+import type { ProcessLogs, LogOwner } from './process-logs.js';
+import type { ProcessOutput } from './process-output.js';
 import { superviseExec } from './supervise.js';
 import type { ProcessHandle, StartProcessCommand } from './types.js';
 
@@ -18,6 +19,8 @@ export interface ProcessTableOptions {
   now: () => number;
   /** The operator's ceiling of one process's wall clock. */
   maxWallClockMs: number;
+  /** Where each process's output is logged and replayed from, charged to the tenant's disk quota. */
+  logs: ProcessLogs;
 }
 
 /**
@@ -29,9 +32,12 @@ export class ProcessTable {
 
   constructor(private readonly options: ProcessTableOptions) {}
 
-  /** Starts `command` under the sandbox's limits; resolves once it runs (EXEC_FAILED if it cannot). */
-  async start(info: SandboxInfo, sandbox: BackendSandbox, command: StartProcessCommand): Promise<ProcessHandle> {
-    const { observer, now, maxWallClockMs } = this.options;
+  /**
+   * Starts `command` under the sandbox's limits; resolves once it runs (EXEC_FAILED if it cannot,
+   * QUOTA_EXCEEDED when the tenant's disk quota has no room for what its log may keep).
+   */
+  async start(info: SandboxInfo, sandbox: BackendSandbox, command: StartProcessCommand, quotaBytes?: number): Promise<ProcessHandle> {
+    const { observer, now, maxWallClockMs, logs } = this.options;
     const spec = info.spec;
     if (command.timeoutMs !== undefined && (command.timeoutMs <= 0 || command.timeoutMs > maxWallClockMs)) {
       throw new SandboxError('INVALID_ARGUMENT', `timeoutMs must be between 1 and ${maxWallClockMs}`, {
@@ -39,6 +45,10 @@ export class ProcessTable {
         hint: `Pass a wall clock of at most ${maxWallClockMs} ms, the operator's maximum.`,
       });
     }
+    // Room in the tenant's disk budget for what the process's log keeps, before anything starts.
+    const owner: LogOwner = { tenantId: info.tenantId, sandboxId: info.sandboxId, quotaBytes };
+    const reserved = logs.reserve(owner, spec.limits);
+    let log: ProcessOutput | undefined;
     let resolveStarted: (() => void) | undefined;
     const started = new Promise<void>((resolve) => (resolveStarted = resolve));
     let settle: ((result: Promise<ExecResult>) => void) | undefined;
@@ -62,25 +72,25 @@ export class ProcessTable {
       },
       {
         timeoutMs: command.timeoutMs ?? spec.limits.wallClockMs,
+        keepOutput: false,
         onStart: (agent) => {
-          managed.started(agent);
+          log = logs.open({ ...owner, pid: agent.pid }, reserved, (high) => agent.throttle?.(high));
+          managed.started(agent, log);
           this.processes.set(agent.pid, managed);
           this.trimEnded();
           observer.onProcessStart?.(observed());
           resolveStarted?.();
         },
-        onStdout: (chunk) => {
-          managed.output('stdout', chunk);
-          observer.onProcessOutput?.(observed(), 'stdout', chunk);
-        },
-        onStderr: (chunk) => {
-          managed.output('stderr', chunk);
-          observer.onProcessOutput?.(observed(), 'stderr', chunk);
-        },
-        onWarning: (warning) => managed.push({ type: 'warning', warning }),
+        onStdout: (chunk) => managed.output('stdout', chunk),
+        onStderr: (chunk) => managed.output('stderr', chunk),
+        onWarning: (warning) => managed.warn(warning),
       },
     );
     settle?.(result);
+    // The log is closed (its unused reservation given back) once the process ended.
+    void managed.ended
+      .finally(() => (log ? logs.closed({ ...owner, pid: managed.pid }, log) : logs.unreserve(owner, reserved)))
+      .catch(() => undefined);
     // Observer hook: where a process's result settles (also for programs that never started).
     void result.then((r) => observer.onExecResult?.(observed(), r), () => undefined);
     const outcome = await Promise.race([started.then(() => undefined), result]);
@@ -97,33 +107,34 @@ export class ProcessTable {
    * Takes over a process a previous Capsule process started (restored from a checkpoint): its
    * events from now on; output written while no host listened is gone.
    */
-  adopt(info: SandboxInfo, agent: AgentProcess): void {
+  adopt(info: SandboxInfo, agent: AgentProcess, quotaBytes?: number): void {
     if (this.processes.has(agent.pid)) return;
-    const { now } = this.options;
+    const { now, logs } = this.options;
     const spec = info.spec;
-    const stdout = new OutputBuffer(spec.limits.stdoutBytes);
-    const stderr = new OutputBuffer(spec.limits.stderrBytes);
+    const owner = { tenantId: info.tenantId, sandboxId: info.sandboxId, quotaBytes, pid: agent.pid };
+    // It runs already: its log takes room as it goes, without a reservation that could refuse it.
+    const log = logs.open(owner, 0, (high) => agent.throttle?.(high));
     const started = now();
     const result = agent.exited.then((exit): ExecResult => ({
       outcome: exit.lost ? 'error' : exit.exitCode === 0 ? 'ok' : 'exit_nonzero',
       exitCode: exit.exitCode,
       signal: exit.signal,
-      ...outputFields(stdout, stderr),
+      stdout: '',
+      stderr: '',
+      stdoutTruncated: false,
+      stderrTruncated: false,
+      stdoutBytes: 0,
+      stderrBytes: 0,
       durationMs: now() - started,
       usage: { memoryPeakBytes: 0, cpuTimeMs: 0, cpuThrottledMs: 0, diskUsedBytes: null },
       warnings: [],
       ...(exit.lost ? { error: { code: 'SANDBOX_CRASHED', message: `sandbox ${info.sandboxId} stopped while the process ran` } } : {}),
     }));
     const managed = new ManagedProcess({ argv: ['(restored)'], cwd: spec.cwd, startedAt: new Date(started).toISOString() }, spec.limits, result);
-    managed.started(agent);
-    agent.onStdout((chunk) => {
-      stdout.push(chunk);
-      managed.output('stdout', chunk);
-    });
-    agent.onStderr((chunk) => {
-      stderr.push(chunk);
-      managed.output('stderr', chunk);
-    });
+    managed.started(agent, log);
+    agent.onStdout((chunk) => managed.output('stdout', chunk));
+    agent.onStderr((chunk) => managed.output('stderr', chunk));
+    void managed.ended.finally(() => logs.closed(owner, log)).catch(() => undefined);
     this.processes.set(agent.pid, managed);
   }
 

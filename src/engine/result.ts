@@ -1,5 +1,11 @@
 import type { ExecResult } from '../wire/index.js';
 
+/** Bytes of each stream a result carries inline at most (the rest stays on disk, in the log). */
+export const RESULT_INLINE_BYTES = 1024 * 1024;
+
+/** How a process ended, without its output: what the server keeps in memory for an ended process. */
+export type ProcessEnd = Omit<ExecResult, 'stdout' | 'stderr'>;
+
 export const DIAGNOSTIC_TAIL_LINES = 20;
 export const DIAGNOSTIC_TAIL_BYTES = 2048;
 

@@ -10,6 +10,7 @@ import { MemoryRecordStore, type SandboxRecordStore } from '../store/index.js';
 import type { ArtifactStore } from '../store/artifacts/index.js';
 import { isLiveState, type ProcessInfo, type SandboxInfo, type UsageSample } from '../wire/index.js';
 import { collectArtifacts, type Collection } from './artifacts.js';
+import type { VolumeCapacity } from '../host/volume.host.js';
 import { assertEnforceable } from './capabilities.js';
 import { openEngineHost, type EngineHostOptions } from './engine-host.js';
 import type { EngineEvent, ProcessObserver } from './events.js';
@@ -26,6 +27,8 @@ import { TtlTimers } from './ttl.js';
 import type { CreateSandboxCommand, EngineCollectOptions, ListSandboxesQuery, ProcessHandle, SandboxEngine, SandboxFiles, StartProcessCommand } from './types.js';
 import { UsageSampler } from './usage-sampler.js';
 import { WarmPool } from './warm-pool.js';
+import { ProcessLogs } from './process-logs.js';
+import { WorkspaceCapacity, type WorkspaceBudget } from './disk-budget.js';
 
 export interface SandboxManagerOptions extends EngineHostOptions {
   store?: SandboxRecordStore;
@@ -59,6 +62,18 @@ export interface SandboxManagerOptions extends EngineHostOptions {
    * directories a spec can mount, each by name and only by a caller granted it. @default none
    */
   mountRoots?: MountRoots;
+  /**
+   * Where processes' output is logged and replayed from (`<dataDir>/logs`), and whose disk budget
+   * it takes. @default logs under `dataDir`, kept until removed, with no budget
+   */
+  processLogs?: ProcessLogs;
+  /** Where tenants' workspaces are charged (their disk quota). @default nothing is charged */
+  workspaceBudget?: WorkspaceBudget;
+  /**
+   * How far the disk limits of live sandboxes may exceed what the workspace volume can back
+   * (1: never; a create that does not fit is refused with CAPACITY_EXHAUSTED). @default 1
+   */
+  diskOvercommit?: number;
 }
 
 /** Which credential handles a tenant may name (the broker's `handles.json`, `tenants` field). */
@@ -85,6 +100,9 @@ export class SandboxManager implements SandboxEngine {
   private readonly grants: HandleGrants;
   private readonly interpreters = new Interpreters();
   private readonly usageSampler: UsageSampler;
+  private readonly logs: ProcessLogs;
+  private readonly workspaceBudget: WorkspaceBudget | undefined;
+  private readonly capacity: WorkspaceCapacity;
   private closed = false;
   private readonly pools = new Map<string, WarmPool>();
 
@@ -104,6 +122,23 @@ export class SandboxManager implements SandboxEngine {
     this.ttl = new TtlTimers(this.now, (entry) => this.expire(entry));
     this.templates = options.templates ?? new HostOnlyCatalog();
     this.grants = options.handleGrants ?? new CredentialBroker({ dir: join(options.dataDir, 'broker') });
+    this.logs = options.processLogs ?? new ProcessLogs({ dataDir: options.dataDir });
+    this.workspaceBudget = options.workspaceBudget;
+    // Warm sandboxes hold their disk limits on the volume while they wait.
+    const pooledBytes = (): number => [...this.pools.values()].reduce((sum, pool) => sum + pool.heldDiskBytes, 0);
+    this.capacity = new WorkspaceCapacity({
+      measure: async () => {
+        await this.host!.ensure();
+        return this.host!.volume.capacity();
+      },
+      overcommit: options.diskOvercommit,
+      heldBytes: () => pooledBytes(),
+    });
+    // Once an ended sandbox's logs are gone, so is what the engine remembers of its processes.
+    this.logs.onRemoved = (sandboxId) => {
+      const entry = this.table.get(sandboxId);
+      if (entry && !isLiveState(entry.info.state)) this.table.delete(sandboxId);
+    };
   }
 
   /**
@@ -140,7 +175,14 @@ export class SandboxManager implements SandboxEngine {
     await this.assertGranted(command.tenantId, spec.network.handles);
     // Before anything is made: a refused mount leaves no record and no host resource.
     const mounts = await this.mountsFor(spec, command.grants?.mountRoots ?? []);
-    const warm = await this.pools.get(spec.template ?? '')?.take(spec);
+    const releaseDisk = this.reserveDisk(command, spec, await this.capacity.measure());
+    let warm: BackendSandbox | undefined;
+    try {
+      warm = await this.pools.get(spec.template ?? '')?.take(spec);
+    } catch (error) {
+      releaseDisk();
+      throw error;
+    }
     const now = this.now();
     const entry = this.newEntry({
       sandboxId: warm?.id ?? newSandboxId(),
@@ -152,6 +194,8 @@ export class SandboxManager implements SandboxEngine {
       createdAt: new Date(now).toISOString(),
       expiresAt: new Date(now + spec.ttlMs).toISOString(),
     });
+    entry.quotaBytes = command.grants?.diskQuotaBytes;
+    entry.releaseDisk = releaseDisk;
     this.table.save(entry);
     try {
       const template = image.layerDir !== undefined ? { layerDir: image.layerDir } : undefined;
@@ -261,7 +305,7 @@ export class SandboxManager implements SandboxEngine {
 
   async startProcess(tenantId: string, sandboxId: string, command: StartProcessCommand): Promise<ProcessHandle> {
     const entry = this.table.findRunning(tenantId, sandboxId);
-    return entry.processes.start(entry.info, entry.sandbox, command);
+    return entry.processes.start(entry.info, entry.sandbox, command, entry.quotaBytes);
   }
 
   getProcess(tenantId: string, sandboxId: string, pid: number): ProcessHandle {
@@ -355,6 +399,14 @@ export class SandboxManager implements SandboxEngine {
    */
   private async recover(record: SandboxInfo): Promise<void> {
     const entry = this.newEntry({ ...record });
+    // Its disk is there: it counts against the volume and its tenant's quota until it ends.
+    const diskBytes = record.spec.limits.diskBytes;
+    const releaseVolume = this.capacity.restore(diskBytes);
+    this.workspaceBudget?.restoreWorkspace({ tenantId: record.tenantId }, diskBytes);
+    entry.releaseDisk = once(() => {
+      releaseVolume();
+      this.workspaceBudget?.releaseWorkspace({ tenantId: record.tenantId }, diskBytes);
+    });
     if (Date.parse(record.expiresAt) <= this.now()) {
       await this.end(entry, 'expired', 'ttl expired while the server was down');
       return;
@@ -386,7 +438,7 @@ export class SandboxManager implements SandboxEngine {
   private newEntry(info: SandboxInfo): LiveSandbox {
     const entry: LiveSandbox = {
       info,
-      processes: new ProcessTable({ observer: this.observer, now: this.now, maxWallClockMs: this.maxima.limits.wallClockMs }),
+      processes: new ProcessTable({ observer: this.observer, now: this.now, maxWallClockMs: this.maxima.limits.wallClockMs, logs: this.logs }),
     };
     this.table.add(entry);
     return entry;
@@ -451,14 +503,47 @@ export class SandboxManager implements SandboxEngine {
       } catch (error) {
         entry.info.endReason = `${reason}; cleanup failed: ${(error as Error).message}`;
       }
+      entry.releaseDisk?.();
       this.table.save(entry);
+      this.logs.sandboxEnded(entry.info.sandboxId);
       if (state !== 'failed') this.onEvent({ type: `sandbox.${state}`, sandbox: snapshot(entry) });
     })();
     this.table.save(entry);
     return entry.ending;
   }
 
+  /**
+   * Promises the workspace's disk limit on the volume (CAPACITY_EXHAUSTED when it cannot be
+   * backed) and charges it to the tenant's quota (QUOTA_EXCEEDED), both before anything is made
+   * and in one synchronous step, so concurrent creates cannot overshoot. Returns the release.
+   */
+  private reserveDisk(command: CreateSandboxCommand, spec: SandboxSpec, capacity: VolumeCapacity): () => void {
+    const diskBytes = spec.limits.diskBytes;
+    const releaseVolume = this.capacity.reserve(diskBytes, capacity);
+    const owner = { tenantId: command.tenantId, quotaBytes: command.grants?.diskQuotaBytes };
+    try {
+      this.workspaceBudget?.reserveWorkspace(owner, diskBytes);
+    } catch (error) {
+      releaseVolume();
+      throw error;
+    }
+    return once(() => {
+      releaseVolume();
+      this.workspaceBudget?.releaseWorkspace(owner, diskBytes);
+    });
+  }
+
   private assertOpen(): void {
     if (this.closed) throw new SandboxError('SANDBOX_NOT_RUNNING', 'the engine is shutting down');
   }
+}
+
+/** `fn`, callable many times, run once. */
+function once(fn: () => void): () => void {
+  let done = false;
+  return () => {
+    if (done) return;
+    done = true;
+    fn();
+  };
 }

@@ -14,6 +14,10 @@ export interface LiveSandbox {
   timer?: NodeJS.Timeout;
   /** Set once the sandbox is ending: settles when its host resources are gone. */
   ending?: Promise<void>;
+  /** The disk quota its creator's key has (undefined: the operator's, and after a restart). */
+  quotaBytes?: number;
+  /** Gives back its disk limit to the volume and the tenant's quota; once. */
+  releaseDisk?: () => void;
 }
 
 /**
@@ -27,6 +31,15 @@ export class SandboxTable {
 
   add(entry: LiveSandbox): void {
     this.entries.set(entry.info.sandboxId, entry);
+  }
+
+  get(sandboxId: string): LiveSandbox | undefined {
+    return this.entries.get(sandboxId);
+  }
+
+  /** Forgets an ended sandbox (once its logs are gone, nothing of it is left to read). */
+  delete(sandboxId: string): void {
+    this.entries.delete(sandboxId);
   }
 
   all(): LiveSandbox[] {

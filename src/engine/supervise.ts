@@ -18,6 +18,12 @@ export interface SuperviseOptions {
   onWarning?: (warning: Warning) => void;
   /** Called once the process has started, with its pid inside the sandbox. */
   onStart?: (process: AgentProcess) => void;
+  /**
+   * Keep the output (up to the caps) for the result's stdout and stderr. A caller that keeps it
+   * itself (the engine's process logs) passes false: the result's output fields are then empty
+   * and only count bytes. @default true
+   */
+  keepOutput?: boolean;
   signal?: AbortSignal;
 }
 
@@ -32,8 +38,9 @@ export async function superviseExec(
 ): Promise<ExecResult> {
   const limits = sandbox.spec.limits;
   const timeoutMs = options.timeoutMs ?? limits.wallClockMs;
-  const stdout = new OutputBuffer(limits.stdoutBytes);
-  const stderr = new OutputBuffer(limits.stderrBytes);
+  const keep = options.keepOutput ?? true;
+  const stdout = new OutputBuffer(keep ? limits.stdoutBytes : 0);
+  const stderr = new OutputBuffer(keep ? limits.stderrBytes : 0);
   const stderrTail = new TailBuffer();
   const warnings: Warning[] = [];
   options.signal?.throwIfAborted();

@@ -32,7 +32,7 @@ export async function startTemplate(entry: LiveSandbox, image: TemplateImage, si
   if (!sandbox || (image.startCmd === undefined && image.readyCmd === undefined)) return;
   const shell = (line: string) => ['/bin/sh', '-c', line];
   if (image.startCmd !== undefined) {
-    const started = await entry.processes.start(entry.info, sandbox, { argv: shell(image.startCmd), tag: 'start', timeoutMs: entry.info.spec.limits.wallClockMs });
+    const started = await entry.processes.start(entry.info, sandbox, { argv: shell(image.startCmd), tag: 'start', timeoutMs: entry.info.spec.limits.wallClockMs }, entry.quotaBytes);
     void started.result.catch(() => undefined);
   }
   if (image.readyCmd === undefined) return;
@@ -40,7 +40,7 @@ export async function startTemplate(entry: LiveSandbox, image: TemplateImage, si
   let last = '';
   for (;;) {
     signal?.throwIfAborted();
-    const check = await entry.processes.start(entry.info, sandbox, { argv: shell(image.readyCmd), tag: 'ready', timeoutMs: READY_DEADLINE_MS });
+    const check = await entry.processes.start(entry.info, sandbox, { argv: shell(image.readyCmd), tag: 'ready', timeoutMs: READY_DEADLINE_MS }, entry.quotaBytes);
     const result = await check.result;
     if (result.outcome === 'ok') return;
     last = result.stderr.trim().slice(-500) || `exit code ${result.exitCode ?? 'none'}`;

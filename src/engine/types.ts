@@ -5,7 +5,8 @@ import type { Collection, CollectOptions } from './artifacts.js';
 import type { InterpreterService } from './interpreter/index.js';
 
 /** What a caller chooses of a collection; the engine sets the tenant, metrics hook and freezing. */
-export type EngineCollectOptions = Pick<CollectOptions, 'dir' | 'maxFileBytes' | 'maxTotalBytes' | 'signal'>;
+export type EngineCollectOptions = Pick<CollectOptions, 'dir' | 'maxFileBytes' | 'maxTotalBytes' | 'signal' | 'reserve'>;
+import type { ProcessEnd } from './result.js';
 
 /**
  * The engine's contract with the server, SDK-facing routes and the E2B facade. The server turns a
@@ -18,9 +19,16 @@ export interface CreateSandboxCommand {
   signal?: AbortSignal;
   /**
    * What the caller's API key was granted: the operator's mount roots it may name in
-   * `spec.mounts` ('all' for the operator's own key). @default no roots
+   * `spec.mounts` ('all' for the operator's own key) and its disk quota. @default no roots
    */
-  grants?: { mountRoots: readonly string[] | 'all' };
+  grants?: {
+    mountRoots: readonly string[] | 'all';
+    /**
+     * The tenant's disk quota for work made with this key: the workspace and its processes' logs
+     * are charged under it. @default the operator's quota (SandboxManagerOptions.workspaceBudget)
+     */
+    diskQuotaBytes?: number;
+  };
 }
 
 export interface ListSandboxesQuery {
@@ -62,7 +70,12 @@ export interface ProcessHandle {
   readonly info: ProcessInfo;
   /** Every event from the start (kept output is replayed), then live ones, ending with `exit`. */
   events(signal?: AbortSignal): AsyncIterable<ProcessEvent>;
+  /** The result, with at most 1 MiB of each stream inline (read back from the log). */
   readonly result: Promise<ExecResult>;
+  /** How the process ended, without its output: for callers that need no output. */
+  readonly ended: Promise<ProcessEnd>;
+  /** Writes what the process's log holds in memory, so a reader of the file sees all output so far. */
+  flushLog(): Promise<void>;
   writeStdin(data: Buffer | string): void;
   closeStdin(): void;
   signal(signal: NodeJS.Signals): void;

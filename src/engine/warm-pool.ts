@@ -52,6 +52,11 @@ export class WarmPool {
     return this.ready.length;
   }
 
+  /** The disk the pool holds on the volume: its warm sandboxes' limits, whether made yet or not. */
+  get heldDiskBytes(): number {
+    return this.closed ? 0 : this.options.size * this.options.spec.limits.diskBytes;
+  }
+
   /** Destroys the warm sandboxes and waits for refills under way. */
   async close(): Promise<void> {
     this.closed = true;

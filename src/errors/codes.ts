@@ -25,6 +25,8 @@ export const ERROR_CODES = [
   'SANDBOX_NOT_RUNNING',
   // Capacity and limits.
   'QUOTA_EXCEEDED',
+  /** The host cannot back the request now (the workspace volume is fully promised); retry later. */
+  'CAPACITY_EXHAUSTED',
   'LIMIT_EXCEEDED',
   'NO_SPACE',
   'FILE_TOO_LARGE',

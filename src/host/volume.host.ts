@@ -1,6 +1,6 @@
 import { closeSync, openSync } from 'node:fs';
-import { chmod, chown, mkdir, open, readFile, readdir, stat } from 'node:fs/promises';
-import { join } from 'node:path';
+import { chmod, chown, mkdir, open, readFile, readdir, stat, statfs } from 'node:fs/promises';
+import { dirname, join } from 'node:path';
 import { SandboxError } from '../errors/index.js';
 import { runCommand } from './run-command.host.js';
 import { withLock } from './lock.host.js';
@@ -24,6 +24,24 @@ export const WORKSPACE_PREFIX = 'ws-';
 export const ROOT_PREFIX = 'sb-';
 /** The template's user as stored on disk (raw ids 0..65535, seen through an idmapped mount). */
 const TEMPLATE_USER_ID = 1000;
+
+/** What the volume can hold for workspaces, in bytes (see `WorkspaceVolume.capacity`). */
+export interface VolumeCapacity {
+  /** The image's size. */
+  sizeBytes: number;
+  /** What workspaces may be promised on the volume: its size less btrfs's own room. */
+  usableBytes: number;
+  /** What the host filesystem under the image can still back: its blocks so far plus the free space, less btrfs's room. */
+  backableBytes: number;
+}
+
+/**
+ * Room btrfs keeps for itself (metadata twice, the global reserve): measured, a 512 MiB volume
+ * holds 384 MiB of workspaces filled to their quotas with 37 MiB to spare.
+ */
+export function volumeReserveBytes(sizeBytes: number): number {
+  return Math.max(128 * 1024 * 1024, Math.ceil(sizeBytes / 10));
+}
 
 export class WorkspaceVolume {
   readonly image: string;
@@ -229,6 +247,21 @@ export class WorkspaceVolume {
     const qgroup = await this.qgroupDir(id, isRoot ? this.rootPath(id) : this.path(id));
     if (!qgroup) return undefined;
     return Number((await readFile(join(qgroup, isRoot ? 'exclusive' : 'referenced'), 'utf8')).trim());
+  }
+
+  /**
+   * What the volume can hold for workspaces. The image is sparse: it takes host blocks as
+   * workspaces fill, so what it can back is also bounded by the host filesystem's free space.
+   */
+  async capacity(): Promise<VolumeCapacity> {
+    const [image, host] = await Promise.all([stat(this.image), statfs(dirname(this.image))]);
+    const reserve = volumeReserveBytes(image.size);
+    const hostBytes = image.blocks * 512 + host.bavail * host.bsize;
+    return {
+      sizeBytes: image.size,
+      usableBytes: Math.max(0, image.size - reserve),
+      backableBytes: Math.max(0, Math.min(image.size, hostBytes) - reserve),
+    };
   }
 
   /** Sandboxes with a disk on the volume (workspaces and roots), for reconciliation after a crash. */

@@ -239,13 +239,16 @@ type Counts = { stdout: number; stderr: number; warnings: number };
 
 /**
  * Turns wire events into callbacks; returns the result on `exit`. After `replayFromStart()` it
- * skips the bytes and warnings it had already delivered.
+ * skips the bytes and warnings it had already delivered. A result carries at most 1 MiB of each
+ * stream inline (`stdoutInlineTruncated`); the decoder keeps the bytes the events delivered and
+ * puts the whole kept output back into such a result.
  */
 class OutputDecoder {
   private readonly stdout = new TextDecoder();
   private readonly stderr = new TextDecoder();
   private readonly delivered: Counts = { stdout: 0, stderr: 0, warnings: 0 };
   private replayed: Counts | undefined;
+  private readonly received: Record<'stdout' | 'stderr', Buffer[]> = { stdout: [], stderr: [] };
 
   constructor(private readonly callbacks: OutputCallbacks) {}
 
@@ -257,24 +260,41 @@ class OutputDecoder {
     switch (event.type) {
       case 'stdout': {
         const fresh = this.fresh('stdout', Buffer.from(event.data, 'base64'));
-        if (fresh.length > 0) this.callbacks.onStdout?.(this.stdout.decode(fresh, { stream: true }));
+        if (fresh.length > 0) {
+          this.received.stdout.push(fresh);
+          this.callbacks.onStdout?.(this.stdout.decode(fresh, { stream: true }));
+        }
         return undefined;
       }
       case 'stderr': {
         const fresh = this.fresh('stderr', Buffer.from(event.data, 'base64'));
-        if (fresh.length > 0) this.callbacks.onStderr?.(this.stderr.decode(fresh, { stream: true }));
+        if (fresh.length > 0) {
+          this.received.stderr.push(fresh);
+          this.callbacks.onStderr?.(this.stderr.decode(fresh, { stream: true }));
+        }
         return undefined;
       }
       case 'warning':
         if (this.fresh('warnings', 1) > 0) this.callbacks.onWarning?.(event.warning);
         return undefined;
       case 'exit':
-        return event.result;
+        return this.whole(event.result);
       case 'error':
         throw errorFromStreamEvent(event.error);
       default:
         return undefined;
     }
+  }
+
+  /** `result` with the kept output the events delivered where it carries only the start of it. */
+  private whole(result: ExecResult): ExecResult {
+    const { stdoutInlineTruncated, stderrInlineTruncated, ...rest } = result;
+    if (!stdoutInlineTruncated && !stderrInlineTruncated) return result;
+    return {
+      ...rest,
+      stdout: stdoutInlineTruncated ? Buffer.concat(this.received.stdout).toString('utf8') : result.stdout,
+      stderr: stderrInlineTruncated ? Buffer.concat(this.received.stderr).toString('utf8') : result.stderr,
+    };
   }
 
   /** The part of `data` (bytes, or a count of warnings) not delivered before. */

@@ -93,6 +93,7 @@ export const ERROR_CLASSES = {
   IDEMPOTENCY_KEY_REUSED: ConflictError,
   SANDBOX_NOT_RUNNING: SandboxNotRunningError,
   QUOTA_EXCEEDED: QuotaExceededError,
+  CAPACITY_EXHAUSTED: UnavailableError,
   LIMIT_EXCEEDED: LimitExceededError,
   NO_SPACE: LimitExceededError,
   FILE_TOO_LARGE: LimitExceededError,

@@ -40,7 +40,7 @@ export interface CapsuleAppOptions {
    */
   extensions?: ((app: FastifyInstance, services: ServerServices) => void)[];
   /** Metrics, artifacts, usage samples and output logs; each adds its routes when present. */
-  observability?: Pick<ServerServices, 'metrics' | 'artifacts' | 'processLogs'>;
+  observability?: Pick<ServerServices, 'metrics' | 'artifacts' | 'processLogs' | 'diskQuota'>;
 }
 
 /** A request Node's HTTP parser refused (bad headers, too large): answered on the socket. */

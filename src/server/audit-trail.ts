@@ -1,5 +1,5 @@
 import { SandboxError } from '../errors/index.js';
-import type { ExecResult } from '../wire/index.js';
+import type { ProcessEnd } from '../engine/result.js';
 import { sha256Hex, type AuditLog } from '../store/index.js';
 import type { Principal } from './auth.js';
 import { toSandboxError } from './errors.js';
@@ -103,7 +103,7 @@ export function outcomeOfEvent(event: { type: string } | undefined): string {
   }
   if (event?.type === 'error') return (event as { error?: { code?: string } }).error?.code ?? 'error';
   if (event?.type !== 'exit') return 'ok';
-  const result = (event as { result?: ExecResult }).result;
+  const result = (event as { result?: ProcessEnd }).result;
   if (result?.outcome === 'limit_exceeded' && result.limit) return `limit:${result.limit.resource}`;
   if (result?.outcome === 'error') return result.error?.code ?? 'error';
   return 'ok';

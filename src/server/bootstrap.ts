@@ -8,6 +8,7 @@ import { lockDataDir, type EgressLogEntry, type EgressOptions } from '../engine/
 import { DEFAULT_MAXIMA, type OperatorMaxima } from '../spec/index.js';
 import { API_KEY_PATTERN, ApiKeyStore, AuditLog, OperationStore, SqliteSandboxRecords, openDatabase, type SqliteDatabase } from '../store/index.js';
 import { CapsuleApp, type CapsuleAppOptions } from './app.js';
+import { TenantDiskQuota } from './disk-quota.js';
 import { Observability } from './observability.js';
 
 export interface StartServerOptions {
@@ -26,6 +27,18 @@ export interface StartServerOptions {
   maxima?: OperatorMaxima;
   /** Sandboxes kept started ahead for creates that can use them (see SandboxManagerOptions). @default 0 */
   warmPool?: number;
+  /**
+   * Each tenant's disk quota over its workspaces (by their disk limits), process logs, artifacts
+   * and snapshots, unless its key carries its own (`capsule serve --tenant-disk-quota`). @default 20 GiB
+   */
+  tenantDiskQuotaBytes?: number;
+  /**
+   * How far the disk limits of live sandboxes may exceed what the workspace volume can back
+   * (`capsule serve --disk-overcommit`): 1 refuses a create that does not fit (CAPACITY_EXHAUSTED). @default 1
+   */
+  diskOvercommit?: number;
+  /** Size of the workspace volume's image when it is first made (`capsule serve --volume-size`). @default 32 GiB */
+  volumeBytes?: number;
   /** @default false */
   logger?: FastifyServerOptions['logger'];
   /**
@@ -90,8 +103,10 @@ export async function startServer(options: StartServerOptions): Promise<RunningS
     const audit = new AuditLog(db);
     const { source, generated } = ensureOperatorKey(new ApiKeyStore(db), options.env ?? process.env);
     new OperationStore(db).settleInterrupted('startup');
-    // Metrics, output logs and the artifact store (docs/operations.md).
-    const observability = (observed = await Observability.open({ dataDir: options.dataDir, records }));
+    // Metrics, output logs and the artifact store (docs/operations.md); logs, artifacts and
+    // workspaces are charged to each tenant's disk quota.
+    const diskQuota = new TenantDiskQuota({ defaultBytes: options.tenantDiskQuotaBytes });
+    const observability = (observed = await Observability.open({ dataDir: options.dataDir, records, diskQuota }));
     // Sandbox networking with the operator's settings; started only when a sandbox asks for a
     // network. The broker reads <dataDir>/broker (handles.json, secrets/); docs/api.md.
     let egressLog = (entry: EgressLogEntry): void => void process.stderr.write(`${JSON.stringify({ egress: entry })}\n`);
@@ -118,6 +133,10 @@ export async function startServer(options: StartServerOptions): Promise<RunningS
       },
       processObserver: observability.processObserver,
       artifacts: observability.artifacts,
+      processLogs: observability.processLogs,
+      workspaceBudget: diskQuota,
+      diskOvercommit: options.diskOvercommit,
+      volumeBytes: options.volumeBytes,
       filesFactory: (sandbox) => createSandboxFiles(sandbox),
       mountRoots,
     });

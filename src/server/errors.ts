@@ -49,10 +49,25 @@ export function toSandboxError(error: unknown): SandboxError {
   });
 }
 
-/** Sends `error` as `{ code, message, details?, hint?, requestId }` with its status. */
+/** Sends `error` as `{ code, message, details?, hint?, requestId }` with its status (and Retry-After when it has one). */
 export function sendError(request: FastifyRequest, reply: FastifyReply, error: unknown): FastifyReply {
   const wire = toSandboxError(error);
-  if (wire.status >= 500) request.log.error({ err: error, code: wire.code }, 'request failed');
+  if (wire.code === 'CAPACITY_EXHAUSTED') request.log.warn({ code: wire.code, details: wire.details }, 'request refused: no capacity');
+  else if (wire.status >= 500) request.log.error({ err: error, code: wire.code }, 'request failed');
   else request.log.info({ code: wire.code }, 'request rejected');
+  const retryAfter = retryAfterSeconds(wire);
+  if (retryAfter !== undefined) reply.header('retry-after', String(retryAfter));
   return reply.code(wire.status).type('application/json').send(wire.toJSON(request.id));
+}
+
+const DEFAULT_RETRY_AFTER_S = 30;
+
+/**
+ * Seconds a client should wait before it retries, for an error that is about the moment rather
+ * than the request (CAPACITY_EXHAUSTED): its `details.retryAfterS`, else 30.
+ */
+export function retryAfterSeconds(error: SandboxError): number | undefined {
+  if (error.code !== 'CAPACITY_EXHAUSTED') return undefined;
+  const seconds = error.details?.retryAfterS;
+  return typeof seconds === 'number' && seconds > 0 ? Math.ceil(seconds) : DEFAULT_RETRY_AFTER_S;
 }

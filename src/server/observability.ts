@@ -3,7 +3,8 @@ import type { EngineEvent, ProcessObserver } from '../engine/events.js';
 import { CapsuleMetrics } from '../metrics/metrics.js';
 import { LocalArtifactStore } from '../store/artifacts/index.js';
 import type { SandboxRecordStore } from '../store/index.js';
-import { ProcessLogs } from './process-logs.js';
+import { ProcessLogs } from '../engine/process-logs.js';
+import type { TenantDiskQuota } from './disk-quota.js';
 import type { ServerServices } from './services.js';
 
 export interface ObservabilityOptions {
@@ -11,6 +12,8 @@ export interface ObservabilityOptions {
   records: SandboxRecordStore;
   /** How often expired artifacts and old output logs are swept. @default 10 minutes */
   sweepIntervalMs?: number;
+  /** Each tenant's disk quota: process logs and artifacts are charged to it. */
+  diskQuota?: TenantDiskQuota;
 }
 
 /**
@@ -24,35 +27,37 @@ export class Observability {
   private sweepTimer: NodeJS.Timeout | undefined;
   private sweeping: Promise<void> | undefined;
 
+  private readonly diskQuota: TenantDiskQuota | undefined;
+
   private constructor(
     readonly artifacts: LocalArtifactStore,
-    dataDir: string,
+    options: ObservabilityOptions,
   ) {
-    this.processLogs = new ProcessLogs(dataDir);
+    this.diskQuota = options.diskQuota;
+    this.processLogs = new ProcessLogs({ dataDir: options.dataDir, budget: options.diskQuota });
   }
 
-  /** Opens the artifact store and drops the output logs of sandboxes a previous run ended. */
+  /**
+   * Opens the artifact store and drops the output logs of sandboxes a previous run ended (the
+   * logs of live ones are charged to their tenants again).
+   */
   static async open(options: ObservabilityOptions): Promise<Observability> {
     const store = await LocalArtifactStore.open({ root: join(options.dataDir, 'artifacts') });
-    const observability = new Observability(store, options.dataDir);
-    await observability.processLogs.removeAllExcept(new Set(options.records.listLive().map((r) => r.sandboxId)));
+    const observability = new Observability(store, options);
+    await observability.processLogs.reconcile(options.records.listLive());
+    options.diskQuota?.setStoredArtifacts(await store.bytesByTenant());
     observability.sweepTimer = setInterval(() => void observability.sweep(), options.sweepIntervalMs ?? 10 * 60 * 1000);
     observability.sweepTimer.unref();
     return observability;
   }
 
-  get services(): Pick<ServerServices, 'metrics' | 'artifacts' | 'processLogs'> {
-    return { metrics: this.metrics, artifacts: this.artifacts, processLogs: this.processLogs };
+  get services(): Pick<ServerServices, 'metrics' | 'artifacts' | 'processLogs' | 'diskQuota'> {
+    return { metrics: this.metrics, artifacts: this.artifacts, processLogs: this.processLogs, diskQuota: this.diskQuota };
   }
 
   /** For SandboxManagerOptions.processObserver. */
   readonly processObserver: ProcessObserver = {
-    onProcessStart: (process) => this.processLogs.started(process),
-    onProcessOutput: (process, stream, data) => this.processLogs.output(process, stream, data),
-    onExecResult: (process, result) => {
-      this.metrics.recordExec(result, process.backend);
-      this.processLogs.ended(process);
-    },
+    onExecResult: (process, result) => this.metrics.recordExec(result, process.backend),
     onArtifact: (outcome) => this.metrics.recordArtifact(outcome),
   };
 
@@ -64,10 +69,8 @@ export class Observability {
         // createdAt is when the engine accepted the request; the event fires once it is running.
         this.metrics.recordCreate((Date.now() - Date.parse(sandbox.createdAt)) / 1000, { backend: sandbox.backend, template: sandbox.spec.template ?? 'host', poolWarm: event.poolWarm === true });
         break;
-      case 'sandbox.recovered':
-        break;
       default:
-        this.processLogs.sandboxEnded(sandbox.sandboxId);
+        break;
     }
   }
 
@@ -77,6 +80,8 @@ export class Observability {
       try {
         await this.artifacts.sweepExpired();
         await this.processLogs.sweep();
+        // Expired artifacts no longer count; the running totals are set from the store again.
+        this.diskQuota?.setStoredArtifacts(await this.artifacts.bytesByTenant());
       } catch (error) {
         process.stderr.write(`capsule: sweeping artifacts and logs failed: ${(error as Error).message}\n`);
       } finally {
@@ -90,7 +95,7 @@ export class Observability {
   async close(): Promise<void> {
     clearInterval(this.sweepTimer);
     await this.sweeping;
-    await this.processLogs.close();
+    await this.processLogs.flushed();
     await this.artifacts.close();
   }
 }

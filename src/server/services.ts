@@ -2,10 +2,11 @@ import type { SandboxEngine } from '../engine/types.js';
 import type { SandboxInfo } from '../wire/index.js';
 import type { CapsuleMetrics } from '../metrics/metrics.js';
 import type { ArtifactStore } from '../store/artifacts/index.js';
-import type { ProcessLogs } from './process-logs.js';
+import type { ProcessLogs } from '../engine/process-logs.js';
 import { SandboxError } from '../errors/index.js';
 import type { ApiKeyStore, AuditLog, OperationStore, SqliteSandboxRecords } from '../store/index.js';
 import type { TenantQuota } from './quota.js';
+import type { TenantDiskQuota } from './disk-quota.js';
 
 /** What the routes are built on: one object, passed in (no module state). */
 export interface ServerServices {
@@ -24,6 +25,8 @@ export interface ServerServices {
   artifacts?: ArtifactStore;
   /** Full output of processes (GET /v1/sandboxes/{id}/processes/{pid}/log). */
   processLogs?: ProcessLogs;
+  /** Each tenant's disk quota (workspaces, logs, artifacts, snapshots). */
+  diskQuota?: TenantDiskQuota;
 }
 
 /** The tenant's record of a sandbox; a foreign or unknown id is SANDBOX_NOT_FOUND (never 403). */

@@ -36,6 +36,13 @@ export const ExecResultSchema = z.object({
   stderr: z.string(),
   stdoutTruncated: z.boolean(),
   stderrTruncated: z.boolean(),
+  /**
+   * Set (true) when `stdout` holds only the first 1 MiB of the kept stdout: a result never carries
+   * more inline. The process's events (a reattach replays them) and its log hold all of it; the
+   * SDK rebuilds the whole kept stdout from the events it received.
+   */
+  stdoutInlineTruncated: z.boolean().optional(),
+  stderrInlineTruncated: z.boolean().optional(),
   /** Bytes the process wrote, including the part that was dropped. */
   stdoutBytes: z.number(),
   stderrBytes: z.number(),

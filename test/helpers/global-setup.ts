@@ -67,8 +67,13 @@ async function settledLeaks(dataDir: string): Promise<Leaks> {
 }
 
 async function isVitestWorker(pid: number): Promise<boolean> {
-  const cmdline = await readFile(`/proc/${pid}/cmdline`, 'utf8').catch(() => '');
-  return cmdline.split('\0')[0]?.endsWith('node') === true && cmdline.includes('vitest');
+  const cmdline = await readFile(`/proc/${pid}/cmdline`, 'utf8').catch(() => undefined);
+  // Gone since it was listed: a worker that finished exiting (the next look will not list it).
+  if (cmdline === undefined) return true;
+  if (cmdline.split('\0')[0]?.endsWith('node') === true && cmdline.includes('vitest')) return true;
+  // A worker that has exited but is not reaped yet is a zombie: its cmdline reads empty.
+  const stat = await readFile(`/proc/${pid}/stat`, 'utf8').catch(() => '');
+  return /^\d+ \(node\) Z /.test(stat);
 }
 
 /**

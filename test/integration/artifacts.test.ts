@@ -13,7 +13,8 @@ import { HostEnvironment } from '../../src/host/host-env.host.js';
 import { openRegular } from '../../src/host/output-files.host.js';
 import { newSandboxId } from '../../src/engine/ids.js';
 import { parseSpec } from '../../src/spec/index.js';
-import { OutputLogWriter, outputLogInfo, readOutputLog } from '../../src/engine/output-log.js';
+import { outputLogInfo, readOutputLog } from '../../src/engine/output-log.js';
+import { ProcessLogs } from '../../src/engine/process-logs.js';
 import type { RunResult } from '../../src/engine/runner.js';
 
 const MiB = 1024 * 1024;
@@ -269,30 +270,33 @@ describe('diagnostics and output logs', () => {
     expect(ok.diagnostic).toBeUndefined();
   });
 
-  it('writes the full output to a bounded per-process log and reads it back by pid', async () => {
-    const options = { dataDir: testDataDir(), sandboxId: 'logtest', pid: 7, maxBytes: 8192 };
-    const writer = await OutputLogWriter.open(options);
-    writer.write('stdout', Buffer.from('hello '));
-    writer.write('stderr', Buffer.from('oops\n'));
-    writer.write('stdout', Buffer.from('world\n'));
-    expect(await writer.close()).toEqual({ rotated: false });
+  it('writes the output to a bounded per-process log and reads it back by pid', async () => {
+    const logs = new ProcessLogs({ dataDir: testDataDir(), extraBytes: 8192 });
+    const where = { dataDir: testDataDir(), sandboxId: 'logtest', pid: 7 };
+    const log = logs.open({ tenantId: 't', ...where }, 0);
+    log.append('stdout', Buffer.from('hello '), true);
+    log.append('stderr', Buffer.from('oops\n'), true);
+    log.append('stdout', Buffer.from('world\n'), true);
+    await log.close();
     const entries = [];
-    for await (const entry of readOutputLog(options)) entries.push(`${entry.stream}:${entry.data.toString()}`);
+    for await (const entry of readOutputLog(where)) entries.push(`${entry.stream}:${entry.data.toString()}`);
     expect(entries).toEqual(['stdout:hello ', 'stderr:oops\n', 'stdout:world\n']);
     const stdoutOnly = [];
-    for await (const entry of readOutputLog({ ...options, stream: 'stdout' })) stdoutOnly.push(entry.data.toString());
+    for await (const entry of readOutputLog({ ...where, stream: 'stdout' })) stdoutOnly.push(entry.data.toString());
     expect(stdoutOnly.join('')).toBe('hello world\n');
 
-    const flood = await OutputLogWriter.open({ ...options, pid: 8 });
-    for (let i = 0; i < 200; i++) flood.write('stdout', Buffer.from(`chunk ${i}\n`));
-    expect(await flood.close()).toEqual({ rotated: true });
-    const info = await outputLogInfo({ ...options, pid: 8 });
-    expect(info.rotated).toBe(true);
+    // Output past the caps takes the log's extra room, first come first kept; the rest is counted.
+    const flood = logs.open({ tenantId: 't', ...where, pid: 8 }, 0);
+    for (let i = 0; i < 1000; i++) flood.append('stdout', Buffer.from(`chunk ${i}\n`), false);
+    await flood.close();
+    expect(flood.droppedBytes).toBeGreaterThan(0);
+    const info = await outputLogInfo({ ...where, pid: 8 });
     expect(info.bytes).toBeLessThanOrEqual(8192);
     const kept = [];
-    for await (const entry of readOutputLog({ ...options, pid: 8 })) kept.push(entry.data.toString());
-    expect(kept.at(-1)).toBe('chunk 199\n');
-    await expect(readOutputLog({ ...options, pid: 9 }).next()).rejects.toMatchObject({ code: 'PROCESS_NOT_FOUND' });
+    for await (const entry of readOutputLog({ ...where, pid: 8 })) kept.push(entry.data.toString());
+    expect(kept.join('').startsWith('chunk 0\nchunk 1\n')).toBe(true);
+    await expect(readOutputLog({ ...where, pid: 9 }).next()).rejects.toMatchObject({ code: 'PROCESS_NOT_FOUND' });
+    await logs.remove('logtest');
   });
 });
 

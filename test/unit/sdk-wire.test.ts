@@ -308,6 +308,37 @@ describe('SDK streams', () => {
     expect(seen[1]?.url.pathname).toBe(`/v1/sandboxes/${INFO.sandboxId}/processes/4/events`);
   });
 
+  it('puts back the whole kept output when the result carries only its first MiB inline, across a reattach', async () => {
+    const sb = await sandbox();
+    const line = (l: object) => `${JSON.stringify(l)}\n`;
+    const part = (c: string) => Buffer.alloc(700 * 1024, c);
+    const inline = Buffer.concat([part('a'), part('b')]).subarray(0, 1024 * 1024).toString();
+    const result = { ...RESULT, stdout: inline, stdoutBytes: 3 * 700 * 1024, stdoutInlineTruncated: true, stderr: 'e', stderrBytes: 1 };
+    script(
+      (_req, res) => {
+        res.writeHead(200, { 'content-type': 'application/x-ndjson' });
+        res.write(line({ type: 'start', pid: 8 }) + line({ type: 'stdout', data: b64(part('a')) }), () => res.socket?.destroy());
+      },
+      (_req, res) => {
+        res.writeHead(200, { 'content-type': 'application/x-ndjson' });
+        const replay = [
+          { type: 'start', pid: 8 },
+          { type: 'stdout', data: b64(part('a')) },
+          { type: 'stdout', data: b64(part('b')) },
+          { type: 'stderr', data: b64('e') },
+          { type: 'stdout', data: b64(part('c')) },
+          { type: 'exit', result },
+        ];
+        res.end(replay.map(line).join(''));
+      },
+    );
+    const got = await sb.commands.run(['x']);
+    expect(got.stdout).toBe(Buffer.concat([part('a'), part('b'), part('c')]).toString());
+    expect(got.stderr).toBe('e');
+    expect(got.stdoutInlineTruncated).toBeUndefined();
+    expect(got.stdoutBytes).toBe(3 * 700 * 1024);
+  });
+
   it('starts a background process, reattaches to its events and kills it', async () => {
     const sb = await sandbox();
     const events = [{ type: 'start', pid: 5 }, { type: 'stdout', data: b64('tick\n') }, { type: 'exit', result: { ...RESULT, outcome: 'exit_nonzero', exitCode: null, signal: 'SIGKILL' } }];

@@ -57,6 +57,12 @@ export interface AgentProcess {
   /** No-op after exit. */
   signal(signal: NodeJS.Signals | number): void;
   resize(cols: number, rows: number): void;
+  /**
+   * Stops (true) or continues (false) reading the agent's output while the caller cannot keep up
+   * (its log is behind the disk): the agent, and with it every process of the sandbox, waits on
+   * its pipe. Ends with the process.
+   */
+  throttle?(paused: boolean): void;
 }
 
 /** A stream of output chunks that keeps what arrives before anyone listens. */
@@ -87,6 +93,8 @@ class RunningProcess implements AgentProcess {
   hasExited = false;
   private stdinOpen: boolean;
   private settle!: (exit: AgentExit) => void;
+  /** How this process pauses the output of its agent (bound by the client that reads it). */
+  pauseOutput: (paused: boolean) => void = () => undefined;
 
   constructor(
     readonly id: number,
@@ -112,7 +120,12 @@ class RunningProcess implements AgentProcess {
   finish(exit: AgentExit): void {
     if (this.hasExited) return;
     this.hasExited = true;
+    this.pauseOutput(false);
     this.settle(exit);
+  }
+
+  throttle(paused: boolean): void {
+    if (!this.hasExited || !paused) this.pauseOutput(paused);
   }
 
   onStdout(listener: (chunk: Buffer) => void): void {
@@ -224,6 +237,8 @@ export class AgentClient {
   private readonly pings = new Map<number, PendingPing>();
   private readonly lostListeners: ((reason: SandboxError) => void)[] = [];
   private lostReason: SandboxError | null = null;
+  /** Processes whose readers asked to pause the agent's output. */
+  private readonly pausing = new Set<number>();
   private isClosed = false;
   private isHandingOver = false;
   private nextProcessId = 1;
@@ -233,19 +248,21 @@ export class AgentClient {
 
   constructor(
     private readonly toAgent: NodeJS.WritableStream,
-    fromAgent: NodeJS.ReadableStream,
+    private readonly fromAgent: NodeJS.ReadableStream,
     options: AgentClientOptions = {},
   ) {
     this.nextProcessId = options.handOver?.nextProcessId ?? options.firstProcessId ?? 1;
     for (const proc of options.handOver?.processes ?? []) {
       if (!(proc instanceof RunningProcess) || proc.hasExited) continue;
       proc.rebind((type, id, data) => this.send(type, id, data));
+      proc.pauseOutput = (paused) => this.pauseOutput(proc.id, paused);
       this.running.set(proc.id, proc);
     }
     for (const record of options.adopt ?? []) {
       if (this.running.has(record.id)) continue;
       const proc = new RunningProcess(record.id, record.argv0, record.isPty, record.hasStdin, (type, id, data) => this.send(type, id, data));
       proc.pid = record.pid;
+      proc.pauseOutput = (paused) => this.pauseOutput(record.id, paused);
       this.running.set(record.id, proc);
       this.nextProcessId = Math.max(this.nextProcessId, record.id + 1);
     }
@@ -261,6 +278,13 @@ export class AgentClient {
     fromAgent.on('error', (error: Error) => this.lose(crashed(`reading from the agent failed: ${error.message}`, error)));
     // EPIPE when the agent is gone; its output ending says the same thing, whichever comes first.
     toAgent.on('error', (error: Error) => this.lose(crashed(`writing to the agent failed: ${error.message}`, error)));
+  }
+
+  private pauseOutput(id: number, paused: boolean): void {
+    if (paused) this.pausing.add(id);
+    else this.pausing.delete(id);
+    if (this.pausing.size > 0) this.fromAgent.pause();
+    else if (this.fromAgent.isPaused()) this.fromAgent.resume();
   }
 
   /** The id the next start() uses; a client taking over the same agent later starts here. */
@@ -287,6 +311,7 @@ export class AgentClient {
       const proc = new RunningProcess(id, argv0, options.pty !== undefined, options.stdin === true, (type, frameId, data) =>
         this.send(type, frameId, data),
       );
+      proc.pauseOutput = (paused) => this.pauseOutput(id, paused);
       this.starting.set(id, { proc, argv0, resolve, reject });
       this.send(FrameType.Start, id, payload);
     });

@@ -1,7 +1,7 @@
 import { Command } from 'commander';
 import { DEFAULT_DATA_DIR } from '../../host/host-env.host.js';
 import { SandboxError } from '../../errors/index.js';
-import { collect, numberOption } from '../options.js';
+import { bytesOption, collect, numberOption } from '../options.js';
 import type { CliContext } from '../context.js';
 
 interface ServeFlags {
@@ -14,6 +14,9 @@ interface ServeFlags {
   deny?: string[];
   mountRoot?: string[];
   egressIdleTimeout?: number;
+  tenantDiskQuota?: number;
+  diskOvercommit?: number;
+  volumeSize?: number;
 }
 
 /** `--mount-root NAME=PATH` flags as a map; a flag without `=` or a name given twice is refused. */
@@ -48,6 +51,9 @@ export function serveCommand(context: CliContext): Command {
     .option('--warm-pool <n>', 'sandboxes kept started ahead for creates with no network and no mounts', numberOption('--warm-pool'), 2)
     .option('--mount-root <name=path>', 'a host directory tenants may mount read-only, by name, once their key is granted it (repeatable)', collect)
     .option('--egress-idle-timeout <ms>', 'close a sandbox connection through the egress proxy after this long with no bytes either way (default 300000)', numberOption('--egress-idle-timeout'))
+    .option('--tenant-disk-quota <size>', "each tenant's disk quota over its workspaces (by their disk limits), logs, artifacts and snapshots, e.g. 20GiB (default 20GiB)", bytesOption('--tenant-disk-quota'))
+    .option('--disk-overcommit <ratio>', 'how far the disk limits of live sandboxes may exceed what the workspace volume holds (default 1: never)', numberOption('--disk-overcommit'))
+    .option('--volume-size <size>', 'size of the workspace volume image when it is first made (default 32GiB)', bytesOption('--volume-size'))
     .option('--deny <domain-or-cidr>', 'operator deny list: no sandbox reaches it, whatever its allow list (repeatable; a domain covers its subdomains; also $CAPSULE_EGRESS_DENY, comma-separated)', collect)
     .addHelpText(
       'after',
@@ -65,6 +71,9 @@ export function serveCommand(context: CliContext): Command {
         env: context.env,
         maxSandboxesPerTenant: flags.maxSandboxes,
         warmPool: flags.warmPool,
+        tenantDiskQuotaBytes: flags.tenantDiskQuota,
+        diskOvercommit: flags.diskOvercommit,
+        volumeBytes: flags.volumeSize,
         operatorDeny: [...(flags.deny ?? []), ...(context.env.CAPSULE_EGRESS_DENY ?? '').split(',').map((e) => e.trim()).filter((e) => e !== '')],
         logger: { level: flags.logLevel, stream: context.stderr },
         mountRoots: parseMountRoots(flags.mountRoot ?? []),

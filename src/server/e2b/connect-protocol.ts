@@ -66,6 +66,8 @@ const FROM_CAPSULE: Partial<Record<ErrorCode, ConnectCode>> = {
   CONFLICT: 'aborted',
   SANDBOX_NOT_RUNNING: 'unavailable',
   LIMIT_EXCEEDED: 'resource_exhausted',
+  QUOTA_EXCEEDED: 'resource_exhausted',
+  CAPACITY_EXHAUSTED: 'unavailable',
   NO_SPACE: 'resource_exhausted',
   FILE_TOO_LARGE: 'resource_exhausted',
   EXEC_FAILED: 'invalid_argument',
@@ -195,7 +197,8 @@ export async function serverStream(
     arm();
     for await (const message of messages(controller.signal)) {
       if (raw.writableEnded || controller.signal.aborted) break;
-      raw.write(envelope(0, message));
+      // A slow client holds the producer (a replay read from disk) back instead of the heap.
+      if (!raw.write(envelope(0, message))) await drained(raw, controller.signal);
       arm();
     }
   } catch (error) {
@@ -206,4 +209,20 @@ export async function serverStream(
     clearTimeout(keepalive);
     if (!raw.writableEnded) raw.end(envelope(2, end));
   }
+}
+
+/** Resolves when `stream` can take more, closes, or `signal` aborts. */
+function drained(stream: NodeJS.WritableStream, signal: AbortSignal): Promise<void> {
+  if (signal.aborted) return Promise.resolve();
+  return new Promise((resolve) => {
+    const done = (): void => {
+      stream.off('drain', done);
+      stream.off('close', done);
+      signal.removeEventListener('abort', done);
+      resolve();
+    };
+    stream.on('drain', done);
+    stream.on('close', done);
+    signal.addEventListener('abort', done, { once: true });
+  });
 }

@@ -4,7 +4,7 @@ import { SandboxError, isSandboxError } from '../../errors/index.js';
 import { clampLimits, type SandboxSpecInput } from '../../spec/index.js';
 import { isLiveState, type SandboxInfo, type SandboxState } from '../../wire/index.js';
 import { mountGrantOf } from '../auth.js';
-import { sendError } from '../errors.js';
+import { retryAfterSeconds, sendError } from '../errors.js';
 import { policyOf } from '../routes/sandboxes.js';
 import { defineRoute, registerRoute, type AnyRoute, type Authenticate } from '../route.js';
 import { e2bPrincipal, isE2bCaller } from './access.js';
@@ -44,6 +44,8 @@ function sendE2bError(request: FastifyRequest, reply: FastifyReply, error: unkno
   let message = isSandboxError(error) ? [error.message, error.hint].filter(Boolean).join('. ') : 'internal error';
   if (!isSandboxError(error) && status < 500) message = (error as Error).message;
   if (status >= 500) request.log.error({ err: error }, 'E2B control-plane call failed');
+  const retryAfter = isSandboxError(error) ? retryAfterSeconds(error) : undefined;
+  if (retryAfter !== undefined) reply.header('retry-after', String(retryAfter));
   return reply.code(status).type('application/json').send({ code: status, message });
 }
 
@@ -152,7 +154,7 @@ function controlPlaneRoutes(ctx: E2bContext): AnyRoute[] {
         const release = ctx.quota.reserve(principal.tenantId);
         try {
           const metadata = { ...(body.metadata ?? {}), [TEMPLATE_KEY]: body.templateID };
-          const info = await engine.create({ tenantId: principal.tenantId, spec: specFor(body, ctx), metadata, signal, grants: { mountRoots: mountGrantOf(principal) } });
+          const info = await engine.create({ tenantId: principal.tenantId, spec: specFor(body, ctx), metadata, signal, grants: { mountRoots: mountGrantOf(principal), diskQuotaBytes: principal.grants.diskQuotaBytes } });
           return { kind: 'json', status: 201, body: sandboxBody(info) };
         } finally {
           release();

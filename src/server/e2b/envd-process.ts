@@ -1,6 +1,6 @@
 import type { FastifyRequest } from 'fastify';
+import type { ProcessEnd } from '../../engine/result.js';
 import type { ProcessHandle } from '../../engine/types.js';
-import type { ExecResult } from '../../wire/index.js';
 import type { AnyRoute, Authenticate, RouteResult } from '../route.js';
 import type { SandboxAccess } from './access.js';
 import { ConnectError, deadlineMs, serverStream } from './connect-protocol.js';
@@ -28,7 +28,7 @@ function strings(value: unknown): Record<string, string> {
 }
 
 /** Go's ProcessState: `exit status N`, or `signal: killed` with exit code -1. */
-export function endEvent(result: ExecResult): object {
+export function endEvent(result: ProcessEnd): object {
   if (result.outcome === 'ok') return { exitCode: 0, exited: true, status: 'exit status 0' };
   if (result.outcome === 'exit_nonzero' && result.exitCode !== null) {
     const status = `exit status ${result.exitCode}`;
@@ -109,7 +109,7 @@ export function envdProcessRoutes(ctx: E2bContext, auth: Authenticate, constrain
             if (size) ptys.add(handle);
             return handle;
           });
-        const final = opened.then((handle) => handle.result).then((result) => ({ type: 'exit', result }));
+        const final = opened.then((handle) => handle.ended).then((result) => ({ type: 'exit', result }));
         return stream(request, opened, final);
       },
       (message) => {

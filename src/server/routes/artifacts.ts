@@ -12,12 +12,28 @@ import {
 } from '../../wire/index.js';
 import { defineRoute, type AnyRoute } from '../route.js';
 import { requireSandbox, type ServerServices } from '../services.js';
+import type { Principal } from '../auth.js';
 
 const error = (description: string) => ({ description, schema: ErrorBodySchema });
 
-/** Collects a running sandbox's directory into the store (frozen copy); the engine counts each outcome. */
-export async function collectFor(services: ServerServices, tenantId: string, sandboxId: string, options: EngineCollectOptions): Promise<ArtifactCollection> {
-  const { artifacts, truncated } = await services.engine.collectArtifacts(tenantId, sandboxId, options);
+/**
+ * Collects a running sandbox's directory into the store (frozen copy; the engine counts each
+ * outcome); a collection that does not fit the tenant's disk quota is refused (QUOTA_EXCEEDED)
+ * before any copy.
+ */
+export async function collectFor(
+  services: ServerServices,
+  principal: Pick<Principal, 'tenantId' | 'grants'>,
+  sandboxId: string,
+  options: Omit<EngineCollectOptions, 'reserve'>,
+): Promise<ArtifactCollection> {
+  const { tenantId } = principal;
+  const quota = services.diskQuota;
+  const owner = { tenantId, quotaBytes: principal.grants.diskQuotaBytes };
+  const { artifacts, truncated } = await services.engine.collectArtifacts(tenantId, sandboxId, {
+    ...options,
+    ...(quota ? { reserve: (bytes: number) => quota.reserveArtifacts(owner, bytes) } : {}),
+  });
   return { artifacts, truncated };
 }
 
@@ -37,11 +53,12 @@ export function artifactRoutes(services: ServerServices): AnyRoute[] {
       responses: {
         200: { description: 'One reference per file; skipped files say why', schema: ArtifactCollectionSchema },
         409: error('The sandbox is not running'),
+        429: error("The files would not fit the tenant's disk quota (nothing was copied)"),
       },
       audit: ({ params, body }) => ({ sandboxId: params.sandboxId, subject: body?.dir ?? '/workspace/output' }),
       async handler({ params, body, principal, signal }) {
         requireSandbox(services, principal.tenantId, params.sandboxId);
-        const collection = await collectFor(services, principal.tenantId, params.sandboxId, { ...body, signal });
+        const collection = await collectFor(services, principal, params.sandboxId, { ...body, signal });
         return { kind: 'json', status: 200, body: collection };
       },
     }),
@@ -85,6 +102,8 @@ export function artifactRoutes(services: ServerServices): AnyRoute[] {
       audit: ({ params }) => ({ subject: params.ref }),
       async handler({ params, principal }) {
         await store.delete(params.ref, { tenantId: principal.tenantId });
+        // What the tenant stores now, read back: a digest may have had several rows.
+        services.diskQuota?.setStoredArtifacts(await store.bytesByTenant(principal.tenantId), [principal.tenantId]);
         return { kind: 'empty', status: 204 };
       },
     }),

@@ -5,13 +5,14 @@ import type { ProcessEvent } from '../../engine/types.js';
 import { defineRoute, type AnyRoute } from '../route.js';
 import { ErrorBodySchema, ProcessEventSchema, ProcessInfoSchema, ProcessParams, SandboxIdParams, SignalBody, StartProcessBody } from '../../wire/index.js';
 import { requireSandbox, type ServerServices } from '../services.js';
+import type { Principal } from '../auth.js';
 import { checkCollectOptions } from '../../engine/artifacts.js';
 import { collectFor } from './artifacts.js';
 
 /** The artifacts of a foreground exec; a failed collection is reported beside the exec's result. */
-async function collectAfterExit(services: ServerServices, tenantId: string, sandboxId: string, dir: string | undefined): Promise<object> {
+async function collectAfterExit(services: ServerServices, principal: Principal, sandboxId: string, dir: string | undefined): Promise<object> {
   try {
-    const { artifacts, truncated } = await collectFor(services, tenantId, sandboxId, { dir });
+    const { artifacts, truncated } = await collectFor(services, principal, sandboxId, { dir });
     return { artifacts, artifactsTruncated: truncated };
   } catch (error) {
     const wire = error instanceof SandboxError ? error : new SandboxError('INTERNAL', (error as Error).message);
@@ -51,6 +52,7 @@ export function processRoutes(services: ServerServices): AnyRoute[] {
         201: { description: 'Started in the background', schema: z.object({ pid: z.number().int() }) },
         409: error('The sandbox is not running'),
         422: error('The program could not be started (EXEC_FAILED)'),
+        429: error("The tenant's disk quota has no room for the process's log (QUOTA_EXCEEDED)"),
       },
       audit: ({ params, body }) => ({ sandboxId: params.sandboxId, subject: JSON.stringify(body.argv) }),
       async handler({ params, body, principal, signal }) {
@@ -66,7 +68,7 @@ export function processRoutes(services: ServerServices): AnyRoute[] {
           events: wireEvents(handle.events(signal)),
           final: handle.result.then(async (result) => ({
             type: 'exit',
-            result: collectArtifacts ? { ...result, ...(await collectAfterExit(services, principal.tenantId, params.sandboxId, collectArtifacts.dir)) } : result,
+            result: collectArtifacts ? { ...result, ...(await collectAfterExit(services, principal, params.sandboxId, collectArtifacts.dir)) } : result,
           })),
         };
       },

@@ -33,7 +33,8 @@ export function sandboxRoutes(services: ServerServices): AnyRoute[] {
       responses: {
         201: { description: 'The sandbox, running', schema: SandboxInfoSchema },
         422: error('Invalid spec, or above the operator maximum'),
-        429: error('The tenant has its quota of concurrent sandboxes'),
+        429: error('The tenant has its quota of concurrent sandboxes, or its disk quota cannot hold limits.diskBytes more'),
+        503: error('The workspace volume cannot back limits.diskBytes more now (CAPACITY_EXHAUSTED; see Retry-After)'),
       },
       audit: ({ body }) => ({ policy: policyOf(body?.spec) }),
       async handler({ body, principal, signal }) {
@@ -44,7 +45,7 @@ export function sandboxRoutes(services: ServerServices): AnyRoute[] {
             spec: body?.spec as SandboxSpecInput | undefined,
             metadata: body?.metadata,
             signal,
-            grants: { mountRoots: mountGrantOf(principal) },
+            grants: { mountRoots: mountGrantOf(principal), diskQuotaBytes: principal.grants.diskQuotaBytes },
           });
           return { kind: 'json', status: 201, body: info };
         } finally {

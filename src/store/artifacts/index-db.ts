@@ -90,6 +90,15 @@ export class ArtifactIndex {
     return [...new Set(rows.map((r) => r.sha256))];
   }
 
+  /** Bytes of live rows per tenant (of one tenant, when given). */
+  bytesByTenant(nowMs: number, tenantId?: string): Map<string, number> {
+    const tenant = tenantId === undefined ? '' : 'AND tenant_id = @tenantId';
+    const rows = this.db
+      .prepare(`SELECT tenant_id AS tenantId, SUM(size) AS bytes FROM artifacts WHERE expires_at > @nowMs ${tenant} GROUP BY tenant_id`)
+      .all({ nowMs, tenantId }) as { tenantId: string; bytes: number }[];
+    return new Map(rows.map((r) => [r.tenantId, r.bytes]));
+  }
+
   /** Deletes rows whose retention ended; returns how many. */
   removeExpired(nowMs: number): number {
     return this.db.prepare('DELETE FROM artifacts WHERE expires_at <= @nowMs').run({ nowMs }).changes;

@@ -155,6 +155,10 @@ export class LocalArtifactStore implements ArtifactStore {
     return { expired, blobsRemoved };
   }
 
+  bytesByTenant(tenantId?: string): Promise<Map<string, number>> {
+    return Promise.resolve(this.index.bytesByTenant(this.now().getTime(), tenantId));
+  }
+
   close(): Promise<void> {
     this.index.close();
     return Promise.resolve();

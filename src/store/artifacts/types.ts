@@ -69,6 +69,8 @@ export interface ArtifactStore {
   list(query?: ArtifactListQuery): Promise<Artifact[]>;
   /** Removes rows whose retention ended and blobs nothing points at. */
   sweepExpired(now?: Date): Promise<SweepReport>;
+  /** Bytes of live artifacts per tenant (each row counts its size, shared content or not), for disk quotas. */
+  bytesByTenant(tenantId?: string): Promise<Map<string, number>>;
   close(): Promise<void>;
 }
 

@@ -1,0 +1,195 @@
+import { mkdir, readdir, stat } from 'node:fs/promises';
+import { join } from 'node:path';
+import { DEFAULT_OUTPUT_LOG_BYTES, logRecordBytes, outputLogDir, outputLogPath, removeOutputLogs } from './output-log.js';
+import { ProcessOutput, type LogBudget } from './process-output.js';
+
+/** Whose logs: disk is charged to the tenant (under its creating key's quota), per sandbox. */
+export interface LogOwner {
+  tenantId: string;
+  sandboxId: string;
+  /** The disk quota the sandbox was created under. @default the operator's */
+  quotaBytes?: number;
+}
+
+/**
+ * Where process logs take their disk from (the server: each tenant's disk quota). Bytes are file
+ * bytes. `reserve` may refuse with QUOTA_EXCEEDED; `restore` charges logs found at start-up.
+ */
+export interface LogDiskBudget {
+  /** Room for the kept output of a process about to start; throws to refuse the process. */
+  reserve(owner: LogOwner, bytes: number): void;
+  take(owner: LogOwner, bytes: number): boolean;
+  release(owner: LogOwner, bytes: number): void;
+  restore(owner: LogOwner, bytes: number): void;
+}
+
+export interface ProcessLogsOptions {
+  dataDir: string;
+  /** Room in each log for output past the caps. @default 64 MiB */
+  extraBytes?: number;
+  /** How long the logs of an ended sandbox are kept. @default 1 hour */
+  retentionMs?: number;
+  budget?: LogDiskBudget;
+  now?: () => number;
+}
+
+/** Slack over the caps for the per-record headers (16 bytes per chunk of up to 64 KiB). */
+const RESERVE_SLACK_BYTES = 64 * 1024;
+
+/**
+ * The output logs of every process (`<dataDir>/logs/<sandboxId>/<pid>.output`): opens each
+ * process's log (charging its disk to the tenant), keeps a sandbox's logs for `retentionMs` after
+ * it ended, and removes them in `sweep()`. A log that cannot be written is counted in
+ * `failures` and reported on stderr, never silently dropped.
+ */
+export class ProcessLogs {
+  readonly dataDir: string;
+  failures = 0;
+  /** Bytes on disk per sandbox, for the budget when its logs go. */
+  private readonly held = new Map<string, { owner: LogOwner; bytes: number }>();
+  private readonly dirs = new Map<string, Promise<void>>();
+  private readonly removals = new Map<string, number>();
+  private readonly pending = new Set<Promise<unknown>>();
+  private readonly now: () => number;
+  /** Told when a sandbox's logs were removed (the engine forgets its ended processes then). */
+  onRemoved: (sandboxId: string) => void = () => undefined;
+
+  constructor(private readonly options: ProcessLogsOptions) {
+    this.dataDir = options.dataDir;
+    this.now = options.now ?? Date.now;
+  }
+
+  /** Log bytes reserved for a process's output within `caps`. */
+  static reservationFor(caps: { stdoutBytes: number; stderrBytes: number }): number {
+    return logRecordBytes(caps.stdoutBytes) + logRecordBytes(caps.stderrBytes) + RESERVE_SLACK_BYTES;
+  }
+
+  /**
+   * Reserves the room for a process's kept output, or throws (QUOTA_EXCEEDED from the budget).
+   * Returns the bytes reserved; pass them to `open`.
+   */
+  reserve(owner: LogOwner, caps: { stdoutBytes: number; stderrBytes: number }): number {
+    const bytes = ProcessLogs.reservationFor(caps);
+    this.options.budget?.reserve(owner, bytes);
+    return bytes;
+  }
+
+  /** Gives back a reservation that no log was opened with (the process did not start). */
+  unreserve(owner: LogOwner, bytes: number): void {
+    this.options.budget?.release(owner, bytes);
+  }
+
+  /** The log of a process; `reservedBytes` from `reserve` (0 when the process could not be refused). */
+  open(owner: LogOwner & { pid: number }, reservedBytes: number, onPressure?: (high: boolean) => void): ProcessOutput {
+    const { budget } = this.options;
+    const perLog: LogBudget | undefined = budget && { take: (bytes) => budget.take(owner, bytes), release: (bytes) => budget.release(owner, bytes) };
+    return new ProcessOutput({
+      path: outputLogPath({ dataDir: this.dataDir, sandboxId: owner.sandboxId, pid: owner.pid }),
+      ensureDir: () => this.ensureDir(owner.sandboxId),
+      reservedBytes,
+      extraBytes: this.options.extraBytes ?? DEFAULT_OUTPUT_LOG_BYTES,
+      budget: perLog,
+      now: this.now,
+      onPressure,
+    });
+  }
+
+  /** The process ended: its log is written and closed in the background; its bytes stay charged. */
+  closed(owner: LogOwner & { pid: number }, output: ProcessOutput): void {
+    this.track(
+      output.close().then(
+        ({ bytes }) => this.hold(owner, bytes),
+        (error: unknown) => {
+          this.hold(owner, output.bytesOnDisk);
+          this.fail(owner, error);
+        },
+      ),
+    );
+  }
+
+  /** The sandbox ended: its logs are removed by the sweep after the retention. */
+  sandboxEnded(sandboxId: string): void {
+    this.removals.set(sandboxId, this.now() + (this.options.retentionMs ?? 60 * 60 * 1000));
+  }
+
+  /** Removes the logs whose retention ended; returns how many sandboxes' logs went. */
+  async sweep(nowMs: number = this.now()): Promise<number> {
+    let removed = 0;
+    for (const [sandboxId, due] of this.removals) {
+      if (due > nowMs) continue;
+      this.removals.delete(sandboxId);
+      await this.remove(sandboxId);
+      removed++;
+    }
+    return removed;
+  }
+
+  /**
+   * At start: logs of sandboxes that are not live belong to a previous run and go; the logs of
+   * live ones stay and are charged to their tenants again.
+   */
+  async reconcile(live: readonly LogOwner[]): Promise<void> {
+    const owners = new Map(live.map((owner) => [owner.sandboxId, owner]));
+    const names = await readdir(join(this.dataDir, 'logs')).catch(() => [] as string[]);
+    for (const name of names) {
+      const owner = owners.get(name);
+      if (!owner) {
+        await removeOutputLogs(this.dataDir, name).catch((error: unknown) => this.fail({ tenantId: '?', sandboxId: name }, error));
+        continue;
+      }
+      const bytes = await directoryBytes(outputLogDir(this.dataDir, name));
+      this.options.budget?.restore(owner, bytes);
+      this.hold(owner, bytes);
+    }
+  }
+
+  /** Waits for the logs being closed. */
+  async flushed(): Promise<void> {
+    await Promise.all([...this.pending]);
+  }
+
+  /** Removes every log of a sandbox once its processes' logs are closed, and gives their disk back. */
+  async remove(sandboxId: string): Promise<void> {
+    await this.flushed();
+    this.dirs.delete(sandboxId);
+    await removeOutputLogs(this.dataDir, sandboxId);
+    const held = this.held.get(sandboxId);
+    this.held.delete(sandboxId);
+    if (held) this.options.budget?.release(held.owner, held.bytes);
+    this.onRemoved(sandboxId);
+  }
+
+  private hold(owner: LogOwner, bytes: number): void {
+    const held = this.held.get(owner.sandboxId);
+    if (held) held.bytes += bytes;
+    else this.held.set(owner.sandboxId, { owner, bytes });
+  }
+
+  /** The sandbox's log directory, made once per sandbox rather than once per process. */
+  private ensureDir(sandboxId: string): Promise<void> {
+    let made = this.dirs.get(sandboxId);
+    if (!made) {
+      made = mkdir(outputLogDir(this.dataDir, sandboxId), { recursive: true, mode: 0o700 }).then(() => undefined);
+      made.catch(() => this.dirs.delete(sandboxId));
+      this.dirs.set(sandboxId, made);
+    }
+    return made;
+  }
+
+  private track(promise: Promise<unknown>): void {
+    this.pending.add(promise);
+    void promise.finally(() => this.pending.delete(promise));
+  }
+
+  private fail(owner: LogOwner & { pid?: number }, error: unknown): void {
+    this.failures++;
+    const which = owner.pid === undefined ? `of sandbox ${owner.sandboxId}` : `of process ${owner.pid} in ${owner.sandboxId}`;
+    process.stderr.write(`capsule: output log ${which} failed: ${(error as Error).message}\n`);
+  }
+}
+
+async function directoryBytes(dir: string): Promise<number> {
+  let bytes = 0;
+  for (const name of await readdir(dir).catch(() => [] as string[])) bytes += (await stat(join(dir, name)).catch(() => undefined))?.size ?? 0;
+  return bytes;
+}
