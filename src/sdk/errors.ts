@@ -46,6 +46,10 @@ export class NotFoundError extends CapsuleError {}
 export class SandboxNotFoundError extends NotFoundError {}
 export class ProcessNotFoundError extends NotFoundError {}
 export class FileNotFoundError extends NotFoundError {}
+/** No template by that name (or tag) for this tenant. */
+export class TemplateNotFoundError extends NotFoundError {}
+/** A template build failed: `details` names the step, its line and the exit code. */
+export class BuildFailedError extends CapsuleError {}
 export class ConflictError extends CapsuleError {}
 export class AlreadyExistsError extends ConflictError {}
 /** The sandbox exists but is not running (killed, expired, paused). */
@@ -87,6 +91,12 @@ export const ERROR_CLASSES = {
   CONFLICT: ConflictError,
   IDEMPOTENCY_KEY_REUSED: ConflictError,
   SANDBOX_NOT_RUNNING: SandboxNotRunningError,
+  TEMPLATE_NOT_FOUND: TemplateNotFoundError,
+  IMAGE_NOT_FOUND: NotFoundError,
+  IMAGE_UNSUPPORTED: InvalidArgumentError,
+  REGISTRY_UNREACHABLE: UnavailableError,
+  REGISTRY_UNAUTHORIZED: PermissionDeniedError,
+  BUILD_FAILED: BuildFailedError,
   QUOTA_EXCEEDED: QuotaExceededError,
   LIMIT_EXCEEDED: LimitExceededError,
   NO_SPACE: LimitExceededError,
