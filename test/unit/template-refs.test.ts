@@ -42,7 +42,7 @@ describe('image references', () => {
     expect(parseImageRef('localhost/x')).toMatchObject({ registry: 'localhost', repository: 'x', tag: 'latest' });
     const digest = `sha256:${'a'.repeat(64)}`;
     expect(parseImageRef(`docker://ghcr.io/o/r@${digest}`)).toMatchObject({ registry: 'ghcr.io', repository: 'o/r', digest, transport: `docker://ghcr.io/o/r@${digest}` });
-    expect(parseImageRef(`ghcr.io/o/r@${digest}`).tag).toBeUndefined();
+    expect(parseImageRef(`ghcr.io/o/r@${digest}`)).not.toHaveProperty('tag', 'latest');
   });
 
   it('reads host paths only when absolute', () => {
