@@ -279,7 +279,7 @@ export class TemplateService {
     const { name, tag } = parseTemplateRef(options.name);
     const tags = [...new Set([tag, ...(options.tags ?? []).map((t) => parseTemplateRef(`${name}:${t}`).tag)])];
     await this.ensure();
-    options.signal?.throwIfAborted();
+    if (options.signal?.aborted) throw new SandboxError('ABORTED', `the build of ${name}:${tag} was cancelled before it started`);
     const session = new BuildSession(this.store, owner, `${name}:${tag}`, options.onLog);
     await session.start();
     const tempDir = join(this.tempRoot, ownedName());
@@ -294,7 +294,9 @@ export class TemplateService {
       await session.succeed(record.id);
       return record;
     } catch (error) {
-      throw await session.fail(error);
+      // A cancel surfaces wherever the build was (AbortSignal's own error included): say so.
+      const cancelled = options.signal?.aborted && !(error instanceof SandboxError && error.code === 'ABORTED');
+      throw await session.fail(cancelled ? new SandboxError('ABORTED', `the build of ${name}:${tag} was cancelled`) : error);
     } finally {
       await rm(tempDir, { recursive: true, force: true });
       await this.layers.release(leaseName);

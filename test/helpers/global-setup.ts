@@ -60,5 +60,9 @@ async function settledLeaks(dataDir: string): Promise<Leaks> {
 
 async function isVitestWorker(pid: number): Promise<boolean> {
   const cmdline = await readFile(`/proc/${pid}/cmdline`, 'utf8').catch(() => '');
-  return cmdline.split('\0')[0]?.endsWith('node') === true && cmdline.includes('vitest');
+  if (cmdline.split('\0')[0]?.endsWith('node') === true && cmdline.includes('vitest')) return true;
+  // A worker that is exiting has released its memory: its cmdline reads empty (or it is gone)
+  // while its name is still node. Wait for it like for any other exiting worker.
+  const comm = await readFile(`/proc/${pid}/comm`, 'utf8').catch(() => '');
+  return cmdline === '' && (comm === '' || comm.trim() === 'node');
 }

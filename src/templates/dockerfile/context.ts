@@ -57,7 +57,7 @@ export class BuildContext {
     const ignore = await this.patterns();
     const matched: string[] = [];
     for (const source of sources) {
-      const cleaned = posix.normalize(`/${source}`).slice(1);
+      const cleaned = posix.normalize(`/${source}`).slice(1).replace(/\/+$/, '');
       if (source.split('/').includes('..') && posix.normalize(source).startsWith('..')) fail(`COPY source "${source}" is outside the build context`);
       if (/[*?[]/.test(cleaned)) {
         const regex = patternRegex(cleaned);
