@@ -38,6 +38,8 @@
 #define SHUTDOWN_REAP_MS 2000
 #define DEFAULT_PATH "/usr/local/bin:/usr/bin:/bin"
 
+#include "agent-users.h"
+
 struct proc {
   uint32_t id;
   pid_t pid;
@@ -223,6 +225,8 @@ static void child_exec(int status_fd, char **argv, char **envp) {
 struct start_req {
   char **argv, **envp;
   const char *cwd;
+  const char *user;        /* 'u' record: run as this user ("name", "uid", "uid:gid") */
+  struct agent_user who;   /* resolved before vfork */
   int stdin_pipe, is_pty;
   unsigned short cols, rows;
 };
@@ -243,6 +247,10 @@ static void child_main(int status_fd, const struct start_req *r, int in_r, int o
   /* dup2 clears CLOEXEC on 0/1/2; every other fd the agent holds is CLOEXEC and goes at exec. */
   if (dup2(in_r, 0) < 0 || dup2(out_w, 1) < 0 || dup2(err_w, 2) < 0)
     child_fail(status_fd, errno, "dup2", "stdio");
+  if (r->user != NULL) {
+    int err = agent_user_become(&r->who);
+    if (err != 0) child_fail(status_fd, err, "become user", r->user);
+  }
   if (r->cwd != NULL && chdir(r->cwd) < 0) child_fail(status_fd, errno, "chdir", r->cwd);
   child_exec(status_fd, r->argv, r->envp);
 }
@@ -298,7 +306,7 @@ static const char *parse_start(const unsigned char *pl, uint32_t len, struct sta
     uint32_t rl = get_u32(pl + off + 1);
     if (rl > len - off - 5) return "truncated START record";
     unsigned char tag = pl[off];
-    if ((tag == 'a' || tag == 'e' || tag == 'c') && memchr(pl + off + 5, 0, rl) != NULL)
+    if ((tag == 'a' || tag == 'e' || tag == 'c' || tag == 'u') && memchr(pl + off + 5, 0, rl) != NULL)
       return "NUL byte in a START string";
     if (tag == 'a') nargv++;
     if (tag == 'e') nenv++;
@@ -306,7 +314,8 @@ static const char *parse_start(const unsigned char *pl, uint32_t len, struct sta
   }
   if (nargv == 0) return "START without argv";
   r->argv = calloc(nargv + 1, sizeof(char *));
-  r->envp = calloc(nenv + 1, sizeof(char *));
+  /* Room for HOME, USER and LOGNAME of a user the request names. */
+  r->envp = calloc(nenv + 4, sizeof(char *));
   *block = malloc(len + 1);
   if (r->argv == NULL || r->envp == NULL || *block == NULL) return "out of memory";
   char *s = *block;
@@ -329,21 +338,51 @@ static const char *parse_start(const unsigned char *pl, uint32_t len, struct sta
     if (tag == 'a') r->argv[ia++] = s;
     else if (tag == 'e') r->envp[ie++] = s;
     else if (tag == 'c') r->cwd = s;
+    else if (tag == 'u') r->user = rl > 0 ? s : NULL;
     else return "unknown START record tag";
     s += rl + 1;
   }
   return NULL;
 }
 
+/* HOME, USER and LOGNAME of the user a request names, unless the request sets them. */
+static void add_user_env(struct start_req *r, char **extra) {
+  size_t n = 0;
+  int has_home = 0, has_user = 0, has_logname = 0;
+  for (; r->envp[n] != NULL; n++) {
+    has_home |= strncmp(r->envp[n], "HOME=", 5) == 0;
+    has_user |= strncmp(r->envp[n], "USER=", 5) == 0;
+    has_logname |= strncmp(r->envp[n], "LOGNAME=", 8) == 0;
+  }
+  size_t size = strlen(r->who.home) + 2 * strlen(r->who.name) + 32;
+  char *s = *extra = malloc(size);
+  if (s == NULL) return;
+  if (!has_home) { r->envp[n++] = s; s += sprintf(s, "HOME=%s", r->who.home) + 1; }
+  if (!has_user) { r->envp[n++] = s; s += sprintf(s, "USER=%s", r->who.name) + 1; }
+  if (!has_logname) { r->envp[n++] = s; s += sprintf(s, "LOGNAME=%s", r->who.name) + 1; }
+  r->envp[n] = NULL;
+}
+
 static void handle_start(uint32_t id, const unsigned char *pl, uint32_t len) {
   struct start_req r = {0};
-  char *block = NULL;
+  char *block = NULL, *block_extra = NULL;
   int in_r = -1, in_w = -1, out_r = -1, out_w = -1, err_r = -1, err_w = -1, master = -1, slave = -1;
   int st[2] = {-1, -1};
   struct proc *p = NULL;
   const char *bad = id == 0 ? "process id 0 is reserved" : find_proc(id) ? "process id in use" : NULL;
   if (bad == NULL) bad = parse_start(pl, len, &r, &block);
   if (bad != NULL) { start_failed(id, EINVAL, bad); goto out; }
+  if (r.user != NULL) {
+    const char *why = NULL;
+    int err = agent_user_lookup(r.user, &r.who, &why);
+    if (err != 0) {
+      char msg[256];
+      snprintf(msg, sizeof msg, "user %s: %s", r.user, why);
+      start_failed(id, err, msg);
+      goto out;
+    }
+    add_user_env(&r, &block_extra);
+  }
 
   const char *what = "start";
   if (r.is_pty) {
@@ -428,7 +467,7 @@ out:
   close_fd(&st[0]); close_fd(&st[1]);
   close_fd(&in_r); close_fd(&in_w); close_fd(&out_r); close_fd(&out_w);
   close_fd(&err_r); close_fd(&err_w); close_fd(&master); close_fd(&slave);
-  free(r.argv); free(r.envp); free(block);
+  free(r.argv); free(r.envp); free(block); free(block_extra);
 }
 
 /* ---- stdin of children ---- */

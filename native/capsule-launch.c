@@ -30,9 +30,14 @@
  *   7. ask for SIGKILL when the parent dies (set after the uid change, which clears it);
  *   8. exec the target with the environment it was given.
  *
+ *   With --userns BASE:COUNT[:FD] (a sandbox from a template, root inside): before the attaches,
+ *   a user namespace owned by host uid BASE mapping 0..COUNT-1 to BASE.. is made (make_userns);
+ *   an `:idmap` attach (the sandbox's root snapshot) is seen through it, so ids 0..COUNT-1 on
+ *   disk are the sandbox's own 0..COUNT-1; FD keeps the namespace for bwrap --userns.
+ *
  * Usage: capsule-launch [--cgroup2-dir DIR] [--cgroup-procs FILE]... [--netns FILE] [--rlimit NAME=SOFT[:HARD]]...
  *                       [--fd N:PATH]... [--forbid DIR] [--mount I:FD:KIND ROOT SUBPATH]...
- *                       [--stage DIR] [--attach FD:ro|rw TARGET]...
+ *                       [--userns BASE:COUNT[:FD]] [--stage DIR] [--attach FD:ro|rw[:idmap] TARGET]...
  *                       [--uid N --gid N] -- PROGRAM ARGS...
  * KIND is d (directory) or f (regular file); SUBPATH is relative, "." for the root itself.
  * Exit status 125 with a message on stderr when a step fails (the target never starts); a refused
@@ -219,6 +224,8 @@ int main(int argc, char **argv) {
     if (cgroups == NULL || rlimits == NULL || fds == NULL || mounts == NULL || attaches == NULL) die("calloc", NULL);
     const char *netns = NULL, *cgroup2 = NULL, *forbid = NULL, *stage = NULL;
     long uid = -1, gid = -1;
+    unsigned long userns_base = 0, userns_count = 0;
+    int userns_keep = -1;
     int i = 1;
     for (; i < argc; i++) {
         const char *opt = argv[i];
@@ -241,14 +248,16 @@ int main(int argc, char **argv) {
             continue;
         }
         if (strcmp(opt, "--attach") == 0) {
-            /* --attach FD:ro|rw TARGET: FD is an earlier --fd or --mount fd. */
-            if (i + 2 >= argc) usage("--attach wants FD:ro|rw TARGET");
+            /* --attach FD:ro|rw[:idmap] TARGET: FD is an earlier --fd or --mount fd. */
+            if (i + 2 >= argc) usage("--attach wants FD:ro|rw[:idmap] TARGET");
             struct launch_attach *a = &attaches[nattaches++];
-            char mode[3] = {0};
-            if (sscanf(argv[i + 1], "%d:%2s", &a->fd, mode) != 2 || (strcmp(mode, "ro") != 0 && strcmp(mode, "rw") != 0) || a->fd < 3) {
-                usage("--attach wants FD:ro|rw (FD 3 or above)");
+            char mode[3] = {0}, flag[8] = {0};
+            int n = sscanf(argv[i + 1], "%d:%2[a-z]:%7s", &a->fd, mode, flag);
+            if (n < 2 || (strcmp(mode, "ro") != 0 && strcmp(mode, "rw") != 0) || a->fd < 3 || (n == 3 && strcmp(flag, "idmap") != 0)) {
+                usage("--attach wants FD:ro|rw[:idmap] (FD 3 or above)");
             }
             a->readonly = strcmp(mode, "ro") == 0;
+            a->idmap = n == 3;
             a->target = argv[i + 2];
             i += 2;
             continue;
@@ -261,6 +270,12 @@ int main(int argc, char **argv) {
         else if (strcmp(opt, "--fd") == 0) fds[nfds++] = value;
         else if (strcmp(opt, "--forbid") == 0) forbid = value;
         else if (strcmp(opt, "--stage") == 0) stage = value;
+        else if (strcmp(opt, "--userns") == 0) {
+            /* --userns BASE:COUNT[:FD]: a user namespace mapping 0..COUNT-1 to BASE..; FD keeps it for bwrap --userns. */
+            int n = sscanf(value, "%lu:%lu:%d", &userns_base, &userns_count, &userns_keep);
+            if (n < 2 || userns_count == 0 || userns_count > 65536 || (n == 3 && userns_keep < 3)) usage("--userns wants BASE:COUNT[:FD]");
+            if (n == 2) userns_keep = -1;
+        }
         else if (strcmp(opt, "--uid") == 0) uid = parse_long(value, "bad uid");
         else if (strcmp(opt, "--gid") == 0) gid = parse_long(value, "bad gid");
         else usage("unknown option");
@@ -291,7 +306,15 @@ int main(int argc, char **argv) {
     if (forbid != NULL) mounts_forbid(forbid);
     mounts_resolve(mounts, nmounts);
     for (size_t k = 0; k < nfds; k++) open_at(fds[k]);
-    attach_all(stage, attaches, nattaches);
+    int userns = userns_count > 0 ? make_userns(userns_base, userns_count) : -1;
+    attach_all(stage, attaches, nattaches, userns);
+    if (userns >= 0 && userns_keep >= 0) {
+        /* bwrap --userns FD joins it; everything else of ours is CLOEXEC. */
+        if (dup2(userns, userns_keep) < 0) die("dup2", "userns");
+        close(userns);
+    } else if (userns >= 0) {
+        close(userns);
+    }
     if (netns != NULL) {
         int fd = open(netns, O_RDONLY | O_CLOEXEC);
         if (fd < 0) die("open netns", netns);

@@ -32,6 +32,8 @@
 #include <sys/stat.h>
 #include <sys/statfs.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
+#include <grp.h>
 #include <unistd.h>
 
 #ifndef CONFIGFS_MAGIC
@@ -253,7 +255,7 @@ static void make_mount_point(int fd, const char *path) {
     close(file);
 }
 
-void attach_all(const char *stage, struct launch_attach *list, int count) {
+void attach_all(const char *stage, struct launch_attach *list, int count, int userns_fd) {
     if (count == 0) return;
     int trees[count];
     /*
@@ -266,6 +268,11 @@ void attach_all(const char *stage, struct launch_attach *list, int count) {
         int tree = (int)syscall(SYS_open_tree, a->fd, "", OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_EMPTY_PATH);
         if (tree < 0) die_attach(a->target, "open_tree");
         struct mount_attr attr = {.attr_set = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | (a->readonly ? MOUNT_ATTR_RDONLY : 0)};
+        if (a->idmap) {
+            if (userns_fd < 0) die_attach(a->target, "idmap without --userns");
+            attr.attr_set |= MOUNT_ATTR_IDMAP;
+            attr.userns_fd = (uint64_t)userns_fd;
+        }
         if (syscall(SYS_mount_setattr, tree, "", AT_EMPTY_PATH, &attr, sizeof attr) != 0) die_attach(a->target, "mount_setattr");
         trees[i] = fcntl(tree, F_DUPFD_CLOEXEC, PRIVATE_FD_MIN);
         if (trees[i] < 0) die_attach(a->target, "dup");
@@ -289,4 +296,48 @@ void attach_all(const char *stage, struct launch_attach *list, int count) {
         if (syscall(SYS_move_mount, trees[i], "", AT_FDCWD, target, MOVE_MOUNT_F_EMPTY_PATH) != 0) die_attach(target, "move_mount");
         close(trees[i]);
     }
+}
+
+int make_userns(unsigned long base, unsigned long count) {
+    int ready[2], go[2];
+    if (pipe2(ready, O_CLOEXEC) != 0 || pipe2(go, O_CLOEXEC) != 0) die_attach("userns", "pipe");
+    pid_t holder = fork();
+    if (holder < 0) die_attach("userns", "fork");
+    if (holder == 0) {
+        /* Owned by `base`: the unprivileged bwrap that joins it must be its owner. */
+        close(ready[0]);
+        close(go[1]);
+        char byte = 1;
+        if (setgroups(0, NULL) != 0 || setresgid((gid_t)base, (gid_t)base, (gid_t)base) != 0 ||
+            setresuid((uid_t)base, (uid_t)base, (uid_t)base) != 0 || unshare(CLONE_NEWUSER) != 0) {
+            _exit(1);
+        }
+        if (write(ready[1], &byte, 1) != 1) _exit(1);
+        close(ready[1]);
+        (void)read(go[0], &byte, 1); /* until the parent holds the namespace */
+        _exit(0);
+    }
+    close(ready[1]);
+    close(go[0]);
+    char byte;
+    if (read(ready[0], &byte, 1) != 1) die_attach("userns", "holder failed (user namespaces disabled?)");
+    close(ready[0]);
+    char path[64], map[96];
+    int len = snprintf(map, sizeof map, "0 %lu %lu\n", base, count);
+    const char *files[] = {"uid_map", "gid_map"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(path, sizeof path, "/proc/%d/%s", (int)holder, files[i]);
+        int fd = open(path, O_WRONLY | O_CLOEXEC);
+        if (fd < 0 || write(fd, map, (size_t)len) != len) die_attach(path, "write");
+        close(fd);
+    }
+    snprintf(path, sizeof path, "/proc/%d/ns/user", (int)holder);
+    int ns = open(path, O_RDONLY | O_CLOEXEC);
+    if (ns < 0) die_attach(path, "open");
+    close(go[1]); /* the holder exits; the fd keeps the namespace */
+    while (waitpid(holder, NULL, 0) < 0 && errno == EINTR) {}
+    int kept = fcntl(ns, F_DUPFD_CLOEXEC, PRIVATE_FD_MIN);
+    if (kept < 0) die_attach("userns", "dup");
+    close(ns);
+    return kept;
 }

@@ -18,6 +18,7 @@ struct launch_mount {
 struct launch_attach {
     int fd;            /* an open fd of what to mount (closed once cloned) */
     int readonly;
+    int idmap;         /* seen through the sandbox's user namespace (--userns): its 0..N are the disk's 0..N */
     const char *target; /* absolute, or relative to the stage directory (made there) */
 };
 
@@ -36,6 +37,13 @@ void mounts_resolve(struct launch_mount *mounts, int count);
  * relative targets are made in it: bubblewrap, which runs unprivileged and binds by path, then
  * finds Capsule's private directories under a path that exists only in this namespace.
  */
-void attach_all(const char *stage, struct launch_attach *list, int count);
+void attach_all(const char *stage, struct launch_attach *list, int count, int userns_fd);
+
+/*
+ * A user namespace owned by host uid `base` in which ids 0..count-1 are host ids
+ * base..base+count-1 (written by us, as root, so dpkg inside can chown to any of them). Returns
+ * an fd of it (CLOEXEC). Its owner is `base` so that bubblewrap, running as `base`, can join it.
+ */
+int make_userns(unsigned long base, unsigned long count);
 
 #endif

@@ -10,7 +10,8 @@ const out = join(root, 'dist', 'native');
 mkdirSync(out, { recursive: true });
 
 const programs = [
-  { name: 'capsule-agent', libs: ['-lutil'] },
+  // Static: it runs inside sandboxes whose root is any template (musl, another glibc, no libc).
+  { name: 'capsule-agent', libs: ['-lutil', '-static'], extra: ['agent-users.c'], headers: ['agent-users.h'] },
   { name: 'capsule-launch', libs: [], extra: ['launch-mounts.c'], headers: ['launch-mounts.h'] },
   { name: 'seccomp-gen', libs: ['-lseccomp'] },
 ];

@@ -17,7 +17,8 @@ fi
 # sandbox image offers (Python with the IPython kernel and the data stack).
 packages=(bubblewrap libseccomp-dev btrfs-progs gcc make iproute2 nftables uidmap procps
   python3 python3-ipykernel python3-jupyter-client python3-numpy python3-pandas python3-matplotlib
-  inotify-tools hyperfine curl)
+  inotify-tools hyperfine curl
+  ripgrep socat)  # ripgrep, socat: what Anthropic's srt (bench/cli.ts's peer) needs on Linux
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -2,6 +2,7 @@ import type { AgentProcess, AgentStartOptions } from './agent/index.js';
 import type { BackendName, NetworkPolicy, SandboxSpec } from '../spec/index.js';
 import type { CgroupCounters } from '../host/cgroups.host.js';
 import type { HostMount } from '../host/mount-roots.host.js';
+import type { EgressCounters } from '../host/egress/egress-types.js';
 
 
 /** What a backend can enforce. The engine refuses a spec that needs one the backend lacks. */
@@ -29,13 +30,11 @@ export interface BackendProbe {
   capabilities: readonly Capability[];
 }
 
-/** Kernel counters of one sandbox; deltas across an exec classify how it ended. */
-export interface SandboxCounters extends CgroupCounters {
-  /** Outbound attempts the egress proxy denied (sandboxes with a network only). */
-  egressBlocked?: number;
-  /** Outbound attempts refused because `network.maxConnections` was used up. */
-  egressLimitHits?: number;
-}
+/**
+ * Kernel counters of one sandbox, and the egress proxy's for it (sandboxes with a network only);
+ * deltas across an exec classify how it ended.
+ */
+export interface SandboxCounters extends CgroupCounters, EgressCounters {}
 
 export type ExecRequest = AgentStartOptions;
 
@@ -109,6 +108,17 @@ export interface CreateOptions {
    * mounts and no resolved mounts is refused: a backend never resolves a tenant's mount itself.
    */
   mounts?: readonly HostMount[];
+  /**
+   * The template layer the sandbox is made from (a read-only subvolume on the workspace volume):
+   * its root is a private writable snapshot of it, seen through an idmapped mount, with root
+   * inside its own user namespace. Absent: the host template (the host's /usr, uid 1000).
+   */
+  template?: { layerDir: string };
+  /**
+   * The tenant the sandbox belongs to: the credential broker serves it only the handles the
+   * operator granted to this tenant. @default 'default' (the operator's own, e.g. one-shot runs)
+   */
+  tenantId?: string;
 }
 
 export interface ReconcileReport {

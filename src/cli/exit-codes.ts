@@ -44,6 +44,7 @@ export function exitCodeForError(code: string): number {
     case 'SANDBOX_NOT_FOUND':
     case 'PROCESS_NOT_FOUND':
     case 'FILE_NOT_FOUND':
+    case 'TEMPLATE_NOT_FOUND':
       return EXIT_NOT_FOUND;
     default:
       return EXIT_INTERNAL;

@@ -1,34 +1,41 @@
 import { Command, CommanderError } from 'commander';
 import { isSandboxError } from '../errors/index.js';
-import { runCommand } from './commands/run.js';
-import { runCodeCommand } from './commands/run-code.js';
-import { filesCommand } from './commands/files.js';
-import { sandboxCommand } from './commands/sandbox.js';
-import { serveCommand } from './commands/serve.js';
-import { auditCommand } from './commands/audit.js';
-import { artifactsCommand, sandboxMetricsCommand } from './commands/artifacts.js';
+import { COMMANDS } from './command-table.js';
 import type { CliContext } from './context.js';
 import { EXIT_INTERNAL, EXIT_USAGE, exitCodeForError } from './exit-codes.js';
+import { capsuleVersion } from './version.js';
 
-/** Builds the `capsule` program. Each subcommand lives in commands/. */
-export function buildProgram(context: CliContext): Command {
+/**
+ * Builds the `capsule` program for `argv`. Only the command that argv names is loaded (with
+ * `help NAME`, that one); without one, every command is listed from the command table so that
+ * help and "unknown command" need no command module at all.
+ */
+export async function buildProgram(context: CliContext, argv: readonly string[] = []): Promise<Command> {
   const program = new Command('capsule')
     .description('Capsule: sandboxes for AI agents')
-    .version('0.1.0')
+    .version(capsuleVersion())
     .exitOverride()
     .configureOutput({
       writeOut: (text) => context.stdout.write(text),
       writeErr: (text) => context.stderr.write(text),
     });
-  program.addCommand(runCommand(context));
-  program.addCommand(runCodeCommand(context));
-  program.addCommand(sandboxCommand(context).addCommand(sandboxMetricsCommand(context)));
-  program.addCommand(filesCommand(context));
-  program.addCommand(serveCommand(context));
-  program.addCommand(auditCommand(context));
-  program.addCommand(artifactsCommand(context));
+  const entry = COMMANDS.find((command) => command.name === commandName(argv));
+  if (entry) {
+    program.addCommand(await entry.load(context));
+  } else {
+    const terms = new Map(COMMANDS.map((command) => [command.name, command.term]));
+    const defaultTerm = program.createHelp().subcommandTerm.bind(program.createHelp());
+    program.configureHelp({ subcommandTerm: (command) => terms.get(command.name()) ?? defaultTerm(command) });
+    for (const command of COMMANDS) program.command(command.name).description(command.description);
+  }
   for (const command of program.commands) command.exitOverride();
   return program;
+}
+
+/** The command argv names: its first operand (`capsule` takes no option with a value), or the one after `help`. */
+export function commandName(argv: readonly string[]): string | undefined {
+  const operands = argv.slice(2).filter((arg) => !arg.startsWith('-'));
+  return operands[0] === 'help' ? operands[1] : operands[0];
 }
 
 /** Runs the CLI and returns the exit status; never throws. */
@@ -43,7 +50,7 @@ export async function main(argv: string[], context?: Partial<CliContext>): Promi
   const own = argv.includes('--') ? argv.slice(0, argv.indexOf('--')) : argv;
   const json = own.includes('--json');
   try {
-    await buildProgram(ctx).parseAsync(argv);
+    await (await buildProgram(ctx, own)).parseAsync(argv);
     return ctx.exitCode;
   } catch (error) {
     if (error instanceof CommanderError) {

@@ -1,5 +1,6 @@
 import { InvalidArgumentError } from 'commander';
-import { parseBytes, parseDurationMs } from '../spec/index.js';
+import { SandboxError } from '../errors/index.js';
+import { parseBytes, parseDurationMs } from '../spec/units.js';
 
 /** commander parsers that turn a bad flag into a message naming the flag. */
 export function bytesOption(flag: string) {
@@ -34,12 +35,18 @@ export function collect(value: string, previous: string[] = []): string[] {
   return [...previous, value];
 }
 
-export function parseEnvPairs(pairs: string[]): Record<string, string> {
-  const env: Record<string, string> = {};
+/** Parses repeated `key=value` flags (in an action, where a SandboxError is what gets reported). */
+export function parsePairs(flag: string, pairs: string[]): Record<string, string> {
+  const out: Record<string, string> = {};
   for (const pair of pairs) {
     const eq = pair.indexOf('=');
-    if (eq <= 0) throw new InvalidArgumentError(`--env: "${pair}" is not KEY=VALUE`);
-    env[pair.slice(0, eq)] = pair.slice(eq + 1);
+    if (eq <= 0) {
+      throw new SandboxError('INVALID_ARGUMENT', `${flag}: "${pair}" is not key=value`, {
+        details: { flag, value: pair },
+        hint: `Write ${flag} NAME=value, once per pair.`,
+      });
+    }
+    out[pair.slice(0, eq)] = pair.slice(eq + 1);
   }
-  return env;
+  return out;
 }

@@ -1,11 +1,15 @@
 import type { Backend } from '../backends/backend.js';
 import { createBackends } from '../backends/registry.js';
 import type { EgressEvent } from '../host/egress/egress-proxy.js';
+import type { EgressTimeouts } from '../host/egress/connection-limits.js';
+import type { EgressLogEntry } from '../host/egress/denial-log.js';
+import type { CredentialBroker } from '../host/egress/broker.js';
 import { HostEnvironment } from '../host/host-env.host.js';
 import { EgressNetwork } from '../host/netns-network.host.js';
 import { InstanceLock } from '../host/lock.host.js';
 
 export type { EgressEvent } from '../host/egress/egress-proxy.js';
+export type { EgressLogEntry } from '../host/egress/denial-log.js';
 
 /** The operator's egress settings for sandboxes with a network (docs/api.md, decision 003). */
 export interface EgressOptions {
@@ -13,10 +17,16 @@ export interface EgressOptions {
   operatorDeny?: readonly string[];
   /** Tests only: resolve names from this map and nothing else (no query leaves the machine). */
   hosts?: Readonly<Record<string, readonly string[]>>;
-  /** Where denied attempts are logged. @default a JSON line on stderr */
-  log?: (event: EgressEvent) => void;
+  /** Where denied attempts are logged (repeats summed). @default a JSON line on stderr */
+  log?: (entry: EgressLogEntry) => void;
   /** Every denied or limited attempt (metrics). */
   onEvent?: (event: EgressEvent) => void;
+  /** Handshake and idle timeouts of proxied connections. @default 10 s, 5 min */
+  timeouts?: Partial<EgressTimeouts>;
+  /** Descriptors kept for the API: the proxy holds at most RLIMIT_NOFILE minus this. */
+  descriptorReserve?: number;
+  /** The operator maximum of a sandbox's concurrent connections (the kernel backstop's base). */
+  maxConcurrentConnections?: number;
 }
 
 export interface EngineHostOptions {
@@ -34,7 +44,7 @@ export interface EngineHostOptions {
  * The host and backends an engine runs on: given ones (tests), or the registry's on a prepared
  * host with one egress network shared by both backends. The server never builds these itself.
  */
-export function openEngineHost(options: EngineHostOptions): { host: HostEnvironment; backends: Backend[] } {
+export function openEngineHost(options: EngineHostOptions): { host: HostEnvironment; backends: Backend[]; broker?: CredentialBroker } {
   const host = options.host ?? new HostEnvironment({ dataDir: options.dataDir });
   if (options.backends) return { host, backends: options.backends };
   const egress = options.egress;
@@ -44,9 +54,13 @@ export function openEngineHost(options: EngineHostOptions): { host: HostEnvironm
     operatorDeny: egress.operatorDeny,
     ...(egress.hosts ? { hosts: egress.hosts, hostsOnly: true } : {}),
     ...(egress.log ? { log: egress.log } : {}),
+    ...(egress.timeouts ? { timeouts: egress.timeouts } : {}),
+    ...(egress.descriptorReserve !== undefined ? { descriptorReserve: egress.descriptorReserve } : {}),
+    ...(egress.maxConcurrentConnections !== undefined ? { maxConcurrentConnections: egress.maxConcurrentConnections } : {}),
   });
   if (egress.onEvent) network.proxy.onEvent(egress.onEvent);
-  return { host, backends: createBackends(host, { namespace: { network } }) };
+  // The broker the proxy serves is the one whose grants the engine checks at create.
+  return { host, backends: createBackends(host, { namespace: { network } }), broker: network.broker };
 }
 
 /**

@@ -2,6 +2,7 @@ import { SandboxError } from '../errors/index.js';
 import type { AgentProcess } from '../backends/agent/index.js';
 import type { BackendSandbox } from '../backends/backend.js';
 import { baseEnv } from '../host/sandbox-layout.js';
+import { userFor } from './templates.js';
 import type { ExecResult, ProcessInfo, SandboxInfo } from '../wire/index.js';
 import type { ObservedProcess, ProcessObserver } from './events.js';
 import { ManagedProcess } from './managed-process.js';
@@ -48,14 +49,16 @@ export class ProcessTable {
       settled,
     );
     const observed = (): ObservedProcess => ({ tenantId: info.tenantId, sandboxId: info.sandboxId, backend: info.backend, pid: managed.pid });
+    const user = userFor(spec.template, command.user ?? spec.user);
     const result = superviseExec(
       sandbox,
       {
         argv: command.argv,
-        env: { ...baseEnv(), ...spec.env, ...(command.env ?? {}) },
+        env: { ...baseEnv(spec.template), ...spec.env, ...(command.env ?? {}) },
         cwd: command.cwd ?? spec.cwd,
         stdin: command.stdin ?? false,
         ...(command.pty ? { pty: command.pty } : {}),
+        ...(user !== undefined ? { user } : {}),
       },
       {
         timeoutMs: command.timeoutMs ?? spec.limits.wallClockMs,

@@ -11,13 +11,16 @@ import { assertEnforceable } from './capabilities.js';
 import { resolveMounts } from './mounts.js';
 import { checkMountRoots } from '../host/mount-roots.host.js';
 import { newSandboxId } from './ids.js';
+import { withTemplate } from './template-start.js';
+import { HostOnlyCatalog, userFor, type TemplateCatalog } from './templates.js';
 import { WarmPool } from './warm-pool.js';
 import { superviseExec, type SuperviseOptions } from './supervise.js';
-import type { ExecResult } from '../wire/index.js';
-import { checkCollectOptions, collectArtifacts, type CollectOptions } from './artifacts.js';
-import { type ArtifactRef } from '../wire/index.js';
-import { compileReportSchema, readReport, type ReportError, type ReportOptions } from './report.js';
-import { LocalArtifactStore, type ArtifactStore } from '../store/artifacts/index.js';
+import type { ArtifactRef, ExecResult } from '../wire/index.js';
+// Reports (ajv) and artifacts (SQLite) are loaded by the runs that ask for them: a plain one-shot
+// run (`capsule run`) starts without either.
+import type { CollectOptions } from './artifacts.js';
+import type { ReportError, ReportOptions } from './report.js';
+import type { ArtifactStore } from '../store/artifacts/index.js';
 
 export interface RunOptions extends Omit<SuperviseOptions, 'timeoutMs' | 'onStart'> {
   /** The sandbox spec; safe defaults fill what is left out. */
@@ -73,6 +76,14 @@ export interface RunnerOptions extends HostEnvironmentOptions {
    * local user's own: every root is usable. @default none
    */
   mountRoots?: Readonly<Record<string, string>>;
+  /** Where templates come from (spec.template). @default the host template only */
+  templates?: TemplateCatalog;
+  /**
+   * Leave the workspace volume mounted at `close()` (the host stays prepared), so that the next
+   * Runner in another process skips the mount. For `capsule run`, one Runner per process.
+   * @default false: close() unmounts it when no workspace is left on it
+   */
+  keepVolumeMounted?: boolean;
 }
 
 /** The ad-hoc root `inputDir` becomes. */
@@ -91,12 +102,16 @@ export class Runner {
   private readonly artifactStore: ArtifactStore | undefined;
   private readonly pool: WarmPool | undefined;
   private readonly deferTeardown: boolean;
+  private readonly keepVolumeMounted: boolean;
   private readonly teardowns = new Set<Promise<void>>();
   private readonly mountRoots: Readonly<Record<string, string>>;
+  private readonly templates: TemplateCatalog;
 
   constructor(options: RunnerOptions = {}) {
     this.deferTeardown = options.deferTeardown ?? false;
     this.mountRoots = options.mountRoots ?? {};
+    this.templates = options.templates ?? new HostOnlyCatalog();
+    this.keepVolumeMounted = options.keepVolumeMounted ?? false;
     this.host = new HostEnvironment(options);
     this.maxima = options.maxima;
     this.artifactStore = options.artifactStore;
@@ -113,7 +128,7 @@ export class Runner {
     await this.pool?.close();
     // Networked runs leave the egress proxy, its anchor and ready namespaces to their backend.
     for (const backend of this.backends.values()) await backend.close?.();
-    await this.host.volume.releaseIfIdle();
+    if (!this.keepVolumeMounted) await this.host.volume.releaseIfIdle();
   }
 
   async run(command: readonly string[], options: RunOptions = {}): Promise<RunResult> {
@@ -135,11 +150,14 @@ export class Runner {
       roots[INPUT_ROOT] = options.inputDir;
       input.mounts = [...(input.mounts ?? []), { root: INPUT_ROOT, sandboxPath: '/input' }];
     }
-    const spec = parseSpec(input, this.maxima);
-    const validate = options.reportSchema === undefined ? undefined : compileReportSchema(options.reportSchema);
+    const image = await this.templates.resolve('local', input.template ?? this.templates.defaultRef);
+    const spec = parseSpec(withTemplate(input, image), this.maxima);
     const collect = options.artifacts ?? (options.outputDir === undefined ? false : {});
-    if (collect !== false) checkCollectOptions(collect);
-    const wantsReport = collect !== false || validate !== undefined || options.report !== undefined;
+    const wantsReport = collect !== false || options.reportSchema !== undefined || options.report !== undefined;
+    const reports = wantsReport ? await import('./report.js') : undefined;
+    const validate = options.reportSchema === undefined ? undefined : reports?.compileReportSchema(options.reportSchema);
+    const artifacts = collect === false ? undefined : await import('./artifacts.js');
+    if (collect !== false) artifacts?.checkCollectOptions(collect);
     const backend = this.backends.get(spec.backend);
     if (!backend) {
       throw new SandboxError('BACKEND_UNAVAILABLE', `backend ${spec.backend} is not configured on this host`, {
@@ -150,20 +168,22 @@ export class Runner {
     assertEnforceable(spec, await backend.probe());
     const mounts = spec.mounts.length === 0 ? [] : await resolveMounts(spec, 'all', await checkMountRoots(roots, [this.host.dataDir]), this.host.dataDir);
 
-    const sandbox = (await this.pool?.take(spec)) ?? (await backend.create(spec, { id: newSandboxId(), signal: options.signal, mounts }));
+    const template = image.layerDir !== undefined ? { template: { layerDir: image.layerDir } } : {};
+    const sandbox = (await this.pool?.take(spec)) ?? (await backend.create(spec, { id: newSandboxId(), signal: options.signal, mounts, ...template }));
     const sandboxId = sandbox.id;
     try {
       if (options.outputDir !== undefined || wantsReport) await prepareOutputDir(sandbox);
       const result = await superviseExec(
         sandbox,
-        { argv: [...command], env: { ...baseEnv(), ...spec.env }, cwd: options.cwd ?? spec.cwd },
+        { argv: [...command], env: { ...baseEnv(spec.template), ...spec.env }, cwd: options.cwd ?? spec.cwd, ...userOption(spec.template, spec.user) },
         options,
       );
       let output: CopyOutReport | undefined;
       if (options.outputDir !== undefined || wantsReport) await sandbox.freeze(); // nothing may change the files while they are copied
       if (options.outputDir !== undefined) output = await copyOut(join(sandbox.workspaceDir, 'output'), options.outputDir);
-      const collection = collect === false ? undefined : await this.withStore((store) => collectArtifacts(sandbox, store, { ...collect, freeze: false }));
-      const report = wantsReport ? await readReport(sandbox, { ...options.report, validate }) : {};
+      const collection =
+        collect === false || !artifacts ? undefined : await this.withStore((store) => artifacts.collectArtifacts(sandbox, store, { ...collect, freeze: false }));
+      const report = reports ? await reports.readReport(sandbox, { ...options.report, validate }) : {};
       return {
         sandboxId,
         ...result,
@@ -185,6 +205,7 @@ export class Runner {
 
   private async withStore<T>(fn: (store: ArtifactStore) => Promise<T>): Promise<T> {
     if (this.artifactStore) return fn(this.artifactStore);
+    const { LocalArtifactStore } = await import('../store/artifacts/index.js');
     const store = await LocalArtifactStore.open({ root: join(this.host.dataDir, 'artifacts') });
     try {
       return await fn(store);
@@ -212,4 +233,10 @@ export async function run(command: readonly string[], options: RunOptions & Runn
   } finally {
     await runner.close();
   }
+}
+
+/** The agent's `user` of a one-shot run: the template's, or none on the host template. */
+function userOption(template: string | undefined, user: string | undefined): { user?: string } {
+  const who = userFor(template, user);
+  return who === undefined ? {} : { user: who };
 }

@@ -1,9 +1,11 @@
+import { join } from 'node:path';
 import { SandboxError } from '../errors/index.js';
 import { DEFAULT_MAXIMA, parseSpec, type BackendName, type NetworkPolicyInput, type OperatorMaxima, type SandboxSpec } from '../spec/index.js';
 import type { Backend, BackendSandbox } from '../backends/backend.js';
 import type { HostMount } from '../host/mount-roots.host.js';
 import type { HostEnvironment } from '../host/host-env.host.js';
 import { checkMountRoots, type MountRoots } from '../host/mount-roots.host.js';
+import { CredentialBroker } from '../host/egress/broker.js';
 import { MemoryRecordStore, type SandboxRecordStore } from '../store/index.js';
 import type { ArtifactStore } from '../store/artifacts/index.js';
 import { isLiveState, type ProcessInfo, type SandboxInfo, type UsageSample } from '../wire/index.js';
@@ -18,6 +20,8 @@ import { Interpreters } from './interpreters.js';
 import { pauseSandbox, resumeSandbox } from './pausing.js';
 import { ProcessTable } from './process-table.js';
 import { SandboxTable, snapshot, type LiveSandbox } from './sandbox-table.js';
+import { startTemplate, withTemplate } from './template-start.js';
+import { HostOnlyCatalog, type TemplateCatalog } from './templates.js';
 import { TtlTimers } from './ttl.js';
 import type { CreateSandboxCommand, EngineCollectOptions, ListSandboxesQuery, ProcessHandle, SandboxEngine, SandboxFiles, StartProcessCommand } from './types.js';
 import { UsageSampler } from './usage-sampler.js';
@@ -42,11 +46,24 @@ export interface SandboxManagerOptions extends EngineHostOptions {
   artifacts?: ArtifactStore;
   /** Per-sandbox usage sampling. @default a sampler every 5 s, 120 samples kept */
   usage?: UsageSampler;
+  /** Where templates come from (spec.template). @default the host template only */
+  templates?: TemplateCatalog;
+  /**
+   * The operator's grants of credential handles to tenants. @default the broker's configuration
+   * in `<dataDir>/broker` (the same the egress network serves)
+   */
+  handleGrants?: HandleGrants;
   /**
    * The operator's mount roots, checked (`SandboxManager.checkMountRoots`): the only host
    * directories a spec can mount, each by name and only by a caller granted it. @default none
    */
   mountRoots?: MountRoots;
+}
+
+/** Which credential handles a tenant may name (the broker's `handles.json`, `tenants` field). */
+export interface HandleGrants {
+  /** The names among `handles` the tenant may not use (unknown or not granted, alike). */
+  ungranted(tenantId: string, handles: readonly string[]): Promise<string[]>;
 }
 
 /**
@@ -63,6 +80,8 @@ export class SandboxManager implements SandboxEngine {
   private readonly onEvent: (event: EngineEvent) => void;
   private readonly observer: ProcessObserver;
   private readonly ttl: TtlTimers;
+  private readonly templates: TemplateCatalog;
+  private readonly grants: HandleGrants;
   private readonly interpreters = new Interpreters();
   private readonly usageSampler: UsageSampler;
   private closed = false;
@@ -82,6 +101,8 @@ export class SandboxManager implements SandboxEngine {
     this.observer = options.processObserver ?? {};
     this.usageSampler = options.usage ?? new UsageSampler({ now: this.now });
     this.ttl = new TtlTimers(this.now, (entry) => this.expire(entry));
+    this.templates = options.templates ?? new HostOnlyCatalog();
+    this.grants = options.handleGrants ?? new CredentialBroker({ dir: join(options.dataDir, 'broker') });
   }
 
   /**
@@ -100,8 +121,8 @@ export class SandboxManager implements SandboxEngine {
 
   /** Prepares the host, reconciles it with the store, and recovers sandboxes a crash left. */
   static async open(options: SandboxManagerOptions): Promise<SandboxManager> {
-    const { host, backends } = openEngineHost(options);
-    const manager = new SandboxManager(options, backends, host, options.mountRoots ?? new Map());
+    const { host, backends, broker } = openEngineHost(options);
+    const manager = new SandboxManager({ ...options, handleGrants: options.handleGrants ?? broker }, backends, host, options.mountRoots ?? new Map());
     await manager.reconcile();
     // After reconcile, which removes every sandbox it does not know, warm ones included.
     const namespace = manager.backends.get('namespace');
@@ -113,9 +134,12 @@ export class SandboxManager implements SandboxEngine {
 
   async create(command: CreateSandboxCommand): Promise<SandboxInfo> {
     this.assertOpen();
-    const spec = parseSpec(command.spec ?? {}, this.maxima);
+    const input = command.spec ?? {};
+    const image = await this.templates.resolve(command.tenantId, input.template ?? this.templates.defaultRef);
+    const spec = parseSpec(withTemplate(input, image), this.maxima);
     const backend = this.backend(spec.backend);
     assertEnforceable(spec, await backend.probe());
+    await this.assertGranted(command.tenantId, spec.network.handles);
     // Before anything is made: a refused mount leaves no record and no host resource.
     const mounts = await this.mountsFor(spec, command.grants?.mountRoots ?? []);
     const warm = await this.pool?.take(spec);
@@ -132,7 +156,10 @@ export class SandboxManager implements SandboxEngine {
     });
     this.table.save(entry);
     try {
-      this.attach(entry, warm ?? (await backend.create(spec, { id: entry.info.sandboxId, signal: command.signal, mounts })));
+      const template = image.layerDir !== undefined ? { layerDir: image.layerDir } : undefined;
+      const create = { id: entry.info.sandboxId, signal: command.signal, mounts, tenantId: command.tenantId, ...(template ? { template } : {}) };
+      this.attach(entry, warm ?? (await backend.create(spec, create)));
+      await startTemplate(entry, image, command.signal);
     } catch (error) {
       await this.end(entry, 'failed', `failed to start: ${(error as Error).message}`);
       throw error;
@@ -196,6 +223,7 @@ export class SandboxManager implements SandboxEngine {
   async setNetworkPolicy(tenantId: string, sandboxId: string, policy: NetworkPolicyInput): Promise<SandboxInfo> {
     const entry = this.table.findRunning(tenantId, sandboxId);
     const spec = parseSpec({ ...entry.info.spec, network: policy }, this.maxima);
+    await this.assertGranted(tenantId, spec.network.handles);
     if (entry.info.spec.network.mode === 'none' || !entry.sandbox.setNetworkPolicy) {
       throw new SandboxError('BACKEND_CANNOT_ENFORCE', `sandbox ${sandboxId} was created without a network and cannot gain one`, {
         details: { sandboxId, backend: entry.info.backend, mode: spec.network.mode },
@@ -285,6 +313,21 @@ export class SandboxManager implements SandboxEngine {
     await this.host?.volume.releaseIfIdle();
   }
 
+  /**
+   * Refuses credential handles the operator did not grant to the tenant (PERMISSION_DENIED, the
+   * same for an unknown handle, so that one tenant cannot learn another's handle names).
+   */
+  private async assertGranted(tenantId: string, handles: readonly string[]): Promise<void> {
+    if (handles.length === 0) return;
+    const ungranted = await this.grants.ungranted(tenantId, handles);
+    if (ungranted.length === 0) return;
+    const names = ungranted.map((h) => `"${h}"`).join(', ');
+    throw new SandboxError('PERMISSION_DENIED', `credential handle${ungranted.length === 1 ? '' : 's'} ${names} ${ungranted.length === 1 ? 'is' : 'are'} not granted to tenant "${tenantId}"`, {
+      details: { field: 'network.handles', handles: ungranted, tenantId },
+      hint: `Remove ${names} from network.handles, or ask the operator to grant ${ungranted.length === 1 ? 'it' : 'them'} to this tenant ("tenants": ["${tenantId}"] in <dataDir>/broker/handles.json).`,
+    });
+  }
+
   // ---- lifecycle
 
   private async reconcile(): Promise<void> {
@@ -313,7 +356,7 @@ export class SandboxManager implements SandboxEngine {
         this.table.save(entry);
         this.ttl.schedule(entry);
       } else {
-        this.attach(entry, await backend.create(record.spec, { id: record.sandboxId, reuseWorkspace: true, mounts }));
+        this.attach(entry, await backend.create(record.spec, { id: record.sandboxId, reuseWorkspace: true, mounts, tenantId: record.tenantId }));
         delete entry.info.pause;
         this.markRunning(entry, this.now());
       }

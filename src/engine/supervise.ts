@@ -121,7 +121,7 @@ export async function superviseExec(
   };
   const limit =
     classifyLimit({ limits, timeoutMs, timedOut, durationMs, exitCode: exit.exitCode, signal: exit.signal, before, after, diskUsedBytes }) ??
-    egressLimitHit(before, after, sandbox.spec.network.maxConnections, exit.exitCode !== 0);
+    egressLimitHit(before, after, sandbox.spec.network, exit.exitCode !== 0);
   const done = (result: ExecResult): ExecResult => {
     const diagnostic = diagnose(result, request, stderrTail.lines());
     return diagnostic === undefined ? result : { ...result, diagnostic };

@@ -42,6 +42,11 @@ export interface StartProcessCommand {
   pty?: { cols: number; rows: number };
   /** Free-form label, returned by listProcesses. */
   tag?: string;
+  /**
+   * The user to run as: `root`, or a user name, uid or uid:gid of the template. Only sandboxes
+   * from a template have users to choose from. @default spec.user (the template's user)
+   */
+  user?: string;
 }
 
 export type ProcessEvent =

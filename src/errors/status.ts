@@ -10,6 +10,7 @@ export const HTTP_STATUS = {
   PERMISSION_DENIED: 403,
   NOT_FOUND: 404,
   SANDBOX_NOT_FOUND: 404,
+  TEMPLATE_NOT_FOUND: 404,
   PROCESS_NOT_FOUND: 404,
   FILE_NOT_FOUND: 404,
   ALREADY_EXISTS: 409,
@@ -18,7 +19,6 @@ export const HTTP_STATUS = {
   CONFLICT: 409,
   IDEMPOTENCY_KEY_REUSED: 409,
   SANDBOX_NOT_RUNNING: 409,
-  TEMPLATE_NOT_FOUND: 404,
   IMAGE_NOT_FOUND: 404,
   /** The image cannot be a template as it is (ids past 65535, an unreadable config). */
   IMAGE_UNSUPPORTED: 422,
@@ -39,6 +39,8 @@ export const HTTP_STATUS = {
   BACKEND_CANNOT_ENFORCE: 422,
   HOST_NOT_READY: 503,
   EXEC_FAILED: 422,
+  /** The template's start command failed or its ready check never passed. */
+  TEMPLATE_NOT_READY: 422,
   SANDBOX_CRASHED: 502,
   /** Client side: the SDK or CLI could not reach the Capsule server. */
   SERVER_UNREACHABLE: 503,

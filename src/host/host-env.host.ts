@@ -8,6 +8,7 @@ import { fileURLToPath } from 'node:url';
 import { SandboxError } from '../errors/index.js';
 import { ETC_ALLOWLIST, SANDBOX_UID, SANDBOX_USER, STAGE_DIR } from './sandbox-layout.js';
 import { WorkspaceVolume } from './volume.host.js';
+import { UidRanges } from './uid-ranges.js';
 import { prepareSandboxEtc } from './sandbox-etc.host.js';
 import { pathExists } from './fs-util.js';
 import { DATA_DIR_MODE, privatizeDataDir } from './private-data.host.js';
@@ -51,6 +52,8 @@ export class HostEnvironment {
   readonly dataDir: string;
   readonly nativeDir: string;
   readonly volume: WorkspaceVolume;
+  /** The uid ranges of sandboxes from templates, shared by every backend on this host. */
+  readonly uidRanges = new UidRanges();
   /**
    * Prefix of this instance's cgroup names: `capsule-<6 hex of the data dir>-`. Two Capsule
    * instances on one host (or two test runs) never reconcile away each other's sandboxes.

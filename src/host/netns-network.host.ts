@@ -1,13 +1,16 @@
 import { access, mkdir, readdir, rm, writeFile } from 'node:fs/promises';
-import { constants } from 'node:fs';
+import { constants, readFileSync } from 'node:fs';
 import { createHash } from 'node:crypto';
 import { join, resolve } from 'node:path';
 import type { NetworkPolicy } from '../spec/index.js';
 import { isSandboxError, SandboxError } from '../errors/index.js';
 import type { HostEnvironment } from './host-env.host.js';
 import { CredentialBroker } from './egress/broker.js';
-import { DEFAULT_EGRESS_PORTS, EgressProxy, type EgressEvent, type EgressPorts, type EgressStats } from './egress/egress-proxy.js';
-import { applyRuleset, deleteTable, hostRuleset, listTables, sandboxRuleset } from './nftables.host.js';
+import { DEFAULT_EGRESS_PORTS, EgressProxy, type EgressPorts, type EgressStats } from './egress/egress-proxy.js';
+import type { EgressLogEntry } from './egress/denial-log.js';
+import { descriptorBudget, parseOpenFilesLimit, type EgressTimeouts } from './egress/connection-limits.js';
+import { DEFAULT_MAXIMA } from '../spec/index.js';
+import { applyRuleset, deleteTable, hostRuleset, kernelConnectionCap, listTables, sandboxRuleset } from './nftables.host.js';
 import {
   destroyNetns, ensureAnchor, listInstanceNetns, NetnsPool, NetworkNames, removeAnchor, slotOwner, type NetnsSlot,
 } from './netns-pool.host.js';
@@ -24,11 +27,23 @@ export interface EgressNetworkOptions {
   hosts?: Readonly<Record<string, readonly string[]>>;
   /** Resolve only names in `hosts` (tests: no query leaves the machine). @default false */
   hostsOnly?: boolean;
-  /** Where denied attempts are logged. @default a JSON line on stderr */
-  log?: (event: EgressEvent) => void;
+  /** Where denied attempts are logged (repeats summed; see EgressProxyOptions.log). @default a JSON line on stderr */
+  log?: (entry: EgressLogEntry) => void;
   /** @default a broker over `<dataDir>/broker` */
   broker?: CredentialBroker;
   ports?: Partial<EgressPorts>;
+  /** Handshake and idle timeouts of proxy connections (`capsule serve --egress-idle-timeout`). */
+  timeouts?: Partial<EgressTimeouts>;
+  /**
+   * The operator's maximum of `network.maxConcurrentConnections`: the host's nftables refuse a
+   * sandbox's connections to the proxy a margin past it. @default DEFAULT_MAXIMA.network
+   */
+  maxConcurrentConnections?: number;
+  /**
+   * Descriptors kept for the rest of the server: the proxy holds at most RLIMIT_NOFILE minus
+   * this across all sandboxes. @default a quarter of the limit, at least 1024
+   */
+  descriptorReserve?: number;
 }
 
 /** What a sandbox's launch needs to use its network. */
@@ -71,6 +86,7 @@ export class EgressNetwork {
   private readonly pool: NetnsPool;
   private readonly slots = new Map<string, NetnsSlot>();
   private starting: Promise<void> | undefined;
+  private readonly maxConcurrentConnections: number;
 
   constructor(options: EgressNetworkOptions) {
     this.options = options;
@@ -82,6 +98,8 @@ export class EgressNetwork {
     this.stateDir = join(options.host.dataDir, 'net', 'slots');
     this.broker = options.broker ?? new CredentialBroker({ dir: join(options.host.dataDir, 'broker') });
     const ports = { ...DEFAULT_EGRESS_PORTS, ...options.ports };
+    this.maxConcurrentConnections = options.maxConcurrentConnections ?? DEFAULT_MAXIMA.network?.maxConcurrentConnections ?? 1024;
+    const openFiles = openFilesLimit();
     this.proxy = new EgressProxy({
       address: this.proxyAddress,
       ports,
@@ -90,6 +108,8 @@ export class EgressNetwork {
       hostsOnly: options.hostsOnly,
       broker: this.broker,
       log: options.log,
+      timeouts: options.timeouts,
+      ...(openFiles === undefined ? {} : { maxDescriptors: descriptorBudget(openFiles, options.descriptorReserve) }),
     });
     this.pool = new NetnsPool({
       names: this.names,
@@ -125,12 +145,12 @@ export class EgressNetwork {
     return this.starting;
   }
 
-  /** Takes a namespace for the sandbox and registers its policy with the proxy. */
-  async attach(sandboxId: string, policy: NetworkPolicy): Promise<NetworkAttachment> {
+  /** Takes a namespace for the sandbox and registers its policy (and tenant) with the proxy. */
+  async attach(sandboxId: string, policy: NetworkPolicy, tenantId?: string): Promise<NetworkAttachment> {
     await this.start();
     const slot = await this.pool.take(sandboxId);
     this.slots.set(sandboxId, slot);
-    this.proxy.register(sandboxId, slot.address, policy);
+    this.proxy.register(sandboxId, slot.address, policy, tenantId);
     const proxyUrl = `http://${this.proxyAddress}:${this.proxy.ports.proxy}`;
     return {
       netnsPath: slot.path,
@@ -232,9 +252,19 @@ export class EgressNetwork {
       proxyAddress: this.proxyAddress,
       subnet: this.subnet,
       ports: this.proxy.ports,
+      connectionsPerSandbox: kernelConnectionCap(this.maxConcurrentConnections),
     }));
     await this.proxy.start();
     await this.pool.start();
+  }
+}
+
+/** This process's soft RLIMIT_NOFILE (Node raises it to the hard limit at start); undefined when unlimited. */
+function openFilesLimit(): number | undefined {
+  try {
+    return parseOpenFilesLimit(readFileSync('/proc/self/limits', 'utf8'));
+  } catch {
+    return undefined;
   }
 }
 

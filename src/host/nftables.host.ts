@@ -10,11 +10,24 @@ export interface HostRulesetOptions {
   /** The instance's sandbox subnet (`10.213.7.0/24`). */
   subnet: string;
   ports: EgressPorts;
+  /**
+   * Connections to the proxy one sandbox address may hold in the kernel's connection tracking;
+   * past it a new one is reset before the proxy accepts it. A backstop above the proxy's own
+   * per-sandbox limit (the operator's maximum plus a margin), so the proxy normally refuses and
+   * counts first.
+   */
+  connectionsPerSandbox: number;
+}
+
+/** What the kernel lets a sandbox hold beyond the operator's maximum: the proxy's three accept backlogs (511 each) and refusals in flight. */
+export function kernelConnectionCap(maxConcurrentConnections: number): number {
+  return maxConcurrentConnections + 2048;
 }
 
 /**
  * The host side: from a sandbox veth only the proxy's ports on the anchor address are open
- * (the rest is refused at once), nothing is forwarded to or from a veth, a veth may only speak
+ * (the rest is refused at once), no more than `connectionsPerSandbox` connections at once per
+ * sandbox address (counted by conntrack, refused with a reset), nothing is forwarded to or from a veth, a veth may only speak
  * with its own source address, and the sandbox subnet is not reachable from other interfaces.
  * DNS and TCP 80/443 arriving from a veth are redirected to the proxy here too: a gVisor
  * sandbox's own network stack sends packets straight onto the veth, past the namespace's rules
@@ -26,6 +39,9 @@ export function hostRuleset(o: HostRulesetOptions): string {
   return `table inet ${o.table}
 delete table inet ${o.table}
 table inet ${o.table} {
+  set proxy_connections {
+    type ipv4_addr; size 65535; flags dynamic;
+  }
   chain prerouting {
     type filter hook prerouting priority -160; policy accept;
     iifname "${o.vethPattern}" fib saddr . iif oif missing drop
@@ -38,6 +54,7 @@ table inet ${o.table} {
   }
   chain input {
     type filter hook input priority -10; policy accept;
+    iifname "${o.vethPattern}" ip daddr ${o.proxyAddress} tcp dport ${tcp} ct state new add @proxy_connections { ip saddr ct count over ${o.connectionsPerSandbox} } reject with tcp reset
     iifname "${o.vethPattern}" ip daddr ${o.proxyAddress} tcp dport ${tcp} accept
     iifname "${o.vethPattern}" ip daddr ${o.proxyAddress} udp dport ${o.ports.dns} accept
     iifname "${o.vethPattern}" meta l4proto tcp reject with tcp reset

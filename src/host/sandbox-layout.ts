@@ -29,8 +29,14 @@ export const AGENT_PATH = `${TOOLS_DIR}/capsule-agent`;
  */
 export const STAGE_DIR = '/run/capsule-stage';
 
-/** The environment every process starts from; the spec's env and the call's env go on top. */
-export function baseEnv(): Record<string, string> {
+/**
+ * The environment every process starts from; the spec's env and the call's env go on top. In a
+ * sandbox from a template the agent adds HOME, USER and LOGNAME of the user a process runs as
+ * (from the template's /etc/passwd); the host template has one user, named here.
+ */
+export function baseEnv(template?: string): Record<string, string> {
+  const common = { PATH: '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin', LANG: 'C.UTF-8' };
+  if (template !== undefined && template !== 'host') return common;
   return {
     PATH: '/usr/local/bin:/usr/bin:/bin',
     HOME: '/workspace',

@@ -20,6 +20,10 @@ export interface WorkspaceVolumeOptions {
 }
 
 export const WORKSPACE_PREFIX = 'ws-';
+/** A sandbox from a template: one subvolume holding its whole root, `/workspace` inside it. */
+export const ROOT_PREFIX = 'sb-';
+/** The template's user as stored on disk (raw ids 0..65535, seen through an idmapped mount). */
+const TEMPLATE_USER_ID = 1000;
 
 export class WorkspaceVolume {
   readonly image: string;
@@ -104,6 +108,37 @@ export class WorkspaceVolume {
     return join(this.mountPoint, `${WORKSPACE_PREFIX}${id}`);
   }
 
+  /** The root subvolume of a sandbox from a template (its /workspace is `workspace/` inside). */
+  rootPath(id: string): string {
+    return join(this.mountPoint, `${ROOT_PREFIX}${id}`);
+  }
+
+  /**
+   * A sandbox's private root: a writable copy-on-write snapshot of a template layer (a read-only
+   * subvolume on this volume), with its /workspace inside, so one quota counts both. Ids stay the
+   * template's raw 0..65535 (the sandbox sees them through an idmapped mount); the workspace is
+   * the template user's. NO quota yet: the caller sets it (`setLimit`) before anything writes.
+   */
+  async createRoot(id: string, layerDir: string): Promise<{ root: string; workspace: string }> {
+    const root = this.rootPath(id);
+    await runCommand(['btrfs', 'subvolume', 'snapshot', layerDir, root]);
+    const workspace = join(root, 'workspace');
+    try {
+      await chmod(root, 0o755);
+      await mkdir(workspace, { recursive: true, mode: 0o755 });
+      await chown(workspace, TEMPLATE_USER_ID, TEMPLATE_USER_ID);
+    } catch (error) {
+      await this.delete(id).catch(() => undefined);
+      throw error;
+    }
+    return { root, workspace };
+  }
+
+  /** Whether the sandbox's disk is a root from a template (else a bare workspace). */
+  async isRoot(id: string): Promise<boolean> {
+    return pathExists(this.rootPath(id));
+  }
+
   /** A new empty workspace owned by `uid`, holding at most `diskBytes`. */
   async create(id: string, diskBytes: number, uid: number): Promise<string> {
     const path = this.path(id);
@@ -140,6 +175,11 @@ export class WorkspaceVolume {
    * quota is set again and, if the sandbox now runs as another uid, ownership follows.
    */
   async adopt(id: string, diskBytes: number, uid: number): Promise<string> {
+    if (await this.isRoot(id)) {
+      // A root keeps the template's raw ids; only its quota is set again.
+      await this.setLimit(id, diskBytes);
+      return join(this.rootPath(id), 'workspace');
+    }
     const path = this.path(id);
     const info = await stat(path).catch(() => undefined);
     if (!info?.isDirectory()) {
@@ -153,7 +193,9 @@ export class WorkspaceVolume {
 
   /** Changes the quota of a live workspace. */
   async setLimit(id: string, diskBytes: number): Promise<void> {
-    await runCommand(['btrfs', 'qgroup', 'limit', String(diskBytes), this.path(id)]);
+    // A root shares the template's extents: only what the sandbox itself wrote counts (-e).
+    if (await this.isRoot(id)) await runCommand(['btrfs', 'qgroup', 'limit', '-e', String(diskBytes), this.rootPath(id)]);
+    else await runCommand(['btrfs', 'qgroup', 'limit', String(diskBytes), this.path(id)]);
   }
 
   /**
@@ -172,17 +214,21 @@ export class WorkspaceVolume {
   }
 
   async delete(id: string): Promise<void> {
-    const path = this.path(id);
     this.subvolumeIds.delete(id);
-    if (!(await pathExists(path))) return;
-    await runCommand(['btrfs', 'subvolume', 'delete', path]);
+    for (const path of [this.path(id), this.rootPath(id)]) {
+      if (await pathExists(path)) await runCommand(['btrfs', 'subvolume', 'delete', path]);
+    }
   }
 
-  /** Bytes the workspace holds as the quota counts them, or undefined when not readable. */
+  /**
+   * Bytes the sandbox's disk holds as the quota counts them, or undefined when not readable: a
+   * workspace's referenced bytes, a root's exclusive ones (what it wrote beyond its template).
+   */
   async usedBytes(id: string): Promise<number | undefined> {
-    const qgroup = await this.qgroupDir(id);
+    const isRoot = await this.isRoot(id);
+    const qgroup = await this.qgroupDir(id, isRoot ? this.rootPath(id) : this.path(id));
     if (!qgroup) return undefined;
-    return Number((await readFile(join(qgroup, 'referenced'), 'utf8')).trim());
+    return Number((await readFile(join(qgroup, isRoot ? 'exclusive' : 'referenced'), 'utf8')).trim());
   }
 
   /**
@@ -197,10 +243,14 @@ export class WorkspaceVolume {
     return { referencedBytes: Number(referenced.trim()), exclusiveBytes: Number(exclusive.trim()) };
   }
 
-  /** Workspaces present on the volume, for reconciliation after a crash. */
+  /** Sandboxes with a disk on the volume (workspaces and roots), for reconciliation after a crash. */
   async list(): Promise<string[]> {
     const entries = await readdir(this.mountPoint).catch(() => [] as string[]);
-    return entries.filter((e) => e.startsWith(WORKSPACE_PREFIX)).map((e) => e.slice(WORKSPACE_PREFIX.length));
+    const ids = new Set<string>();
+    for (const entry of entries) {
+      for (const prefix of [WORKSPACE_PREFIX, ROOT_PREFIX]) if (entry.startsWith(prefix)) ids.add(entry.slice(prefix.length));
+    }
+    return [...ids];
   }
 
   /** Drops quota groups of deleted subvolumes (the kernel keeps them until asked). */
@@ -208,13 +258,13 @@ export class WorkspaceVolume {
     await runCommand(['btrfs', 'qgroup', 'clear-stale', this.mountPoint], { check: false });
   }
 
-  private async qgroupDir(id: string): Promise<string | undefined> {
+  private async qgroupDir(id: string, path: string): Promise<string | undefined> {
     await this.readFsid();
     // The quota group of subvolume N is 0/N, which the kernel exposes in sysfs: reading usage
     // needs no spawn once the id is known.
     let subvolId = this.subvolumeIds.get(id);
     if (subvolId === undefined) {
-      subvolId = await subvolumeId(this.path(id));
+      subvolId = await subvolumeId(path);
       if (subvolId === undefined) return undefined;
       this.subvolumeIds.set(id, subvolId);
     }

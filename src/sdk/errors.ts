@@ -46,7 +46,7 @@ export class NotFoundError extends CapsuleError {}
 export class SandboxNotFoundError extends NotFoundError {}
 export class ProcessNotFoundError extends NotFoundError {}
 export class FileNotFoundError extends NotFoundError {}
-/** No template by that name (or tag) for this tenant. */
+/** The template a spec named does not exist (or belongs to another tenant). */
 export class TemplateNotFoundError extends NotFoundError {}
 /** A template build failed: `details` names the step, its line and the exit code. */
 export class BuildFailedError extends CapsuleError {}
@@ -63,6 +63,8 @@ export class UnavailableError extends CapsuleError {}
 /** The Capsule server did not answer: not running, wrong URL, or the connection broke. */
 export class ConnectionError extends UnavailableError {}
 export class ExecFailedError extends CapsuleError {}
+/** A template's start command failed, or its ready check never passed. */
+export class TemplateNotReadyError extends CapsuleError {}
 export class SandboxCrashedError extends CapsuleError {}
 /** The request (or the server's work on it) ran past its deadline. */
 export class TimeoutError extends CapsuleError {}
@@ -83,6 +85,7 @@ export const ERROR_CLASSES = {
   PERMISSION_DENIED: PermissionDeniedError,
   NOT_FOUND: NotFoundError,
   SANDBOX_NOT_FOUND: SandboxNotFoundError,
+  TEMPLATE_NOT_FOUND: TemplateNotFoundError,
   PROCESS_NOT_FOUND: ProcessNotFoundError,
   FILE_NOT_FOUND: FileNotFoundError,
   ALREADY_EXISTS: AlreadyExistsError,
@@ -91,7 +94,6 @@ export const ERROR_CLASSES = {
   CONFLICT: ConflictError,
   IDEMPOTENCY_KEY_REUSED: ConflictError,
   SANDBOX_NOT_RUNNING: SandboxNotRunningError,
-  TEMPLATE_NOT_FOUND: TemplateNotFoundError,
   IMAGE_NOT_FOUND: NotFoundError,
   IMAGE_UNSUPPORTED: InvalidArgumentError,
   REGISTRY_UNREACHABLE: UnavailableError,
@@ -108,6 +110,7 @@ export const ERROR_CLASSES = {
   BACKEND_CANNOT_ENFORCE: InvalidSpecError,
   HOST_NOT_READY: UnavailableError,
   EXEC_FAILED: ExecFailedError,
+  TEMPLATE_NOT_READY: TemplateNotReadyError,
   SANDBOX_CRASHED: SandboxCrashedError,
   SERVER_UNREACHABLE: ConnectionError,
   TIMEOUT: TimeoutError,

@@ -4,8 +4,8 @@ import { SandboxError } from '../errors/index.js';
 import { createSandboxFiles } from '../engine/files/index.js';
 import { SandboxManager } from '../engine/sandbox-manager.js';
 import type { EngineEvent } from '../engine/events.js';
-import { lockDataDir, type EgressEvent } from '../engine/engine-host.js';
-import type { OperatorMaxima } from '../spec/index.js';
+import { lockDataDir, type EgressLogEntry, type EgressOptions } from '../engine/engine-host.js';
+import { DEFAULT_MAXIMA, type OperatorMaxima } from '../spec/index.js';
 import { API_KEY_PATTERN, ApiKeyStore, AuditLog, OperationStore, SqliteSandboxRecords, openDatabase, type SqliteDatabase } from '../store/index.js';
 import { CapsuleApp, type CapsuleAppOptions } from './app.js';
 import { Observability } from './observability.js';
@@ -38,6 +38,17 @@ export interface StartServerOptions {
    * the machine). Not a CLI flag. @default the system resolver
    */
   egressHosts?: Readonly<Record<string, readonly string[]>>;
+  /**
+   * Egress proxy timeouts (`capsule serve --egress-idle-timeout`): a connection that names no
+   * destination within `handshakeTimeoutMs`, or is idle for `idleTimeoutMs`, is closed.
+   * @default DEFAULT_EGRESS_TIMEOUTS (10 s, 5 min)
+   */
+  egressTimeouts?: EgressOptions['timeouts'];
+  /**
+   * Descriptors kept for the API and the rest of the server: the egress proxy holds at most
+   * RLIMIT_NOFILE minus this for all sandboxes. @default a quarter of the limit, at least 1024
+   */
+  egressDescriptorReserve?: number;
   /** Extra routes (E2B facade, metrics); see CapsuleAppOptions.extensions. */
   extensions?: CapsuleAppOptions['extensions'];
   /**
@@ -83,13 +94,16 @@ export async function startServer(options: StartServerOptions): Promise<RunningS
     const observability = (observed = await Observability.open({ dataDir: options.dataDir, records }));
     // Sandbox networking with the operator's settings; started only when a sandbox asks for a
     // network. The broker reads <dataDir>/broker (handles.json, secrets/); docs/api.md.
-    let egressLog = (event: EgressEvent): void => void process.stderr.write(`${JSON.stringify({ egress: event })}\n`);
+    let egressLog = (entry: EgressLogEntry): void => void process.stderr.write(`${JSON.stringify({ egress: entry })}\n`);
     const engine = await SandboxManager.open({
       dataDir: options.dataDir,
       egress: {
         operatorDeny: options.operatorDeny,
         hosts: options.egressHosts,
-        log: (event) => egressLog(event),
+        log: (entry) => egressLog(entry),
+        timeouts: options.egressTimeouts,
+        descriptorReserve: options.egressDescriptorReserve,
+        maxConcurrentConnections: (options.maxima ?? DEFAULT_MAXIMA).network?.maxConcurrentConnections,
         // egress_blocked_total; a connection-limit hit ends the work and is counted with its exec.
         onEvent: (event) => {
           if (event.kind === 'blocked') observability.metrics.recordEgressBlocked();
@@ -108,7 +122,8 @@ export async function startServer(options: StartServerOptions): Promise<RunningS
       mountRoots,
     });
     const app = new CapsuleApp({ engine, db, maxSandboxesPerTenant: options.maxSandboxesPerTenant, logger: options.logger, extensions: options.extensions, observability: observability.services });
-    egressLog = (event) => app.app.log.warn({ egress: event }, 'egress denied');
+    // Repeats come summed (`repeated`, once per window); metrics still count every denial.
+    egressLog = (entry) => app.app.log.warn({ egress: entry }, entry.repeated === undefined ? 'egress denied' : 'egress denied (repeats)');
     let url: string;
     try {
       url = await app.listen(options.port ?? 7070, options.host ?? '127.0.0.1');

@@ -8,7 +8,20 @@ const GiB = 1024 * MiB;
 export interface OperatorMaxima {
   limits: Limits;
   ttlMs: number;
+  /** @default DEFAULT_MAXIMA.network */
+  network?: NetworkMaxima;
 }
+
+/** Ceilings of `network` fields. */
+export interface NetworkMaxima {
+  /**
+   * Highest `network.maxConcurrentConnections` a spec may ask for. The host's nftables also
+   * refuse a sandbox's connections to the proxy a little past it, before the proxy accepts them.
+   */
+  maxConcurrentConnections: number;
+}
+
+const DEFAULT_NETWORK_MAXIMA: NetworkMaxima = { maxConcurrentConnections: 1024 };
 
 export const DEFAULT_MAXIMA: OperatorMaxima = {
   limits: {
@@ -26,6 +39,7 @@ export const DEFAULT_MAXIMA: OperatorMaxima = {
     stderrBytes: 64 * MiB,
   },
   ttlMs: 24 * 3_600_000,
+  network: DEFAULT_NETWORK_MAXIMA,
 };
 
 /** Throws SPEC_EXCEEDS_MAXIMUM naming the first field above the operator's maximum. */
@@ -39,6 +53,15 @@ export function checkMaxima(spec: SandboxSpec, maxima: OperatorMaxima = DEFAULT_
         hint: `Lower limits.${key} to at most ${max}, or ask the operator to raise the maximum.`,
       });
     }
+  }
+  const network = maxima.network ?? DEFAULT_NETWORK_MAXIMA;
+  if (spec.network.maxConcurrentConnections > network.maxConcurrentConnections) {
+    const { maxConcurrentConnections: value } = spec.network;
+    const max = network.maxConcurrentConnections;
+    throw new SandboxError('SPEC_EXCEEDS_MAXIMUM', `network.maxConcurrentConnections is ${value}, above the operator maximum ${max}`, {
+      details: { field: 'network.maxConcurrentConnections', value, maximum: max },
+      hint: `Lower network.maxConcurrentConnections to at most ${max} (reuse connections, e.g. HTTP keep-alive), or ask the operator to raise the maximum.`,
+    });
   }
   if (spec.ttlMs > maxima.ttlMs) {
     throw new SandboxError('SPEC_EXCEEDS_MAXIMUM', `ttlMs is ${spec.ttlMs}, above the operator maximum ${maxima.ttlMs}`, {

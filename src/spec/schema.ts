@@ -98,6 +98,14 @@ export const NetworkPolicySchema = z.strictObject({
    * past it the proxy answers 429 and the work is reported as an `egress` limit. @default 4096
    */
   maxConnections: z.number().int().positive().max(1_000_000).default(4096),
+  /**
+   * Connections to the egress proxy the sandbox may hold open at once: each tunnel, proxied or
+   * redirected request and broker request counts from the proxy's accept until it closes, and
+   * so does each upstream connection the proxy opens for it. Past it a new connection is reset
+   * (a request answered 429) and the work is reported as an `egress` limit; the operator's
+   * maximum bounds it. @default 256
+   */
+  maxConcurrentConnections: z.number().int().positive().max(65_536).default(256),
 }).superRefine((policy, ctx) => {
   if (policy.mode === 'none' && policy.handles.length > 0) {
     ctx.addIssue({
@@ -110,6 +118,13 @@ export const NetworkPolicySchema = z.strictObject({
 
 /** Names of the operator's mount roots (`capsule serve --mount-root NAME=PATH`). */
 export const MOUNT_ROOT_NAME = /^[a-z0-9][a-z0-9_-]{0,63}$/;
+
+/** A template reference: `name`, `name:tag`, names with `/` as E2B and registries use them. */
+export const TEMPLATE_REF = /^[a-z0-9][a-z0-9._/-]{0,127}(?::[a-zA-Z0-9_][a-zA-Z0-9._-]{0,127})?$/;
+/** A user of a sandbox: a name, a uid, or uid:gid. */
+export const USER_REF = /^(?:[a-z_][a-z0-9_.-]{0,31}|\d{1,10}(?::\d{1,10})?)$/;
+/** The template that is the host's own /usr (read-only), as sandboxes were before templates. */
+export const HOST_TEMPLATE = 'host';
 
 /** Where nothing may be mounted: the sandbox's kernel views and Capsule's own tools. */
 const RESERVED_MOUNT_PATHS = ['/proc', '/dev', '/sys', '/.capsule'];
@@ -148,6 +163,17 @@ export const BACKENDS = ['namespace', 'gvisor'] as const;
 export const SandboxSpecSchema = z.strictObject({
   /** Isolation backend. @default 'namespace' */
   backend: z.enum(BACKENDS).default('namespace'),
+  /**
+   * The environment the sandbox is made from: a template `name[:tag]` (its root, copy-on-write and
+   * private to the sandbox, root inside), or `host` (the host's own /usr read-only, uid 1000, no
+   * root: the fastest one-shot runs). @default the operator's default template
+   */
+  template: z.string().regex(TEMPLATE_REF, 'must be a template name[:tag] (lowercase letters, digits, "._-/"), or "host"').optional(),
+  /**
+   * The user processes run as when a call names none: `root`, or a user name, uid or uid:gid of
+   * the template. @default the template's user (`user`, uid 1000, on the host template)
+   */
+  user: z.string().regex(USER_REF, 'must be a user name, a uid or uid:gid').optional(),
   limits: LimitsSchema.default(LimitsSchema.parse({})),
   network: NetworkPolicySchema.default(NetworkPolicySchema.parse({})),
   /** The complete environment of processes; nothing of the host's is inherited. @default {} */

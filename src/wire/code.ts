@@ -1,9 +1,8 @@
 import { z } from 'zod';
 import { EnvName, noNul, SANDBOX_ID_PATTERN } from './common.js';
+import { INTERPRETER_LANGUAGES } from './constants.js';
 import { InlineErrorSchema, LimitHitSchema } from './process.js';
 
-/** Languages an interpreter context can run. `ts` is TypeScript with its types stripped. */
-export const INTERPRETER_LANGUAGES = ['python', 'js', 'ts'] as const;
 
 /**
  * One rich output of an execution, by MIME type: the last expression's value (`isMainResult`)

@@ -1,4 +1,5 @@
 import { z } from 'zod';
+import { USER_REF } from '../spec/index.js';
 import { EnvName, MAX_PATH_LENGTH, noNul, SANDBOX_ID_PATTERN } from './common.js';
 
 /** How an exec or run ended. A limit hit is not a crash and not the program's own failure. */
@@ -77,6 +78,8 @@ export const StartProcessBody = z.strictObject({
   stdin: z.boolean().optional(),
   background: z.boolean().optional(),
   tag: z.string().max(256).optional(),
+  /** `root`, or a user name, uid or uid:gid of the template. @default the sandbox's user */
+  user: z.string().regex(USER_REF, 'must be a user name, a uid or uid:gid').optional(),
   pty: PtySizeSchema.optional(),
   /** After the exit, collect this directory: the foreground exit result carries `artifacts`. */
   collectArtifacts: z.strictObject({ dir: z.string().min(1).max(MAX_PATH_LENGTH).optional() }).optional(),

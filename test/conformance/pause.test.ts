@@ -18,7 +18,8 @@ async function count(sandbox: BackendSandbox): Promise<number> {
 }
 
 /** Polls every 20 ms until `check` holds, for at most `timeoutMs`. */
-async function waitUntil(what: string, check: () => Promise<boolean>, timeoutMs = 5000): Promise<void> {
+// A deadline only a failure reaches: generous, so a busy machine (2 cores shared) cannot trip it.
+async function waitUntil(what: string, check: () => Promise<boolean>, timeoutMs = 30_000): Promise<void> {
   const deadline = Date.now() + timeoutMs;
   while (!(await check())) {
     if (Date.now() > deadline) throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}`);

@@ -62,10 +62,9 @@ describe('e2b SDK 2.51 against Capsule', () => {
 
   it('ends a command at its timeoutMs', () =>
     withSandbox(async (sbx) => {
-      const started = Date.now();
+      // `sleep 30` ending by itself raises nothing: the error is the proof that the timeout ended it.
       const error = await sbx.commands.run('sleep 30', { timeoutMs: 1000 }).catch((e: unknown) => e);
       expect(error).toBeInstanceOf(Error);
-      expect(Date.now() - started).toBeLessThan(10_000);
       await waitFor(async () => ((await sbx.commands.list()).length === 0 ? true : undefined), { what: 'the timed-out command to end' });
     }));
 
@@ -173,7 +172,8 @@ describe('e2b SDK 2.51 against Capsule', () => {
     withSandbox(async (sbx) => {
       await sbx.setTimeout(1000);
       const info = await sbx.getInfo();
-      expect(info.endAt.getTime() - Date.now()).toBeLessThan(2000);
+      // Bracketed by this clock, not compared within a tolerance: the server set it before now.
+      expect(info.endAt.getTime()).toBeLessThanOrEqual(Date.now() + 1000);
       const [metrics] = await sbx.getMetrics();
       expect(metrics).toMatchObject({ cpuCount: 2, memTotal: 512 * 1024 * 1024, diskTotal: 1024 * 1024 * 1024 });
       expect(metrics?.memUsed).toBeGreaterThan(0);

@@ -69,7 +69,7 @@ const reader = stream.getReader();
 await reader.read();
 await reader.cancel();
 await sandbox.commands.run(['echo', 'hi']);
-console.log(JSON.stringify({ stdout: result.stdout, doneAt: Date.now() }));
+console.log(JSON.stringify({ stdout: result.stdout }));
 `;
 
 describe('a script using the SDK', () => {
@@ -82,17 +82,16 @@ describe('a script using the SDK', () => {
     let stderr = '';
     child.stdout.on('data', (chunk: Buffer) => (stdout += chunk.toString()));
     child.stderr.on('data', (chunk: Buffer) => (stderr += chunk.toString()));
-    // Bounded: a child held by its idle socket would run until the server's keep-alive ends it.
-    const killer = setTimeout(() => child.kill('SIGKILL'), 20_000);
+    // A child held by a socket would live until the SDK's idle timeout (30 s) or the server's
+    // keep-alive (60 s) closed it; the guard ends it before either, so being held means being
+    // killed (code null), whatever the load. A child not held exits with 0 long before the guard.
+    const killer = setTimeout(() => child.kill('SIGKILL'), 25_000);
     const code = await new Promise<number | null>((resolve) => child.once('close', resolve));
-    const exitedAt = Date.now();
     clearTimeout(killer);
     expect(stderr).toBe('');
-    expect(code).toBe(0);
-    const { stdout: echoed, doneAt } = JSON.parse(stdout) as { stdout: string; doneAt: number };
+    expect(code, 'the script ended by itself (null: killed while a socket held it)').toBe(0);
+    const { stdout: echoed } = JSON.parse(stdout) as { stdout: string };
     expect(echoed).toBe('hi\n');
-    // It ended at once, far sooner than the server's keep-alive or the SDK's idle timeout.
-    expect(exitedAt - doneAt).toBeLessThan(5_000);
     // Five calls on at most two connections: a cancelled stream may cost its own, the rest share.
     expect(requests).toBe(5);
     expect(opened).toBeLessThanOrEqual(2);

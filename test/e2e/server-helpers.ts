@@ -68,7 +68,7 @@ export async function readNdjson(response: Response): Promise<Record<string, unk
 }
 
 /** Polls `check` until it returns a value other than undefined, or fails after `timeoutMs`. */
-export async function waitFor<T>(check: () => Promise<T | undefined>, { timeoutMs = 10_000, intervalMs = 50, what = 'condition' } = {}): Promise<T> {
+export async function waitFor<T>(check: () => Promise<T | undefined>, { timeoutMs = 30_000, intervalMs = 50, what = 'condition' } = {}): Promise<T> {
   const deadline = Date.now() + timeoutMs;
   for (;;) {
     const value = await check();

@@ -39,20 +39,28 @@ export default async function setup(project: TestProject): Promise<() => Promise
 
 /**
  * The leaks once vitest's own workers have exited. A worker (a node process running vitest) may
- * still be on its way out when teardown starts; it is waited for (30 s at most) and, if it is
- * still there, reported as a warning, not a leak: it is vitest's process, not a sandbox's.
- * Anything else of ours must already be gone.
+ * still be on its way out when teardown starts: running, or already dead and not yet reaped by
+ * vitest (a zombie, whose cmdline reads empty, so it cannot be told from any other process). Both
+ * are waited for (30 s at most). A worker still there then is a warning, not a leak: it is
+ * vitest's process, not a sandbox's; a zombie still unreaped is a leak. Anything else of ours
+ * must already be gone.
  */
 async function settledLeaks(dataDir: string): Promise<Leaks> {
   const deadline = Date.now() + 30_000;
   for (;;) {
     const leaks = await findLeaks(dataDir);
     const workers: string[] = [];
+    const exiting: string[] = [];
     const others: string[] = [];
-    for (const line of leaks.processes) ((await isVitestWorker(Number(line.split(' ')[0]))) ? workers : others).push(line);
-    if (workers.length === 0 || Date.now() > deadline) {
+    for (const line of leaks.processes) {
+      const pid = Number(line.split(' ')[0]);
+      if (await isVitestWorker(pid)) workers.push(line);
+      else if (await isExiting(pid)) exiting.push(line);
+      else others.push(line);
+    }
+    if ((workers.length === 0 && exiting.length === 0) || Date.now() > deadline) {
       if (workers.length > 0) console.warn(`capsule tests: vitest workers still exiting at teardown: ${workers.join(', ')}`);
-      return { ...leaks, processes: others };
+      return { ...leaks, processes: [...others, ...exiting] };
     }
     await new Promise((resolve) => setTimeout(resolve, 100));
   }
@@ -65,4 +73,15 @@ async function isVitestWorker(pid: number): Promise<boolean> {
   // while its name is still node. Wait for it like for any other exiting worker.
   const comm = await readFile(`/proc/${pid}/comm`, 'utf8').catch(() => '');
   return cmdline === '' && (comm === '' || comm.trim() === 'node');
+}
+
+/**
+ * Dead and not yet reaped (state Z or X), releasing its memory (a live process always has a
+ * cmdline; one on its way out reads empty), or gone already.
+ */
+async function isExiting(pid: number): Promise<boolean> {
+  const stat = await readFile(`/proc/${pid}/stat`, 'utf8').catch(() => '');
+  const state = stat.slice(stat.lastIndexOf(')') + 2, stat.lastIndexOf(')') + 3);
+  if (stat === '' || state === 'Z' || state === 'X') return true;
+  return (await readFile(`/proc/${pid}/cmdline`, 'utf8').catch(() => '')) === '';
 }

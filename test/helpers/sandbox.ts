@@ -24,7 +24,7 @@ export function describeResult(result: RunResult): string {
 /**
  * Fails the test when any cgroup, sandbox process, workspace, mount or network object of ours is
  * left. Background work (a network pool refilling, a namespace being made) can show a half-made
- * object in one snapshot, so this waits up to 10 s for a clean one; what stays that long is a leak.
+ * object in one snapshot, so this waits up to 30 s for a clean one; what stays that long is a leak.
  */
 export async function expectNoLeaks(): Promise<void> {
   await expectNoLeaksExcept([]);
@@ -37,7 +37,7 @@ export async function expectNoLeaksExcept(pids: readonly number[]): Promise<void
     const leaks = await findLeaks(testDataDir());
     return describeLeaks({ ...leaks, processes: leaks.processes.filter((line) => !kept.has(Number(line.split(' ')[0]))) });
   };
-  const deadline = Date.now() + 10_000;
+  const deadline = Date.now() + 30_000;
   let described = await current();
   while (described !== '' && Date.now() < deadline) {
     await new Promise((resolve) => setTimeout(resolve, 100));

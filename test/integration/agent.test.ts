@@ -109,8 +109,11 @@ function isRunning(pid: number): boolean {
   }
 }
 
-/** Polls a condition that has no event to wait on (another process disappearing). */
-async function waitFor(condition: () => boolean, { timeoutMs = 5000 } = {}): Promise<void> {
+/**
+ * Polls a condition that has no event to wait on (another process disappearing). The deadline is
+ * reached only by a failure: generous, so a busy machine (2 shared cores) cannot trip it.
+ */
+async function waitFor(condition: () => boolean, { timeoutMs = 30_000 } = {}): Promise<void> {
   const deadline = Date.now() + timeoutMs;
   while (!condition()) {
     if (Date.now() > deadline) throw new Error(`condition not met within ${timeoutMs} ms`);
@@ -130,7 +133,7 @@ async function rejection(promise: Promise<unknown>): Promise<unknown> {
 beforeAll(async () => {
   buildDir = await mkdtemp(join(tmpdir(), 'capsule-agent-test-'));
   agentPath = join(buildDir, 'capsule-agent');
-  await runCommand(['gcc', '-O2', '-Wall', '-Wextra', '-Werror', '-o', agentPath, SOURCE, '-lutil']);
+  await runCommand(['gcc', '-O2', '-Wall', '-Wextra', '-Werror', '-o', agentPath, SOURCE, SOURCE.replace(/capsule-agent\.c$/, 'agent-users.c'), '-lutil']);
 });
 
 afterEach(async (context) => {

@@ -162,7 +162,7 @@ describe('artifacts leave the sandbox by reference, verified', () => {
 });
 
 /** Polls `check` every 20 ms until it holds, for at most `timeoutMs`. */
-async function waitFor(check: () => Promise<boolean>, timeoutMs = 10_000): Promise<void> {
+async function waitFor(check: () => Promise<boolean>, timeoutMs = 30_000): Promise<void> {
   const deadline = Date.now() + timeoutMs;
   while (!(await check())) {
     if (Date.now() > deadline) throw new Error(`condition not met within ${timeoutMs} ms`);

@@ -68,7 +68,7 @@ async function expectCode(promise: Promise<unknown>, code: ErrorCode): Promise<v
   expect(isSandboxError(error) ? error.code : String(error), String(error)).toBe(code);
 }
 
-async function waitFor(condition: () => Promise<boolean> | boolean, timeoutMs = 10_000): Promise<void> {
+async function waitFor(condition: () => Promise<boolean> | boolean, timeoutMs = 30_000): Promise<void> {
   const deadline = Date.now() + timeoutMs;
   while (!(await condition())) {
     if (Date.now() > deadline) throw new Error(`condition not met within ${timeoutMs} ms`);

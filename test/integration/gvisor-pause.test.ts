@@ -40,7 +40,8 @@ function newBackend(): GvisorBackend {
 }
 
 /** Polls `check` every 20 ms until it returns a value, for at most `timeoutMs`. */
-async function waitFor<T>(what: string, check: () => Promise<T | undefined>, timeoutMs = 5000): Promise<T> {
+// A deadline only a failure reaches: generous, so a busy machine (2 cores shared) cannot trip it.
+async function waitFor<T>(what: string, check: () => Promise<T | undefined>, timeoutMs = 30_000): Promise<T> {
   const deadline = Date.now() + timeoutMs;
   for (;;) {
     const value = await check();

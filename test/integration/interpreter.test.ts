@@ -111,12 +111,10 @@ describe('python contexts', () => {
   it('interrupts code that runs past timeoutMs and keeps the earlier state', async () => {
     const interpreters = shared.interpreters();
     await interpreters.runCode('y = "kept"', { contextId });
-    const started = performance.now();
     const slow = await interpreters.runCode('import time\nwhile True:\n    time.sleep(0.05)', { contextId, timeoutMs: 1000 });
     expect(slow.limit?.resource, describeExecution(shared.sandbox(), slow)).toBe('wall_clock');
     expect(slow.limit?.message).toMatch(/^wall-clock limit 1 s exceeded \(ran [\d.]+ m?s\); the code was interrupted; context py-\w+ keeps/);
     expect(slow.error?.name).toBe('KeyboardInterrupt');
-    expect(performance.now() - started).toBeLessThan(10_000);
     const after = await interpreters.runCode('y', { contextId });
     expect(mainText(after), describeExecution(shared.sandbox(), after)).toBe("'kept'");
   });

@@ -105,7 +105,7 @@ describe('SandboxManager (durable sandboxes on real backends)', () => {
   it('expires a sandbox at its TTL, keeps the record with the reason, and can shorten the TTL', async () => {
     const s = await engine.create({ tenantId: T, spec: { ttlMs: 60_000 } });
     engine.setTimeout(T, s.sandboxId, 300);
-    await waitFor(() => events.some((e) => e.type === 'sandbox.expired' && e.sandbox.sandboxId === s.sandboxId), 10_000);
+    await waitFor(() => events.some((e) => e.type === 'sandbox.expired' && e.sandbox.sandboxId === s.sandboxId), 30_000);
     const info = engine.get(T, s.sandboxId);
     expect(info.endReason).toBe('ttl expired');
     expect(info.state).toBe('expired');
@@ -122,7 +122,7 @@ describe('SandboxManager (durable sandboxes on real backends)', () => {
     // The agent's own process group: killing pid 2 (the agent under bwrap's init) stops the sandbox.
     const p = await engine.startProcess(T, s.sandboxId, { argv: ['sh', '-c', 'kill -9 $(cat /proc/1/task/1/children | cut -d" " -f1)'] });
     await p.result;
-    await waitFor(() => engine.get(T, s.sandboxId).state === 'failed', 10_000);
+    await waitFor(() => engine.get(T, s.sandboxId).state === 'failed', 30_000);
     expect(engine.get(T, s.sandboxId).endReason).toMatch(/^crashed/);
   });
 });
@@ -138,7 +138,7 @@ describe('pause and resume (namespace backend: freeze)', () => {
       return Number((await p.result).stdout);
     };
     const workspace = new HostEnvironment({ dataDir: testDataDir() }).volume.path(s.sandboxId);
-    await waitFor(() => existsSync(join(workspace, 'n')), 5000);
+    await waitFor(() => existsSync(join(workspace, 'n')), 30_000);
     const paused = await engine.pause(T, s.sandboxId);
     // The kernel reports the whole group frozen, and the counter file stands still.
     const events = await readFile(join('/sys/fs/cgroup/unified', `${new HostEnvironment({ dataDir: testDataDir() }).cgroupPrefix}${s.sandboxId}`, 'cgroup.events'), 'utf8');
@@ -152,7 +152,8 @@ describe('pause and resume (namespace backend: freeze)', () => {
     expect((await engine.resume(T, s.sandboxId)).state).toBe('running');
     const first = await read();
     let later = first;
-    const deadline = Date.now() + 5000;
+    // Polled: the counter moves every 20 ms once thawed; 30 s is a deadline only a failure reaches.
+    const deadline = Date.now() + 30_000;
     while (later <= first && Date.now() < deadline) later = await read();
     expect(later).toBeGreaterThan(first);
     counter.signal('SIGKILL');

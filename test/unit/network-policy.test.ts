@@ -125,8 +125,13 @@ describe('nftables rulesets', () => {
   });
 
   it('on the host, open only the proxy ports from sandbox veths and forward nothing', () => {
-    const text = hostRuleset({ table: 'capsule_abc123', vethPattern: 'cpabc123h*', proxyAddress: '10.213.7.1', subnet: '10.213.7.0/24', ports: DEFAULT_EGRESS_PORTS });
+    const text = hostRuleset({ table: 'capsule_abc123', vethPattern: 'cpabc123h*', proxyAddress: '10.213.7.1', subnet: '10.213.7.0/24', ports: DEFAULT_EGRESS_PORTS, connectionsPerSandbox: 3072 });
     expect(text).toContain('iifname "cpabc123h*" ip daddr 10.213.7.1 tcp dport { 3128, 3129, 3130 } accept');
+    // Connections to the proxy are bounded per sandbox address in the kernel too, before the accept.
+    expect(text).toContain(
+      'iifname "cpabc123h*" ip daddr 10.213.7.1 tcp dport { 3128, 3129, 3130 } ct state new add @proxy_connections { ip saddr ct count over 3072 } reject with tcp reset\n' +
+      '    iifname "cpabc123h*" ip daddr 10.213.7.1 tcp dport { 3128, 3129, 3130 } accept',
+    );
     expect(text).toContain('iifname "cpabc123h*" drop');
     // gVisor's netstack bypasses the namespace's redirects: the host redirects DNS and web ports.
     expect(text).toContain('iifname "cpabc123h*" udp dport 53 dnat ip to 10.213.7.1:3153');
@@ -146,13 +151,27 @@ describe('network spec', () => {
 describe('egress limit classification', () => {
   const counters = { oomKills: 0, pidsMaxEvents: 0, memoryPeakBytes: 0, memoryUsageBytes: 0, cpuUsageUsec: 0, cpuThrottledUsec: 0 };
   it('reports refused connections of a failed exec as the egress limit', () => {
-    const hit = egressLimitHit({ ...counters, egressLimitHits: 1 }, { ...counters, egressLimitHits: 3 }, 10, true);
+    const hit = egressLimitHit({ ...counters, egressLimitHits: 1 }, { ...counters, egressLimitHits: 3 }, { maxConnections: 10, maxConcurrentConnections: 256 }, true);
     expect(hit).toMatchObject({ resource: 'egress', limit: 10, unit: 'count' });
     expect(hit?.message).toBe('outbound connection limit 10 reached (2 connections refused with 429 or reset); raise network.maxConnections or reuse connections.');
   });
 
   it('leaves a program that handled the 429 (exit 0), or saw none, alone', () => {
-    expect(egressLimitHit(counters, { ...counters, egressLimitHits: 1 }, 10, false)).toBeUndefined();
-    expect(egressLimitHit(counters, counters, 10, true)).toBeUndefined();
+    const network = { maxConnections: 10, maxConcurrentConnections: 256 };
+    expect(egressLimitHit(counters, { ...counters, egressLimitHits: 1 }, network, false)).toBeUndefined();
+    expect(egressLimitHit(counters, counters, network, true)).toBeUndefined();
+  });
+
+  it('names the concurrent-connection limit, or the proxy\'s capacity, when that is what refused', () => {
+    const network = { maxConnections: 4096, maxConcurrentConnections: 256 };
+    const concurrency = egressLimitHit(counters, { ...counters, egressLimitHits: 9744, egressConcurrencyHits: 9744 }, network, true);
+    expect(concurrency).toMatchObject({ resource: 'egress', limit: 256, used: 256, unit: 'count' });
+    expect(concurrency?.message).toBe(
+      'concurrent connection limit 256 reached (9744 connections refused with a reset or 429 while 256 were open); ' +
+        'close idle connections, reuse them (HTTP keep-alive) or raise network.maxConcurrentConnections.',
+    );
+    const capacity = egressLimitHit(counters, { ...counters, egressLimitHits: 1, egressCapacityHits: 1, egressCapacity: 15000 }, network, true);
+    expect(capacity).toMatchObject({ resource: 'egress', limit: 15000 });
+    expect(capacity?.message).toMatch(/^the egress proxy was at its capacity of 15000 connections for all sandboxes \(1 connection refused\)/);
   });
 });

@@ -189,9 +189,9 @@ describe('SDK errors and retries', () => {
   it('ends a call at timeoutMs with TimeoutError, and at abort with AbortedError', async () => {
     const hang: Handler = () => undefined;
     script(hang);
-    const started = Date.now();
+    // The server never answers: only the SDK's own deadline can end the call, so the error's
+    // class is the proof (an elapsed-time bound would only measure how busy the machine is).
     expect(await thrown(Sandbox.list({ url, timeoutMs: 200 }))).toBeInstanceOf(TimeoutError);
-    expect(Date.now() - started).toBeLessThan(2000);
     const controller = new AbortController();
     script(() => controller.abort());
     const pending = thrown(Sandbox.list({ url, signal: controller.signal }));
@@ -463,6 +463,8 @@ describe('SDK transport', () => {
     script((_req, res) => {
       res.writeHead(200, { 'content-type': 'application/x-ndjson' });
       res.write(`${JSON.stringify({ type: 'start', pid: 2 })}\n`);
+      // Ordered, not raced: this timer is set after the client's 100 ms one (the request has
+      // arrived) and expires later, and both run in this process, which fires timers in order.
       setTimeout(() => res.end(`${JSON.stringify({ type: 'exit', result: RESULT })}\n`), 300);
     });
     expect((await sb.commands.run(['sleep', '0.3'], { requestTimeoutMs: 100 })).outcome).toBe('ok');

@@ -29,6 +29,8 @@ export interface AgentStartOptions {
   stdin?: boolean;
   /** Run on a fresh pseudo-terminal (stdin, stdout and stderr); output arrives as stdout. */
   pty?: { cols: number; rows: number };
+  /** Run as this user of the sandbox (a sandbox from a template only); see StartRequest.user. */
+  user?: string;
 }
 
 export interface AgentExit {

@@ -118,6 +118,12 @@ export interface StartRequest {
   cwd: string;
   stdin?: boolean;
   pty?: { cols: number; rows: number };
+  /**
+   * Run as this user of the sandbox ("name", "uid" or "uid:gid", looked up in its /etc/passwd),
+   * with its groups, HOME, USER and LOGNAME (unless `env` sets them). Only an agent running as root
+   * inside (a sandbox from a template) can. @default the agent's own user
+   */
+  user?: string;
 }
 
 function invalid(message: string, details: Record<string, unknown>): SandboxError {
@@ -147,7 +153,7 @@ function record(tag: string, bytes: Buffer): Buffer {
 
 /** Validates a start request and encodes the START payload; throws SandboxError('INVALID_ARGUMENT'). */
 export function encodeStart(request: StartRequest): Buffer {
-  const { argv, env, cwd, stdin, pty } = request;
+  const { argv, env, cwd, stdin, pty, user } = request;
   if (!Array.isArray(argv) || argv.length === 0) throw invalid('argv must be a non-empty array', { field: 'argv' });
   if (argv[0] === '') throw invalid('argv[0] must name a program', { field: 'argv' });
   const records = argv.map((arg, i) => record('a', Buffer.from(checkString(arg, `argv[${i}]`))));
@@ -164,6 +170,12 @@ export function encodeStart(request: StartRequest): Buffer {
   if (pty !== undefined) {
     checkTerminalSize(pty.cols, pty.rows);
     records.push(record('t', encodeSize(pty.cols, pty.rows)));
+  }
+  if (user !== undefined) {
+    if (!/^(?:[a-z_][a-z0-9_.-]{0,31}\$?|\d{1,10}(?::\d{1,10})?)$/i.test(user)) {
+      throw invalid(`user ${JSON.stringify(user)} is not a user name, uid or uid:gid`, { field: 'user' });
+    }
+    records.push(record('u', Buffer.from(user)));
   }
   const payload = Buffer.concat(records);
   if (payload.length > MAX_PAYLOAD_BYTES) {

@@ -13,8 +13,8 @@ export function egressNetworkProvider(network: EgressNetwork): NetworkNamespaceP
   const capabilities: readonly Capability[] = ['network.allowlist', 'network.internet'];
   return {
     capabilities,
-    async acquire(id: string, spec: SandboxSpec): Promise<NetworkAttachment> {
-      const attached = await network.attach(id, spec.network).catch(async (error: unknown) => {
+    async acquire(id: string, spec: SandboxSpec, tenantId?: string): Promise<NetworkAttachment> {
+      const attached = await network.attach(id, spec.network, tenantId).catch(async (error: unknown) => {
         await network.detach(id).catch(() => undefined);
         throw error;
       });

@@ -12,6 +12,7 @@ import { buildOciSpec, hostPidsBackstop, type OciSpec } from './oci-bundle.js';
 import { GvisorLayout } from './layout.js';
 import { GvisorSandbox, type NetworkAttachment } from './gvisor-sandbox.host.js';
 import { makeMountPoint, probeRunsc, Runsc, writeRootfs, type RunscInfo } from './runsc.host.js';
+import { RANGE_SIZE } from '../../host/uid-ranges.js';
 
 /** Host uids of gVisor sandbox users; apart from the namespace backend's 3,000,000 range. */
 const UID_BASE = 4_000_000;
@@ -30,7 +31,7 @@ const CAPABILITIES: readonly Capability[] = [
 export interface NetworkNamespaceProvider {
   /** What sandboxes get through it, e.g. 'network.allowlist'. */
   readonly capabilities: readonly Capability[];
-  acquire(id: string, spec: SandboxSpec): Promise<NetworkAttachment>;
+  acquire(id: string, spec: SandboxSpec, tenantId?: string): Promise<NetworkAttachment>;
 }
 
 export interface GvisorBackendOptions {
@@ -71,7 +72,9 @@ export class GvisorBackend implements Backend {
   }
 
   async create(spec: SandboxSpec, options: CreateOptions): Promise<BackendSandbox> {
-    return this.open(spec, options.id, { mode: 'run', reuseWorkspace: options.reuseWorkspace === true, signal: options.signal, mounts: options.mounts });
+    return this.open(spec, options.id, {
+      mode: 'run', reuseWorkspace: options.reuseWorkspace === true, signal: options.signal, mounts: options.mounts, template: options.template, tenantId: options.tenantId,
+    });
   }
 
   /** A sandbox a previous Capsule process paused to a checkpoint, still paused: resume() restores it. */
@@ -129,7 +132,10 @@ export class GvisorBackend implements Backend {
   private async open(
     spec: SandboxSpec,
     id: string,
-    how: { mode: 'run' | 'paused'; reuseWorkspace: boolean; signal?: AbortSignal; mounts?: readonly HostMount[] },
+    how: {
+      mode: 'run' | 'paused'; reuseWorkspace: boolean; signal?: AbortSignal; mounts?: readonly HostMount[]; template?: { layerDir: string };
+      tenantId?: string | undefined;
+    },
   ): Promise<BackendSandbox> {
     const mounts = hostMountsOf(spec, how.mounts);
     const paths = await this.host.ensure();
@@ -145,8 +151,12 @@ export class GvisorBackend implements Backend {
       await runsc.deleteForce(id);
       await SandboxCgroup.attach(`${this.host.cgroupPrefix}${id}`).remove();
     }
-    const uid = this.allocateUid(id);
-    const cleanup: (() => Promise<unknown>)[] = [() => Promise.resolve(this.uidsInUse.delete(uid))];
+    // A sandbox from a template (or recovered onto its root): its own root, a range of host uids.
+    const volume = this.host.volume;
+    const fromTemplate = how.template !== undefined || (how.reuseWorkspace && (await volume.isRoot(id)));
+    const uid = fromTemplate ? this.host.uidRanges.allocate(id) : this.allocateUid(id);
+    const releaseUid = () => (fromTemplate ? this.host.uidRanges.release(id) : void this.uidsInUse.delete(uid));
+    const cleanup: (() => Promise<unknown>)[] = [() => Promise.resolve(releaseUid())];
     try {
       const cgroupName = `${this.host.cgroupPrefix}${id}`;
       const limits = { ...spec.limits, pids: hostPidsBackstop(spec.limits.pids) };
@@ -154,15 +164,19 @@ export class GvisorBackend implements Backend {
       // that finished is undone if another failed. runsc joins the pre-made cgroups and leaves
       // them when the container goes: the counters (OOM kills above all) stay readable after
       // the sandbox died of its memory limit.
-      const networkMade = spec.network.mode === 'none' ? Promise.resolve(undefined) : this.options.network?.acquire(id, spec);
+      const networkMade = spec.network.mode === 'none' ? Promise.resolve(undefined) : this.options.network?.acquire(id, spec, how.tenantId);
       const [madeRunscRoot, madeCgroup, madeWorkspace, madeNetwork, wroteBundle] = await Promise.allSettled([
         mkdir(this.layout.runscRoot, { recursive: true, mode: 0o700 }),
         SandboxCgroup.create(this.host.cgroupPrefix, id, limits),
         // A fresh workspace gets its quota while runsc boots (below), before create() returns.
-        how.reuseWorkspace ? this.host.volume.adopt(id, spec.limits.diskBytes, uid) : this.host.volume.createWithoutLimit(id, uid),
+        how.reuseWorkspace
+          ? volume.adopt(id, spec.limits.diskBytes, uid)
+          : how.template
+            ? volume.createRoot(id, how.template.layerDir).then((made) => made.workspace)
+            : volume.createWithoutLimit(id, uid),
         networkMade,
         Promise.resolve(networkMade).then((network) =>
-          this.writeBundle(id, spec, { hostUid: uid, cgroupsPath: cgroupName, workspaceDir: this.host.volume.path(id), network, paths, mounts }),
+          this.writeBundle(id, spec, { hostUid: uid, cgroupsPath: cgroupName, workspaceDir: volume.path(id), network, paths, mounts, fromTemplate }),
         ),
       ]);
       if (madeCgroup.status === 'fulfilled') cleanup.push(() => madeCgroup.value.remove());
@@ -176,9 +190,10 @@ export class GvisorBackend implements Backend {
       how.signal?.throwIfAborted();
       const sandbox = new GvisorSandbox({
         id, spec, workspaceDir, cgroup, runsc, layout: this.layout, launcher: paths.launcher, network, mounts, dataDir: paths.dataDir,
+        ...(fromTemplate ? { template: { rootDir: volume.rootPath(id), hostBase: uid, size: RANGE_SIZE, toolsDir: paths.toolsDir } } : {}),
         diskUsed: () => this.host.volume.usedBytes(id),
         release: async () => {
-          this.uidsInUse.delete(uid);
+          releaseUid();
           await network?.release();
           await this.layout.removeCheckpoint(id);
           await this.layout.removeBundle(id);
@@ -200,7 +215,10 @@ export class GvisorBackend implements Backend {
   private async writeBundle(
     id: string,
     spec: SandboxSpec,
-    options: { hostUid: number; cgroupsPath: string; workspaceDir: string; network: NetworkAttachment | undefined; paths: HostPaths; mounts: readonly HostMount[] },
+    options: {
+      hostUid: number; cgroupsPath: string; workspaceDir: string; network: NetworkAttachment | undefined; paths: HostPaths;
+      mounts: readonly HostMount[]; fromTemplate: boolean;
+    },
   ): Promise<void> {
     const { network, paths, mounts } = options;
     const bundleDir = this.layout.bundleDir(id);
@@ -214,11 +232,16 @@ export class GvisorBackend implements Backend {
       ...(network?.resolvConf !== undefined ? { resolvConf: network.resolvConf } : {}),
       ...(network ? { netnsPath: network.path } : {}),
       mountSources: mounts.map((m) => this.layout.mountSource(id, m.index)),
+      ...(options.fromTemplate ? { template: { hostBase: options.hostUid, size: RANGE_SIZE } } : {}),
     });
     await rm(bundleDir, { recursive: true, force: true });
     await mkdir(bundleDir, { recursive: true, mode: 0o700 });
-    await writeRootfs(oci.root.path, mounts.map((m) => ({ path: m.sandboxPath, kind: m.kind })));
-    for (const m of mounts) await makeMountPoint(this.layout.mountSource(id, m.index), m.kind, 0o700);
+    // A template's root and mounts are staged by capsule-launch; the host template's root is a
+    // skeleton of mount points in the bundle.
+    if (!options.fromTemplate) {
+      await writeRootfs(oci.root.path, mounts.map((m) => ({ path: m.sandboxPath, kind: m.kind })));
+      for (const m of mounts) await makeMountPoint(this.layout.mountSource(id, m.index), m.kind, 0o700);
+    }
     await writeFile(join(bundleDir, 'config.json'), JSON.stringify(oci, null, 1), { mode: 0o600 });
   }
 

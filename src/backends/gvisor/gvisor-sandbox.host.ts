@@ -5,11 +5,13 @@ import { join } from 'node:path';
 import { AgentClient, type AgentHandOver, type AgentProcess, type AgentProcessRecord } from '../agent/index.js';
 import { SandboxError } from '../../errors/index.js';
 import type { SandboxCgroup } from '../../host/cgroups.host.js';
+import { egressCounters, type EgressStats } from '../../host/egress/egress-proxy.js';
 import type { NetworkPolicy, SandboxSpec } from '../../spec/index.js';
 import type { BackendSandbox, ExecRequest, PauseOptions, PauseResult, SandboxCounters } from '../backend.js';
 import type { HostMount } from '../../host/mount-roots.host.js';
 import { launchMountArgs, mountRefusal } from '../host-mounts.js';
-import { FIRST_MOUNT_FD } from '../namespace/bwrap-args.js';
+import { FIRST_MOUNT_FD, RESOLV_CONF_FD, ROOT_FD, STAGE, TOOLS_FD } from '../namespace/bwrap-args.js';
+import { STAGE_DIR } from '../../host/sandbox-layout.js';
 import type { GvisorLayout } from './layout.js';
 import type { Runsc } from './runsc.host.js';
 
@@ -39,7 +41,7 @@ export interface NetworkAttachment {
   /** Replaces the sandbox's egress policy; new connections follow it at once. */
   setPolicy?(policy: NetworkPolicy): void;
   /** Denied and over-limit connections so far (the egress proxy's counters). */
-  stats?(): { blocked: number; limitHits: number } | undefined;
+  stats?(): EgressStats | undefined;
   release(): Promise<void>;
 }
 
@@ -54,6 +56,12 @@ export interface GvisorSandboxOptions {
   network: NetworkAttachment | undefined;
   /** Host mounts, attached by capsule-launch in runsc's private mount namespace at each launch. */
   mounts: readonly HostMount[];
+  /**
+   * A sandbox from a template: capsule-launch makes a user namespace with the sandbox's range
+   * and attaches `rootDir` through an idmapped mount at the bundle's rootfs, in runsc's private
+   * mount namespace, at every launch (run and restore).
+   */
+  template?: { rootDir: string; hostBase: number; size: number; toolsDir: string };
   /** Capsule's data directory: never mountable (capsule-launch --forbid). */
   dataDir: string;
   diskUsed: () => Promise<number | undefined>;
@@ -126,7 +134,7 @@ export class GvisorSandbox implements BackendSandbox {
   async counters(): Promise<SandboxCounters> {
     const counters = await this.cgroup.counters();
     const egress = this.options.network?.stats?.();
-    return egress ? { ...counters, egressBlocked: egress.blocked, egressLimitHits: egress.limitHits } : counters;
+    return egress ? { ...counters, ...egressCounters(egress) } : counters;
   }
 
   /** Delegates to the egress network; a sandbox created without one cannot gain one. */
@@ -250,20 +258,38 @@ export class GvisorSandbox implements BackendSandbox {
   }
 
   /**
+   * A sandbox from a template: runsc's gofer runs as the sandbox's host range and cannot reach
+   * the 0700 data directory, so everything it serves is staged under STAGE_DIR in runsc's private
+   * mount namespace: the root (idmapped through a namespace with the sandbox's range), the tools,
+   * a network's resolv.conf and host mounts (see buildOciSpec).
+   */
+  private templateLaunchArgs(template: NonNullable<GvisorSandboxOptions['template']>): string[] {
+    const resolvConf = this.options.network?.resolvConf;
+    return [
+      '--stage', STAGE_DIR,
+      '--userns', `${template.hostBase}:${template.size}`,
+      '--fd', `${ROOT_FD}:${template.rootDir}`, '--attach', `${ROOT_FD}:rw:idmap`, STAGE.root,
+      '--fd', `${TOOLS_FD}:${template.toolsDir}`, '--attach', `${TOOLS_FD}:ro`, STAGE.tools,
+      ...(resolvConf !== undefined ? ['--fd', `${RESOLV_CONF_FD}:${resolvConf}`, '--attach', `${RESOLV_CONF_FD}:ro`, STAGE.resolvConf] : []),
+      ...launchMountArgs(this.options.mounts, FIRST_MOUNT_FD, STAGE.mount),
+    ];
+  }
+
+  /**
    * Starts runsc through capsule-launch, which puts it (and so the sentry, gofer and stubs) in
    * the sandbox's v2 cgroup for freeze and kill, and stays as their subreaper. runsc moves the
    * sentry and gofer into the v1 groups named by cgroupsPath, where the limits are.
    */
   private async launch(runscArgs: string[], waitFor: 'ready' | 'ping'): Promise<void> {
     const network = this.options.network;
-    const { mounts, layout } = this.options;
+    const { mounts, layout, template } = this.options;
     const args = [
       // Forked straight into the v2 group: a migration would wait for an RCU grace period.
       '--cgroup2-dir', this.cgroup.dir('unified'),
       // runsc's gofer opens bundle mount sources as root: each is the launcher's checked mount,
       // attached in a mount namespace of runsc's own, where nothing can swap it.
       '--forbid', this.options.dataDir,
-      ...launchMountArgs(mounts, FIRST_MOUNT_FD, (index) => layout.mountSource(this.id, index)),
+      ...(template ? this.templateLaunchArgs(template) : launchMountArgs(mounts, FIRST_MOUNT_FD, (index) => layout.mountSource(this.id, index))),
       ...(network ? ['--netns', network.path] : []),
       '--', ...(network ? hideRootNetnsMarker() : []),
       this.options.runsc.binary, ...this.options.runsc.flagsFor(network ? 'sandbox' : 'none'), ...runscArgs,

@@ -1,5 +1,6 @@
 import type { SandboxSpec } from '../../spec/index.js';
-import { AGENT_PATH, SANDBOX_UID, TOOLS_DIR } from '../../host/sandbox-layout.js';
+import { AGENT_PATH, SANDBOX_UID, STAGE_DIR, TOOLS_DIR } from '../../host/sandbox-layout.js';
+import { ROOT_CAPABILITIES, STAGE } from '../namespace/bwrap-args.js';
 
 /**
  * Host threads and stub processes of runsc itself (sentry, gofer, Go runtime) that share the
@@ -44,6 +45,13 @@ export interface OciBundleOptions {
   /** Host file bound at /etc/resolv.conf instead of Capsule's empty one (a network's resolver). */
   resolvConf?: string;
   /**
+   * A sandbox from a template: its root snapshot is staged by capsule-launch under STAGE_DIR
+   * through an idmapped mount (writable; /workspace inside), ids 0..65535 map to host
+   * `hostBase`.., and the agent runs as root there with ROOT_CAPABILITIES (in gVisor's kernel).
+   * No /usr, /etc or workspace binds. Absent: the host template.
+   */
+  template?: { hostBase: number; size: number };
+  /**
    * A pre-made network namespace (the sandbox's egress namespace) the sandbox joins; runsc with
    * `--network=sandbox` drives its interface with gVisor's netstack. Without it: a new, empty one.
    */
@@ -86,6 +94,7 @@ const CPU_PERIOD_US = 100_000;
  * environment is empty: each exec carries its own through the agent).
  */
 export function buildOciSpec(spec: SandboxSpec, options: OciBundleOptions): OciSpec {
+  if (options.template !== undefined) return buildTemplateOciSpec(spec, options, options.template);
   const ro = ['rbind', 'ro', 'nosuid', 'nodev'];
   const mounts: OciSpec['mounts'] = [
     { destination: '/proc', type: 'proc', source: 'proc' },
@@ -158,6 +167,42 @@ export function buildOciSpec(spec: SandboxSpec, options: OciBundleOptions): OciS
       },
       cgroupsPath: options.cgroupsPath.startsWith('/') ? options.cgroupsPath : `/${options.cgroupsPath}`,
     },
+  };
+}
+
+/** The OCI spec of a sandbox from a template: its own writable root, root inside, a 65536-id range. */
+function buildTemplateOciSpec(spec: SandboxSpec, options: OciBundleOptions, template: { hostBase: number; size: number }): OciSpec {
+  // runsc's gofer runs as the sandbox's host range here: it cannot traverse the 0700 data
+  // directory, so the root, the tools, a resolv.conf and host mounts are all staged by
+  // capsule-launch under STAGE_DIR, in runsc's private mount namespace.
+  const staged = (name: string) => `${STAGE_DIR}/${name}`;
+  const ro = ['rbind', 'ro', 'nosuid', 'nodev'];
+  const mounts: OciSpec['mounts'] = [
+    { destination: '/proc', type: 'proc', source: 'proc' },
+    { destination: '/dev', type: 'tmpfs', source: 'tmpfs', options: ['nosuid', 'mode=755'] },
+    { destination: '/dev/shm', type: 'tmpfs', source: 'tmpfs', options: ['nosuid', 'nodev', 'mode=1777', `size=${spec.limits.shmBytes}`] },
+  ];
+  if (options.resolvConf !== undefined) mounts.push({ destination: '/etc/resolv.conf', type: 'bind', source: staged(STAGE.resolvConf), options: ro });
+  mounts.push({ destination: '/tmp', type: 'tmpfs', source: 'tmpfs', options: ['nosuid', 'nodev', 'mode=1777', `size=${spec.limits.tmpBytes}`] });
+  spec.mounts.forEach((mount, index) => {
+    mounts.push({ destination: mount.sandboxPath, type: 'bind', source: staged(STAGE.mount(index)), options: ['bind', 'ro', 'nosuid', 'nodev'] });
+  });
+  mounts.push({ destination: TOOLS_DIR, type: 'bind', source: staged(STAGE.tools), options: ro });
+  const caps = [...ROOT_CAPABILITIES];
+  const range = { containerID: 0, hostID: template.hostBase, size: template.size };
+  const base = buildOciSpec(spec, { ...options, template: undefined });
+  return {
+    ...base,
+    process: {
+      ...base.process,
+      user: { uid: 0, gid: 0, additionalGids: [] },
+      cwd: '/workspace',
+      // Root's capabilities in gVisor's kernel only: it starts each process as the user it names.
+      capabilities: { bounding: caps, effective: caps, inheritable: [], permitted: caps, ambient: [] },
+    },
+    root: { path: staged(STAGE.root), readonly: false },
+    mounts,
+    linux: { ...base.linux, uidMappings: [range], gidMappings: [range] },
   };
 }
 

@@ -12,7 +12,20 @@ export const WORKSPACE_FD = 4;
 export const ETC_FD = 5;
 export const TOOLS_FD = 6;
 export const RESOLV_CONF_FD = 7;
+/** A sandbox from a template: its root subvolume, and the user namespace bwrap joins (--userns). */
+export const ROOT_FD = 8;
+export const USERNS_FD = 9;
 export const FIRST_MOUNT_FD = 10;
+
+/**
+ * What root inside a sandbox from a template may do, in its own user namespace only: own and
+ * chown files, change users (dpkg, su), signal its processes, bind low ports. No CAP_SYS_ADMIN,
+ * no CAP_SYS_RESOURCE (RLIMIT_NPROC holds for root too), nothing that reaches the host.
+ */
+export const ROOT_CAPABILITIES = [
+  'CAP_CHOWN', 'CAP_DAC_OVERRIDE', 'CAP_DAC_READ_SEARCH', 'CAP_FOWNER', 'CAP_FSETID', 'CAP_SETUID',
+  'CAP_SETGID', 'CAP_KILL', 'CAP_SETFCAP', 'CAP_NET_BIND_SERVICE', 'CAP_AUDIT_WRITE',
+] as const;
 
 /** Names under STAGE_DIR. */
 export const STAGE = {
@@ -20,6 +33,7 @@ export const STAGE = {
   etc: 'etc',
   tools: 'tools',
   resolvConf: 'resolv.conf',
+  root: 'root',
   mount: (index: number) => `mount-${index}`,
 } as const;
 
@@ -34,6 +48,12 @@ export interface BwrapOptions {
   hasResolvConf?: boolean;
   /** The program bwrap runs as the sandbox's first process. @default [AGENT_PATH] */
   command?: readonly string[];
+  /**
+   * A sandbox from a template: its root is the staged snapshot (STAGE.root, seen through the
+   * launcher's idmapped mount), bwrap joins the user namespace at this fd, and the first process
+   * runs as root there (with ROOT_CAPABILITIES, in that namespace only). Else: the host's /usr.
+   */
+  templateUsernsFd?: number;
 }
 
 /**
@@ -41,6 +61,7 @@ export interface BwrapOptions {
  * the isolation flags. Nothing secret goes here: /proc/1/cmdline inside shows every argument.
  */
 export function buildBwrapArgs(spec: SandboxSpec, options: BwrapOptions): string[] {
+  if (options.templateUsernsFd !== undefined) return buildTemplateBwrapArgs(spec, options, options.templateUsernsFd);
   const args = [
     '--unshare-user', '--unshare-pid', '--unshare-ipc', '--unshare-uts', '--unshare-cgroup',
     ...(options.shareNetwork ? [] : ['--unshare-net']),
@@ -71,6 +92,32 @@ export function buildBwrapArgs(spec: SandboxSpec, options: BwrapOptions): string
   // bwrap builds the root and /dev on tmpfs; nothing outside /workspace, /tmp and /dev/shm may
   // be written (each remount is of that one mount: the binds and tmpfs above keep their own).
   args.push('--remount-ro', '/', '--remount-ro', '/dev');
+  const command = options.command ?? [AGENT_PATH];
+  args.push('--chdir', '/workspace', '--clearenv', '--seccomp', String(options.seccompFd), '--', ...command);
+  return args;
+}
+
+/** The argv of a sandbox from a template: root inside a user namespace with a 65536-id range. */
+function buildTemplateBwrapArgs(spec: SandboxSpec, options: BwrapOptions, usernsFd: number): string[] {
+  const staged = (name: string) => `${options.stageDir}/${name}`;
+  // --userns: the launcher made the namespace (a range, root-written maps), owned by the uid bwrap
+  // runs as. Nested user namespaces stay impossible: seccomp refuses unshare and clone(NEWUSER).
+  const args = [
+    '--userns', String(usernsFd), '--uid', '0', '--gid', '0',
+    '--unshare-pid', '--unshare-ipc', '--unshare-uts', '--unshare-cgroup',
+    ...(options.shareNetwork ? [] : ['--unshare-net']),
+    '--die-with-parent', '--new-session',
+    '--cap-drop', 'ALL', ...ROOT_CAPABILITIES.flatMap((cap) => ['--cap-add', cap]),
+    '--hostname', 'sandbox',
+    // The sandbox's own copy-on-write root, writable: apt-get works, nothing else sees it.
+    '--bind', staged(STAGE.root), '/',
+    '--proc', '/proc', '--dev', '/dev',
+    '--size', String(spec.limits.shmBytes), '--tmpfs', '/dev/shm',
+  ];
+  if (options.hasResolvConf) args.push('--ro-bind', staged(STAGE.resolvConf), '/etc/resolv.conf');
+  args.push('--size', String(spec.limits.tmpBytes), '--tmpfs', '/tmp');
+  spec.mounts.forEach((mount, index) => args.push('--ro-bind', staged(STAGE.mount(index)), mount.sandboxPath));
+  args.push('--ro-bind', staged(STAGE.tools), TOOLS_DIR, '--remount-ro', '/dev');
   const command = options.command ?? [AGENT_PATH];
   args.push('--chdir', '/workspace', '--clearenv', '--seccomp', String(options.seccompFd), '--', ...command);
   return args;

@@ -8,10 +8,12 @@ import { SandboxCgroup, listSandboxCgroups } from '../../host/cgroups.host.js';
 import type { HostEnvironment, HostPaths } from '../../host/host-env.host.js';
 import type { NetworkPolicy, SandboxSpec } from '../../spec/index.js';
 import { EgressNetwork, networkPrerequisitesProblem, type NetworkAttachment } from '../../host/netns-network.host.js';
+import { egressCounters } from '../../host/egress/egress-proxy.js';
 import type { Backend, BackendProbe, BackendSandbox, Capability, CreateOptions, ExecRequest, PauseOptions, PauseResult, ReconcileReport, SandboxCounters } from '../backend.js';
 import type { HostMount } from '../../host/mount-roots.host.js';
 import { STAGE_DIR } from '../../host/sandbox-layout.js';
-import { buildBwrapArgs, ETC_FD, FIRST_MOUNT_FD, RESOLV_CONF_FD, SECCOMP_FD, STAGE, TOOLS_FD, WORKSPACE_FD } from './bwrap-args.js';
+import { RANGE_SIZE } from '../../host/uid-ranges.js';
+import { buildBwrapArgs, ETC_FD, FIRST_MOUNT_FD, RESOLV_CONF_FD, ROOT_FD, SECCOMP_FD, STAGE, TOOLS_FD, USERNS_FD, WORKSPACE_FD } from './bwrap-args.js';
 import { hostMountsOf, launchMountArgs, mountRefusal } from '../host-mounts.js';
 
 /** Host uids for sandboxes come from this range; each live sandbox has its own. */
@@ -77,27 +79,35 @@ export class NamespaceBackend implements Backend {
   async create(spec: SandboxSpec, options: CreateOptions): Promise<BackendSandbox> {
     const mounts = hostMountsOf(spec, options.mounts);
     const paths = await this.host.ensure();
-    const uid = this.allocateUid(options.id);
-    const cleanup: (() => Promise<void>)[] = [() => Promise.resolve(void this.uidsInUse.delete(uid))];
+    const template = options.template;
+    // A sandbox from a template is recovered onto its root as it is (its layer is not needed).
+    const fromTemplate = template !== undefined || (options.reuseWorkspace === true && (await this.host.volume.isRoot(options.id)));
+    const uid = fromTemplate ? this.host.uidRanges.allocate(options.id) : this.allocateUid(options.id);
+    const releaseUid = () => (fromTemplate ? this.host.uidRanges.release(options.id) : void this.uidsInUse.delete(uid));
+    const cleanup: (() => Promise<void>)[] = [() => Promise.resolve(releaseUid())];
     try {
       const cgroup = await SandboxCgroup.create(this.host.cgroupPrefix, options.id, spec.limits);
       cleanup.push(() => cgroup.remove());
       // A fresh workspace gets its quota while the sandbox starts (below), before create()
       // returns: nothing in the sandbox writes to it until the caller runs something.
+      const volume = this.host.volume;
       const workspaceDir = options.reuseWorkspace
-        ? await this.host.volume.adopt(options.id, spec.limits.diskBytes, uid)
-        : await this.host.volume.createWithoutLimit(options.id, uid);
-      cleanup.push(() => this.host.volume.delete(options.id));
+        ? await volume.adopt(options.id, spec.limits.diskBytes, uid)
+        : template
+          ? (await volume.createRoot(options.id, template.layerDir)).workspace
+          : await volume.createWithoutLimit(options.id, uid);
+      cleanup.push(() => volume.delete(options.id));
       const egress = spec.network.mode === 'none' ? undefined : this.egress();
-      const network = await egress?.attach(options.id, spec.network);
+      const network = await egress?.attach(options.id, spec.network, options.tenantId);
       if (egress) cleanup.push(() => egress.detach(options.id));
       options.signal?.throwIfAborted();
       const starting = NamespaceSandbox.start({
         id: options.id, spec, paths, uid, cgroup, workspaceDir, network, egress, mounts,
+        rootDir: fromTemplate ? volume.rootPath(options.id) : undefined,
         diskUsed: () => this.host.volume.usedBytes(options.id),
         setDiskLimit: (bytes) => this.host.volume.setLimit(options.id, bytes),
         release: async () => {
-          this.uidsInUse.delete(uid);
+          releaseUid();
           try {
             await egress?.detach(options.id);
           } finally {
@@ -160,7 +170,10 @@ interface StartOptions {
   id: string;
   spec: SandboxSpec;
   paths: HostPaths;
+  /** The sandbox's host uid, or the first of its range (a sandbox from a template). */
   uid: number;
+  /** A sandbox from a template: its root subvolume (the workspace is inside it). */
+  rootDir: string | undefined;
   cgroup: SandboxCgroup;
   workspaceDir: string;
   mounts: readonly HostMount[];
@@ -211,12 +224,22 @@ class NamespaceSandbox implements BackendSandbox {
   static async start(options: StartOptions): Promise<NamespaceSandbox> {
     const { spec, paths, uid, cgroup } = options;
     const resolvConf = options.network?.resolvConf;
+    const rootDir = options.rootDir;
     const bwrapArgs = buildBwrapArgs(spec, {
       stageDir: STAGE_DIR,
       seccompFd: SECCOMP_FD,
       shareNetwork: options.network !== undefined,
       hasResolvConf: resolvConf !== undefined,
+      ...(rootDir !== undefined ? { templateUsernsFd: USERNS_FD } : {}),
     });
+    // A template's root through an idmapped mount, in a user namespace with a range of its own;
+    // the host template's workspace and prepared /etc as single-uid binds.
+    const own = rootDir !== undefined
+      ? ['--userns', `${uid}:${RANGE_SIZE}:${USERNS_FD}`, '--fd', `${ROOT_FD}:${rootDir}`, '--attach', `${ROOT_FD}:rw:idmap`, STAGE.root]
+      : [
+          '--fd', `${WORKSPACE_FD}:${options.workspaceDir}`, '--attach', `${WORKSPACE_FD}:rw`, STAGE.workspace,
+          '--fd', `${ETC_FD}:${paths.sandboxEtcDir}`, '--attach', `${ETC_FD}:ro`, STAGE.etc,
+        ];
     const launchArgs = [
       ...cgroup.launchArgs(),
       '--rlimit', `fsize=${spec.limits.fileSizeBytes}`,
@@ -227,8 +250,7 @@ class NamespaceSandbox implements BackendSandbox {
       // sandbox's uid cannot reach anything in it by path.
       '--fd', `${SECCOMP_FD}:${paths.seccompBpf}`,
       '--stage', STAGE_DIR,
-      '--fd', `${WORKSPACE_FD}:${options.workspaceDir}`, '--attach', `${WORKSPACE_FD}:rw`, STAGE.workspace,
-      '--fd', `${ETC_FD}:${paths.sandboxEtcDir}`, '--attach', `${ETC_FD}:ro`, STAGE.etc,
+      ...own,
       '--fd', `${TOOLS_FD}:${paths.toolsDir}`, '--attach', `${TOOLS_FD}:ro`, STAGE.tools,
       ...(resolvConf !== undefined ? ['--fd', `${RESOLV_CONF_FD}:${resolvConf}`, '--attach', `${RESOLV_CONF_FD}:ro`, STAGE.resolvConf] : []),
       '--forbid', paths.dataDir,
@@ -274,7 +296,7 @@ class NamespaceSandbox implements BackendSandbox {
   async counters(): Promise<SandboxCounters> {
     const counters = await this.cgroup.counters();
     const egress = this.egress?.stats(this.id);
-    return egress ? { ...counters, egressBlocked: egress.blocked, egressLimitHits: egress.limitHits } : counters;
+    return egress ? { ...counters, ...egressCounters(egress) } : counters;
   }
 
   setNetworkPolicy(policy: NetworkPolicy): Promise<void> {

@@ -1,7 +1,8 @@
 import { Command, Option } from 'commander';
 import { SandboxError } from '../../errors/index.js';
 import type { RunCodeOnceResult } from '../../engine/interpreter/run-once.js';
-import { INTERPRETER_LANGUAGES, type Execution, type ExecutionError, type InterpreterLanguage, type CodeResult } from '../../wire/index.js';
+import { INTERPRETER_LANGUAGES } from '../../wire/constants.js';
+import type { CodeResult, Execution, ExecutionError, InterpreterLanguage } from '../../wire/index.js';
 import { Sandbox } from '../../sdk/index.js';
 import { bytesOption, durationOption } from '../options.js';
 import { LIMIT_EXIT_CODES } from '../exit-codes.js';

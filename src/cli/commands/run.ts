@@ -1,24 +1,16 @@
 import { constants } from 'node:os';
 import { resolve } from 'node:path';
-import { Command, Option } from 'commander';
-import { formatBytes } from '../../spec/index.js';
-import type { RunResult } from '../../engine/runner.js';
-import type { SandboxSpecInput } from '../../spec/index.js';
-import { bytesOption, collect, durationOption, numberOption, parseEnvPairs } from '../options.js';
+import { Command } from 'commander';
+import { formatBytes } from '../../spec/units.js';
+// Static: this module is loaded only for `capsule run` (command-table.ts), which needs the engine.
+import { Runner, type RunResult } from '../../engine/runner.js';
+import { collect, durationOption } from '../options.js';
+import { specFromFlags, withSpecOptions, type SpecFlags } from '../spec-flags.js';
 import { EXIT_COMMAND_NOT_FOUND, EXIT_INTERNAL, LIMIT_EXIT_CODES } from '../exit-codes.js';
 import type { CliContext } from '../context.js';
 
-interface RunFlags {
-  network: 'none' | 'allowlist' | 'internet';
-  allow?: string[];
-  handle?: string[];
-  memory?: number;
+interface RunFlags extends SpecFlags {
   timeout?: number;
-  cpus?: number;
-  pids?: number;
-  disk?: number;
-  fileSize?: number;
-  env?: string[];
   input?: string;
   output?: string;
   cwd?: string;
@@ -27,17 +19,11 @@ interface RunFlags {
 }
 
 export function runCommand(context: CliContext): Command {
-  return new Command('run')
-    .description('Run one command in a fresh sandbox and destroy it afterwards')
-    .addOption(new Option('--network <mode>', 'network access').choices(['none', 'allowlist', 'internet']).default('none'))
-    .option('--allow <domain-or-cidr>', 'allowed destination (repeatable, with --network allowlist)', collect)
-    .option('--handle <name>', 'credential-broker handle the sandbox may use (repeatable)', collect)
-    .option('--memory <size>', 'memory limit, e.g. 256MiB (default 512MiB)', bytesOption('--memory'))
-    .option('--timeout <duration>', 'wall-clock limit, e.g. 10s (default 30s)', durationOption('--timeout'))
-    .option('--cpus <n>', 'CPU cores (default 1)', numberOption('--cpus'))
-    .option('--pids <n>', 'process limit (default 128)', numberOption('--pids'))
-    .option('--disk <size>', 'workspace disk limit (default 512MiB)', bytesOption('--disk'))
-    .option('--file-size <size>', 'largest file a process may write (default 64MiB)', bytesOption('--file-size'))
+  return withSpecOptions(
+    new Command('run')
+      .description('Run one command in a fresh sandbox and destroy it afterwards')
+      .option('--timeout <duration>', 'wall-clock limit, e.g. 10s (default 30s)', durationOption('--timeout')),
+  )
     .option('--env <KEY=VALUE>', 'environment variable (repeatable); nothing else is inherited', collect)
     .option('--input <dir>', 'host directory shown read-only at /input')
     .option('--output <dir>', 'host directory that receives /workspace/output after the run')
@@ -48,26 +34,17 @@ export function runCommand(context: CliContext): Command {
     .addHelpText(
       'after',
       `
+Any other spec field (limits.tmpBytes, mounts, ...) goes in --spec FILE.json; the flags override it.
+
 Exit status: the command's own (128+N when signal N ended it), or
   ${LIMIT_EXIT_CODES.wall_clock} wall clock, ${LIMIT_EXIT_CODES.memory} memory, ${LIMIT_EXIT_CODES.pids} pids, ${LIMIT_EXIT_CODES.disk} disk, ${LIMIT_EXIT_CODES.file_size} file size (limit exceeded);
   127 command not found in the sandbox, 2 bad flags or spec, 69 host not ready, 70 internal error.`,
     )
     .action(async (command: string[], flags: RunFlags) => {
-      const spec: SandboxSpecInput = {
-        limits: {
-          ...(flags.memory !== undefined && { memoryBytes: flags.memory }),
-          ...(flags.timeout !== undefined && { wallClockMs: flags.timeout }),
-          ...(flags.cpus !== undefined && { cpus: flags.cpus }),
-          ...(flags.pids !== undefined && { pids: flags.pids }),
-          ...(flags.disk !== undefined && { diskBytes: flags.disk }),
-          ...(flags.fileSize !== undefined && { fileSizeBytes: flags.fileSize }),
-        },
-        network: { mode: flags.network, allow: flags.allow ?? [], handles: flags.handle ?? [] },
-        env: parseEnvPairs(flags.env ?? []),
-      };
-      // Loaded here, not at start-up: other commands need none of the engine.
-      const { Runner } = await import('../../engine/runner.js');
-      const runner = new Runner({ dataDir: flags.dataDir });
+      const spec = specFromFlags(flags, { limits: { wallClockMs: flags.timeout } });
+      // The host stays prepared after the run (the workspace volume mounted), so the next
+      // `capsule run` does not mount it again; the run's own sandbox is gone either way.
+      const runner = new Runner({ dataDir: flags.dataDir, keepVolumeMounted: true });
       const json = flags.json === true;
       const result = await runner.run(command, {
         spec,

@@ -1,11 +1,10 @@
 import { constants } from 'node:os';
 import { Command, Option } from 'commander';
-import { SandboxError } from '../../errors/index.js';
 import { AbortedError, Sandbox, resolveConfig, type ConnectionOptions, type ExecResult, type SandboxInfo, type SandboxState } from '../../sdk/index.js';
-import type { SandboxSpecInput } from '../../spec/index.js';
 import type { CliContext } from '../context.js';
 import { EXIT_COMMAND_NOT_FOUND, EXIT_INTERNAL, LIMIT_EXIT_CODES } from '../exit-codes.js';
-import { bytesOption, collect, durationOption, numberOption } from '../options.js';
+import { collect, durationOption, numberOption, parsePairs } from '../options.js';
+import { specFromFlags, withSpecOptions, type SpecFlags } from '../spec-flags.js';
 
 /** Flags every client command takes. */
 export interface ClientFlags {
@@ -47,17 +46,10 @@ export function printJson(context: CliContext, value: unknown): void {
   context.stdout.write(`${JSON.stringify(value)}\n`);
 }
 
-interface CreateFlags extends ClientFlags {
-  memory?: number;
+interface CreateFlags extends ClientFlags, SpecFlags {
   timeout?: number;
   wallClock?: number;
-  cpus?: number;
-  pids?: number;
-  disk?: number;
-  network: 'none' | 'allowlist' | 'internet';
-  allow?: string[];
-  handle?: string[];
-  env?: string[];
+  onTimeout?: string;
   metadata?: string[];
   cwd?: string;
 }
@@ -67,6 +59,7 @@ interface NetworkFlags extends ClientFlags {
   allow?: string[];
   handle?: string[];
   maxConnections?: number;
+  maxConcurrentConnections?: number;
 }
 
 interface ListFlags extends ClientFlags {
@@ -88,33 +81,17 @@ export function sandboxCommand(context: CliContext): Command {
   const sandbox = new Command('sandbox').description('Create and drive sandboxes on a Capsule server (capsule serve)');
 
   sandbox.addCommand(
-    clientCommand('create', 'Create a sandbox and print its id')
-      .option('--memory <size>', 'memory limit, e.g. 256MiB (default 512MiB)', bytesOption('--memory'))
+    withSpecOptions(clientCommand('create', 'Create a sandbox and print its id'))
       .option('--timeout <duration>', 'time to live: the sandbox ends this long from now (default 5m)', durationOption('--timeout'))
+      .option('--on-timeout <action>', 'what the end of the time to live does: kill (default) or pause')
       .option('--wall-clock <duration>', 'default wall-clock limit of each process (default 30s)', durationOption('--wall-clock'))
-      .option('--cpus <n>', 'CPU cores (default 1)', numberOption('--cpus'))
-      .option('--pids <n>', 'process limit (default 128)', numberOption('--pids'))
-      .option('--disk <size>', 'workspace disk limit (default 512MiB)', bytesOption('--disk'))
-      .addOption(new Option('--network <mode>', 'network access').choices(['none', 'allowlist', 'internet']).default('none'))
-      .option('--allow <domain-or-cidr>', 'allowed destination (repeatable, with --network allowlist)', collect)
-      .option('--handle <name>', 'credential-broker handle the sandbox may use (repeatable; needs a network)', collect)
       .option('--env <KEY=VALUE>', 'environment variable of every process (repeatable)', collect)
       .option('--metadata <key=value>', 'label to find the sandbox by (repeatable)', collect)
       .option('--cwd <dir>', 'working directory of processes (default /workspace)')
+      .addHelpText('after', '\nAny other spec field (limits.tmpBytes, mounts, ...) goes in --spec FILE.json; the flags override it.')
       .action(async (flags: CreateFlags) => {
-        const spec: SandboxSpecInput = {
-          limits: {
-            ...(flags.memory !== undefined && { memoryBytes: flags.memory }),
-            ...(flags.wallClock !== undefined && { wallClockMs: flags.wallClock }),
-            ...(flags.cpus !== undefined && { cpus: flags.cpus }),
-            ...(flags.pids !== undefined && { pids: flags.pids }),
-            ...(flags.disk !== undefined && { diskBytes: flags.disk }),
-          },
-          network: { mode: flags.network, allow: flags.allow ?? [], handles: flags.handle ?? [] },
-          env: parsePairs('--env', flags.env ?? []),
-          ...(flags.timeout !== undefined && { ttlMs: flags.timeout }),
-          ...(flags.cwd !== undefined && { cwd: flags.cwd }),
-        };
+        const spec = specFromFlags(flags, { ttlMs: flags.timeout, onTimeout: flags.onTimeout, cwd: flags.cwd, limits: { wallClockMs: flags.wallClock } });
+        // The server validates the spec (INVALID_SPEC naming the field), as for any API client.
         const created = await Sandbox.create(spec, { ...connection(flags, context), metadata: parsePairs('--metadata', flags.metadata ?? []) });
         if (flags.json) printJson(context, created.info);
         else context.stdout.write(`${created.sandboxId}\n`);
@@ -253,6 +230,7 @@ export function sandboxCommand(context: CliContext): Command {
       .option('--allow <domain-or-cidr>', 'allowed destination (repeatable, with --network allowlist)', collect)
       .option('--handle <name>', 'credential-broker handle the sandbox may use (repeatable)', collect)
       .option('--max-connections <n>', 'outbound connections over its lifetime (default 4096)', numberOption('--max-connections'))
+      .option('--max-concurrent-connections <n>', 'connections through the egress proxy open at once (default 256)', numberOption('--max-concurrent-connections'))
       .action(async (id: string, flags: NetworkFlags) => {
         const target = await Sandbox.connect(id, connection(flags, context));
         const info = await target.setNetwork({
@@ -260,6 +238,7 @@ export function sandboxCommand(context: CliContext): Command {
           allow: flags.allow ?? [],
           handles: flags.handle ?? [],
           ...(flags.maxConnections !== undefined && { maxConnections: flags.maxConnections }),
+          ...(flags.maxConcurrentConnections !== undefined && { maxConcurrentConnections: flags.maxConcurrentConnections }),
         });
         if (flags.json) return printJson(context, info);
         const { mode, allow, handles } = info.spec.network;
@@ -303,22 +282,6 @@ function printInfo(context: CliContext, flags: ClientFlags, info: SandboxInfo): 
     ...Object.entries(info.metadata).map(([k, v]) => `metadata  ${k}=${v}`),
   ];
   context.stdout.write(`${lines.join('\n')}\n`);
-}
-
-/** Parses repeated `key=value` flags (in an action, where a SandboxError is what gets reported). */
-export function parsePairs(flag: string, pairs: string[]): Record<string, string> {
-  const out: Record<string, string> = {};
-  for (const pair of pairs) {
-    const eq = pair.indexOf('=');
-    if (eq <= 0) {
-      throw new SandboxError('INVALID_ARGUMENT', `${flag}: "${pair}" is not key=value`, {
-        details: { flag, value: pair },
-        hint: `Write ${flag} NAME=value, once per pair.`,
-      });
-    }
-    out[pair.slice(0, eq)] = pair.slice(eq + 1);
-  }
-  return out;
 }
 
 async function readAll(stream: NodeJS.ReadableStream): Promise<Buffer> {

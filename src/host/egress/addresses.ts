@@ -1,5 +1,6 @@
 import { BlockList, isIP } from 'node:net';
 import { networkInterfaces } from 'node:os';
+import { embeddedIpv4, isAmbiguousLocalNat64 } from './embedded-ipv4.js';
 
 /** One always-denied range, with the name a denial reports. */
 interface NamedRange {
@@ -69,6 +70,11 @@ export class ForbiddenAddresses {
     this.ranges = ranges;
   }
 
+  /** The fixed ranges only (what every host denies; tests of the rules themselves). */
+  static fixed(): ForbiddenAddresses {
+    return new ForbiddenAddresses(ALWAYS_DENIED.map(([rule, address, prefix, type]) => range(rule, address, prefix, type)));
+  }
+
   /** The fixed ranges plus what `os.networkInterfaces()` shows now. */
   static forThisHost(): ForbiddenAddresses {
     const ranges = ALWAYS_DENIED.map(([rule, address, prefix, type]) => range(rule, address, prefix, type));
@@ -85,11 +91,27 @@ export class ForbiddenAddresses {
     return new ForbiddenAddresses(ranges);
   }
 
-  /** The rule that forbids `address`, or undefined when it is a public address. */
+  /**
+   * The rule that forbids `address`, or undefined when it is a public address. An IPv6 address
+   * that carries an IPv4 one (NAT64, 6to4, Teredo, mapped, translated, compatible) is also judged
+   * by the IPv4 address it carries: `loopback (in NAT64 64:ff9b::/96)`.
+   */
   match(address: string): string | undefined {
-    const ip = normalizeAddress(address);
+    const ip = normalizeAddress(address).replace(/%.*$/, '');
     const type = addressFamily(ip);
     if (!type) return 'not-an-address';
+    const direct = this.matchPlain(ip, type);
+    if (direct) return direct;
+    if (type === 'ipv4') return undefined;
+    if (isAmbiguousLocalNat64(ip)) return 'nat64-local-use (only its /96 form is judged by the IPv4 address it carries)';
+    for (const { ipv4, form } of embeddedIpv4(ip)) {
+      const rule = this.matchPlain(ipv4, 'ipv4');
+      if (rule) return `${rule} (in ${form})`;
+    }
+    return undefined;
+  }
+
+  private matchPlain(ip: string, type: 'ipv4' | 'ipv6'): string | undefined {
     for (const { rule, list } of this.ranges) if (list.check(ip, type)) return rule;
     return undefined;
   }

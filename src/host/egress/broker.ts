@@ -1,8 +1,10 @@
 import { request as httpRequest, type IncomingMessage, type ServerResponse } from 'node:http';
 import { request as httpsRequest } from 'node:https';
-import { chmod, mkdir, readFile, rename, rm, writeFile } from 'node:fs/promises';
+import { chmod, mkdir, readFile, rename, rm, stat, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { SandboxError } from '../../errors/index.js';
+import { readDecoded, UndecodableBodyError } from './broker-body.js';
+import { parseBrokerTarget, pathUnder } from './broker-path.js';
 
 /** What the operator registers: how one named handle reaches one upstream with one credential. */
 export interface BrokerHandle {
@@ -22,9 +24,20 @@ export interface BrokerHandle {
   maxResponseBytes: number;
   /** PEM file of the CA that signs an `https:` upstream's certificate, when not a public one. */
   caFile?: string;
+  /**
+   * Tenants whose sandboxes may name this handle: the operator's grant. Absent, only the
+   * operator's own tenant (`default`) may. A tenant not listed cannot create a sandbox naming the
+   * handle, set a policy naming it, or spend it through the broker.
+   * @default ['default']
+   */
+  tenants?: string[];
 }
 
-export type BrokerCode = 'BROKER_UNKNOWN_HANDLE' | 'BROKER_METHOD_NOT_ALLOWED' | 'BROKER_PATH_NOT_ALLOWED' | 'BROKER_UPSTREAM_FAILED' | 'BROKER_BAD_REQUEST';
+export type BrokerCode =
+  | 'BROKER_UNKNOWN_HANDLE' | 'BROKER_METHOD_NOT_ALLOWED' | 'BROKER_PATH_NOT_ALLOWED' | 'BROKER_BAD_PATH' | 'BROKER_UPSTREAM_FAILED' | 'BROKER_BAD_REQUEST';
+
+/** The tenant of the operator's own key (the store's DEFAULT_TENANT): ungranted handles are its. */
+export const OPERATOR_TENANT = 'default';
 
 export interface BrokerLogEntry {
   sandboxId: string;
@@ -47,6 +60,8 @@ export interface CredentialBrokerOptions {
 /** The caller of one broker request, as the proxy identified it. */
 export interface BrokerCaller {
   sandboxId: string;
+  /** The sandbox's tenant. @default OPERATOR_TENANT (one-shot runs of the local operator) */
+  tenantId?: string;
   handles: ReadonlySet<string>;
 }
 
@@ -55,6 +70,8 @@ export const BROKER_HOST = 'broker.capsule';
 const REDACTED = Buffer.from('[REDACTED]');
 const MAX_REQUEST_BYTES = 8 * 1024 * 1024;
 const NAME = /^[a-z0-9][a-z0-9._-]{0,63}$/;
+/** A tenant id as the key store writes them (TENANT_ID_PATTERN). */
+const TENANT = /^[a-z0-9][a-z0-9_-]{0,63}$/;
 /** Headers of the sandbox's request that are passed upstream; everything else is dropped. */
 const FORWARDED_REQUEST_HEADERS = ['accept', 'accept-language', 'content-type', 'content-length', 'user-agent', 'if-none-match', 'if-modified-since'];
 const DROPPED_RESPONSE_HEADERS = new Set(['content-length', 'transfer-encoding', 'connection', 'keep-alive', 'content-encoding']);
@@ -69,7 +86,8 @@ export class CredentialBroker {
   private readonly log: (entry: BrokerLogEntry) => void;
   private readonly upstreamTimeoutMs: number;
   private handles = new Map<string, BrokerHandle>();
-  private loaded = false;
+  /** `handles.json`'s mtime and size when it was read; a change is read again (a revoked grant applies at once). */
+  private loadedVersion: string | undefined;
 
   constructor(options: CredentialBrokerOptions) {
     this.dir = options.dir;
@@ -105,6 +123,12 @@ export class CredentialBroker {
     if (handle.pathPrefixes.some((prefix) => !prefix.startsWith('/'))) {
       throw new SandboxError('INVALID_ARGUMENT', `handle ${handle.name}: path prefixes must start with /`);
     }
+    const badTenant = handle.tenants?.find((tenant) => !TENANT.test(tenant));
+    if (badTenant !== undefined) {
+      throw new SandboxError('INVALID_ARGUMENT', `handle ${handle.name}: tenant "${badTenant}" is not a tenant id`, {
+        hint: 'List tenant ids as API keys carry them (lower-case letters, digits, - and _), e.g. tenants: ["acme"].',
+      });
+    }
     if (!Object.values(handle.headers).some((value) => value.includes('{{secret}}'))) {
       throw new SandboxError('INVALID_ARGUMENT', `handle ${handle.name}: no header template uses {{secret}}`, {
         hint: 'Set e.g. headers: { Authorization: "Bearer {{secret}}" }.',
@@ -127,22 +151,43 @@ export class CredentialBroker {
     return [...this.handles.values()].map((h) => ({ ...h, headers: { ...h.headers } }));
   }
 
-  /** Serves one sandbox request for `/<handle>/<path>`. */
+  /**
+   * The handles among `names` that `tenantId` may not use: unknown ones and ones the operator did
+   * not grant to it (the two look the same, so a tenant cannot probe for other tenants' handles).
+   */
+  async ungranted(tenantId: string, names: readonly string[]): Promise<string[]> {
+    await this.load();
+    return names.filter((name) => !this.isGranted(name, tenantId));
+  }
+
+  private isGranted(name: string, tenantId: string): boolean {
+    const handle = this.handles.get(name);
+    return handle !== undefined && (handle.tenants ?? [OPERATOR_TENANT]).includes(tenantId);
+  }
+
+  /**
+   * Serves one sandbox request. `target` is the request target as the sandbox sent it
+   * (`/<handle>/<path>[?query]`), before any URL parser decoded or resolved it.
+   */
   async serve(caller: BrokerCaller, req: IncomingMessage, res: ServerResponse, target: string): Promise<void> {
     await this.load();
     const method = (req.method ?? 'GET').toUpperCase();
-    const parsed = new URL(target, 'http://broker.invalid/');
-    const [, handleName = '', ...rest] = parsed.pathname.split('/');
-    const path = `/${rest.join('/')}`;
+    const parsed = parseBrokerTarget(target);
+    const handleName = 'problem' in parsed ? (target.split('/')[1] ?? '') : parsed.handle;
+    const path = 'problem' in parsed ? target.slice(handleName.length + 1).split('?')[0] ?? '' : parsed.path;
     const entry: BrokerLogEntry = { sandboxId: caller.sandboxId, handle: handleName, method, path, status: 403 };
     const refuse = (status: number, code: BrokerCode, message: string): void => {
       this.log({ ...entry, status, code });
       req.resume();
       sendJson(res, status, { code, message });
     };
+    if ('problem' in parsed) {
+      refuse(400, 'BROKER_BAD_PATH', `the path holds ${parsed.problem}; the broker refuses encoded slashes and backslashes, dot segments and empty segments rather than guess what the upstream makes of them. Send the plain path, e.g. http://broker.capsule/<handle>/docs/a`);
+      return;
+    }
     const handle = this.handles.get(handleName);
-    if (!handle || !caller.handles.has(handleName)) {
-      refuse(403, 'BROKER_UNKNOWN_HANDLE', `handle "${handleName}" is not granted to this sandbox; the operator registers handles and the spec lists them in network.handles`);
+    if (!handle || !caller.handles.has(handleName) || !this.isGranted(handleName, caller.tenantId ?? OPERATOR_TENANT)) {
+      refuse(403, 'BROKER_UNKNOWN_HANDLE', `handle "${handleName}" is not granted to this sandbox; the operator registers handles and grants them to tenants, and the spec lists them in network.handles`);
       return;
     }
     if (!handle.methods.includes(method)) {
@@ -164,7 +209,8 @@ export class CredentialBroker {
     const redact = new Redactor([secret, Buffer.from(secret).toString('base64'), ...injected.map(([, value]) => value)]);
     try {
       const upstream = await this.forward(handle, method, path + parsed.search, req, injected);
-      const { body, truncated } = await readCapped(upstream, handle.maxResponseBytes + redact.longest);
+      // Decoded first: a secret echoed back gzipped would pass a redaction of the compressed bytes.
+      const { body, truncated } = await readDecoded(upstream, handle.maxResponseBytes + redact.longest);
       let clean = redact.buffer(body);
       const cut = truncated || clean.length > handle.maxResponseBytes;
       if (clean.length > handle.maxResponseBytes) clean = clean.subarray(0, handle.maxResponseBytes);
@@ -181,7 +227,8 @@ export class CredentialBroker {
       this.log({ ...entry, status: upstream.statusCode ?? 502, truncated: cut });
     } catch (error) {
       const why = redact.text((error as Error).message);
-      refuse(502, 'BROKER_UPSTREAM_FAILED', `the upstream of handle "${handleName}" failed: ${why}`);
+      const what = error instanceof UndecodableBodyError ? 'answer of the upstream' : 'upstream';
+      refuse(502, 'BROKER_UPSTREAM_FAILED', `the ${what} of handle "${handleName}" failed: ${why}`);
     }
   }
 
@@ -212,6 +259,10 @@ export class CredentialBroker {
       );
       upstream.once('timeout', () => upstream.destroy(new Error(`no answer within ${this.upstreamTimeoutMs} ms`)));
       upstream.once('error', reject);
+      // The sandbox closed its connection: nothing will read the answer.
+      const gone = (): void => void upstream.destroy(new Error('the sandbox closed its connection'));
+      req.socket.once('close', gone);
+      upstream.once('close', () => req.socket.off('close', gone));
       let sent = 0;
       req.on('data', (chunk: Buffer) => {
         sent += chunk.length;
@@ -230,14 +281,33 @@ export class CredentialBroker {
   }
 
   private async load(): Promise<void> {
-    if (this.loaded) return;
+    const file = join(this.dir, 'handles.json');
+    let version: string;
     try {
-      const list = JSON.parse(await readFile(join(this.dir, 'handles.json'), 'utf8')) as BrokerHandle[];
-      this.handles = new Map(list.map((h) => [h.name, h]));
+      const info = await stat(file);
+      version = `${info.mtimeMs}:${info.size}:${info.ino}`;
     } catch (error) {
       if ((error as NodeJS.ErrnoException).code !== 'ENOENT') throw error;
+      version = 'absent';
     }
-    this.loaded = true;
+    if (version === this.loadedVersion) return;
+    if (version === 'absent') {
+      this.handles = new Map();
+    } else {
+      let list: BrokerHandle[];
+      try {
+        list = JSON.parse(await readFile(file, 'utf8')) as BrokerHandle[];
+        if (!Array.isArray(list)) throw new Error('it is not a JSON array');
+      } catch (error) {
+        // No handle is served, and no grant is assumed, until the file reads again.
+        throw new SandboxError('HOST_NOT_READY', `the broker's ${file} cannot be read: ${(error as Error).message}`, {
+          cause: error,
+          hint: 'Fix the file (a JSON array of handles, docs/api.md "Credential broker"); it is read again as soon as it changes.',
+        });
+      }
+      this.handles = new Map(list.map((h) => [h.name, h]));
+    }
+    this.loadedVersion = version;
   }
 
   private async save(): Promise<void> {
@@ -245,6 +315,7 @@ export class CredentialBroker {
     const file = join(this.dir, 'handles.json');
     await writeFile(`${file}.tmp`, JSON.stringify([...this.handles.values()], null, 2), { mode: 0o600 });
     await rename(`${file}.tmp`, file);
+    this.loadedVersion = undefined; // read back on next use: what the file says is what counts
   }
 }
 
@@ -254,36 +325,10 @@ function checkName(name: string, what: string): void {
   }
 }
 
-/** Segment-wise prefix: `/docs` and `/docs/` allow `/docs/a`, never `/docsx`. */
-function pathUnder(path: string, prefix: string): boolean {
-  if (prefix === '/') return true;
-  const base = prefix.endsWith('/') ? prefix.slice(0, -1) : prefix;
-  return path === base || path.startsWith(`${base}/`);
-}
-
 function sendJson(res: ServerResponse, status: number, body: object): void {
   const text = JSON.stringify(body);
   res.writeHead(status, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(text), connection: 'close' });
   res.end(text);
-}
-
-/** Reads up to `limit` bytes of a response; the rest is dropped and the upstream closed. */
-function readCapped(response: IncomingMessage, limit: number): Promise<{ body: Buffer; truncated: boolean }> {
-  return new Promise((resolve, reject) => {
-    const chunks: Buffer[] = [];
-    let size = 0;
-    response.on('data', (chunk: Buffer) => {
-      if (size >= limit) return;
-      chunks.push(chunk.subarray(0, limit - size));
-      size += Math.min(chunk.length, limit - size);
-      if (size >= limit) {
-        response.destroy();
-        resolve({ body: Buffer.concat(chunks), truncated: true });
-      }
-    });
-    response.once('end', () => resolve({ body: Buffer.concat(chunks), truncated: false }));
-    response.once('error', (error) => (size >= limit ? undefined : reject(error)));
-  });
 }
 
 /** Replaces every occurrence of the given values (longest first) with `[REDACTED]`. */

@@ -1,70 +1,22 @@
-import { createServer as createHttpServer, request as httpRequest, type IncomingMessage, type Server as HttpServer, type ServerResponse } from 'node:http';
+import { createServer as createHttpServer, type IncomingMessage, type Server as HttpServer, type ServerResponse } from 'node:http';
 import { createServer as createNetServer, type AddressInfo, type Server as NetServer, type Socket } from 'node:net';
 import { endRaw, openTunnel, sendJson } from './tunnel.js';
 import { lookup } from 'node:dns/promises';
 import type { Duplex } from 'node:stream';
 import type { NetworkPolicy } from '../../spec/index.js';
-import { BROKER_HOST, type CredentialBroker } from './broker.js';
+import { BROKER_HOST } from './broker.js';
 import { addressFamily, ForbiddenAddresses, normalizeAddress } from './addresses.js';
 import { DnsResponder, type DnsQuestion } from './dns.js';
-import { CompiledPolicy, DestinationList, type DenyCode, type Denial } from './policy.js';
+import { CompiledPolicy, DestinationList, type Denial } from './policy.js';
 import { parseClientHello } from './sni.js';
+import { DenialLog } from './denial-log.js';
+import { CAPACITY_RULE, CONCURRENCY_RULE, ConnectionLimits, DEFAULT_EGRESS_TIMEOUTS } from './connection-limits.js';
+import { forwardHttp } from './forward-http.js';
+import { DEFAULT_EGRESS_PORTS, type EgressEvent, type EgressPorts, type EgressProtocol, type EgressProxyOptions, type EgressStats } from './egress-types.js';
 
-/** Ports of the proxy on its address: proxy-aware clients, redirected HTTP, redirected TLS, DNS. */
-export interface EgressPorts {
-  proxy: number;
-  http: number;
-  tls: number;
-  dns: number;
-}
-/** DNS is served on a high port (no clash with a host resolver on *:53); nftables maps port 53 to it. */
-export const DEFAULT_EGRESS_PORTS: EgressPorts = { proxy: 3128, http: 3129, tls: 3130, dns: 3153 };
-
-export type EgressProtocol = 'http' | 'connect' | 'tls' | 'dns';
-
-/** A denied or limited attempt, for metrics (`egress_blocked_total`) and the log. */
-export interface EgressEvent {
-  sandboxId: string;
-  kind: 'blocked' | 'limited';
-  protocol: EgressProtocol;
-  /** `host:port` as the sandbox named it (the name for DNS). */
-  destination: string;
-  code: DenyCode;
-  rule: string;
-  message: string;
-}
-
-export interface EgressStats {
-  /** Outbound connections and proxied requests opened. */
-  connections: number;
-  /** Attempts denied by policy (the per-sandbox `egressBlocked` counter). */
-  blocked: number;
-  /** Attempts refused because `network.maxConnections` was used up. */
-  limitHits: number;
-}
-
-export interface EgressProxyOptions {
-  /** The anchor address the proxy binds (never 0.0.0.0). */
-  address: string;
-  ports?: Partial<EgressPorts>;
-  /** Operator deny list (domains, wildcards, CIDRs): overrides every sandbox's allowlist. */
-  operatorDeny?: readonly string[];
-  /** Name → addresses consulted before the system resolver (an operator "hosts" override). */
-  hosts?: Readonly<Record<string, readonly string[]>>;
-  /** Resolve only names in `hosts`; nothing goes to the system resolver (tests). @default false */
-  hostsOnly?: boolean;
-  broker?: CredentialBroker;
-  /** @default ForbiddenAddresses.forThisHost() */
-  forbidden?: ForbiddenAddresses;
-  /** One call per denied or limited attempt. @default a JSON line on stderr */
-  log?: (event: EgressEvent) => void;
-  connectTimeoutMs?: number;
-  /**
-   * Destination ports of redirected connections (nftables redirects these to the transparent
-   * listeners and the original port is not visible to the proxy). @default { http: 80, tls: 443 }
-   */
-  transparentPorts?: { http: number; tls: number };
-}
+export { DEFAULT_EGRESS_PORTS, egressCounters } from './egress-types.js';
+export { CAPACITY_RULE, CONCURRENCY_RULE } from './connection-limits.js';
+export type { EgressEvent, EgressPorts, EgressProtocol, EgressProxyOptions, EgressStats } from './egress-types.js';
 
 interface TrackedConnection {
   host: string;
@@ -74,17 +26,23 @@ interface TrackedConnection {
 
 interface Client {
   sandboxId: string;
+  tenantId: string | undefined;
   address: string;
   policy: CompiledPolicy;
   stats: EgressStats;
   tunnels: Set<TrackedConnection>;
+  /** Sandbox-side connections open now. */
+  downstream: number;
+  /** Upstream connections (and broker requests) open now. */
+  upstream: number;
 }
 
-type Verdict = { ok: true; address: string } | { ok: false; status: number; body: { code: string; message: string; rule?: string; destination?: string } };
+/** An allowed connection holds an upstream slot until `release` (called once, when it closes). */
+type Verdict =
+  | { ok: true; address: string; release: () => void }
+  | { ok: false; status: number; body: { code: string; message: string; rule?: string; destination?: string } };
 
-const HELLO_TIMEOUT_MS = 5000;
 const MAX_HELLO_BYTES = 20_000; // as tunnel.ts: a ClientHello is far smaller
-const HOP_BY_HOP = new Set(['connection', 'keep-alive', 'proxy-connection', 'proxy-authorization', 'proxy-authenticate', 'te', 'trailer', 'upgrade']);
 
 /**
  * Capsule's egress proxy: the only thing a sandbox with a network can talk to. It serves
@@ -107,6 +65,8 @@ export class EgressProxy {
   private readonly tlsServer: NetServer;
   private readonly dns: DnsResponder;
   private readonly sockets = new Set<Duplex>();
+  private readonly denials: DenialLog;
+  private readonly limits: ConnectionLimits;
 
   constructor(options: EgressProxyOptions) {
     this.options = options;
@@ -114,21 +74,28 @@ export class EgressProxy {
     this.ports = { ...DEFAULT_EGRESS_PORTS, ...options.ports };
     this.operatorDeny = new DestinationList(options.operatorDeny ?? [], { coversSubdomains: true });
     this.forbidden = options.forbidden ?? ForbiddenAddresses.forThisHost();
+    this.denials = new DenialLog({
+      write: options.log ?? ((e) => void process.stderr.write(`capsule egress: ${JSON.stringify(e)}\n`)),
+      windowMs: options.denialLogWindowMs,
+    });
     // A fault in one request must never take the server process down: answer 500 and move on.
     const guard = (res: ServerResponse | Duplex) => (error: unknown): void => {
       process.stderr.write(`capsule egress: internal error: ${(error as Error).message}\n`);
       if ('headersSent' in res && !res.headersSent) sendJson(res, 500, { code: 'EGRESS_INTERNAL', message: 'the egress proxy failed on this request' });
       else res.destroy();
     };
-    this.proxyServer = createHttpServer((req, res) => void this.onRequest(req, res, false).catch(guard(res)));
+    this.limits = new ConnectionLimits({ timeouts: { ...DEFAULT_EGRESS_TIMEOUTS, ...options.timeouts }, maxDescriptors: options.maxDescriptors });
+    const { handshakeTimeoutMs, idleTimeoutMs } = this.limits.timeouts;
+    const httpOptions = { headersTimeout: handshakeTimeoutMs, requestTimeout: 0, keepAliveTimeout: Math.min(5000, idleTimeoutMs) };
+    this.proxyServer = createHttpServer(httpOptions, (req, res) => void this.onRequest(req, res, false).catch(guard(res)));
     this.proxyServer.on('connect', (req: IncomingMessage, socket: Duplex, head: Buffer) => void this.onConnect(req, socket, head).catch(guard(socket)));
-    this.httpServer = createHttpServer((req, res) => void this.onRequest(req, res, true).catch(guard(res)));
-    this.tlsServer = createNetServer((socket) => this.onTls(socket));
-    for (const server of [this.proxyServer, this.httpServer, this.tlsServer]) {
+    this.httpServer = createHttpServer(httpOptions, (req, res) => void this.onRequest(req, res, true).catch(guard(res)));
+    this.tlsServer = createNetServer();
+    for (const [server, protocol] of [[this.proxyServer, 'http'], [this.httpServer, 'http'], [this.tlsServer, 'tls']] as const) {
+      // A sandbox that stops talking mid-request is closed after the idle timeout.
+      if (server !== this.tlsServer) (server as HttpServer).timeout = idleTimeoutMs;
       server.on('connection', (socket: Socket) => {
-        this.sockets.add(socket);
-        socket.once('close', () => this.sockets.delete(socket));
-        socket.on('error', () => undefined);
+        if (this.admit(socket, protocol) && server === this.tlsServer) this.onTls(socket);
       });
     }
     this.dns = new DnsResponder({ address: this.address, port: this.ports.dns, answer: (source, q) => this.answerDns(source, q) });
@@ -158,18 +125,22 @@ export class EgressProxy {
       (server) => new Promise<void>((resolve) => server.close(() => resolve())),
     );
     await Promise.all([...closing, this.dns.close()]);
+    this.denials.close();
     this.byAddress.clear();
     this.byId.clear();
   }
 
-  /** Starts serving a sandbox whose veth address is `address`. */
-  register(sandboxId: string, address: string, policy: NetworkPolicy): void {
+  /** Starts serving a sandbox whose veth address is `address`; `tenantId` is what the broker grants by. */
+  register(sandboxId: string, address: string, policy: NetworkPolicy, tenantId?: string): void {
     const client: Client = {
       sandboxId,
+      tenantId,
       address,
       policy: new CompiledPolicy(policy, this.operatorDeny),
-      stats: { connections: 0, blocked: 0, limitHits: 0 },
+      stats: { connections: 0, blocked: 0, limitHits: 0, lifetimeLimitHits: 0, concurrencyLimitHits: 0, capacityLimitHits: 0, openConnections: 0, capacity: this.limits.capacity },
       tunnels: new Set(),
+      downstream: 0,
+      upstream: 0,
     };
     this.byAddress.set(address, client);
     this.byId.set(sandboxId, client);
@@ -198,8 +169,13 @@ export class EgressProxy {
   }
 
   stats(sandboxId: string): EgressStats | undefined {
-    const stats = this.byId.get(sandboxId)?.stats;
-    return stats ? { ...stats } : undefined;
+    const client = this.byId.get(sandboxId);
+    return client ? { ...client.stats, openConnections: client.downstream + client.upstream } : undefined;
+  }
+
+  /** Descriptors the proxy holds now for all sandboxes, and its budget. */
+  descriptorUse(): { inUse: number; total: number } {
+    return this.limits.descriptorUse();
   }
 
   /** Subscribes to denied and limited attempts; returns the unsubscribe function. */
@@ -214,14 +190,43 @@ export class EgressProxy {
 
   private report(client: Client, kind: EgressEvent['kind'], protocol: EgressProtocol, destination: string, denial: Denial): void {
     if (kind === 'blocked') client.stats.blocked += 1;
-    else client.stats.limitHits += 1;
+    else {
+      client.stats.limitHits += 1;
+      if (denial.rule === CONCURRENCY_RULE) client.stats.concurrencyLimitHits += 1;
+      else if (denial.rule === CAPACITY_RULE) client.stats.capacityLimitHits += 1;
+      else client.stats.lifetimeLimitHits += 1;
+    }
     const event: EgressEvent = { sandboxId: client.sandboxId, kind, protocol, destination, code: denial.code, rule: denial.rule, message: denial.message };
-    const log = this.options.log ?? ((e: EgressEvent) => void process.stderr.write(`capsule egress: ${JSON.stringify(e)}\n`));
-    log(event);
+    this.denials.record(event);
     for (const listener of this.listeners) listener(event);
   }
 
-  /** Name rules, then the connection limit, then resolution and the address rules. */
+  /**
+   * Takes a sandbox-side connection in, or refuses it at once with a reset, counted as an egress
+   * limit, when the sandbox holds its `maxConcurrentConnections` or the proxy its descriptor budget.
+   */
+  private admit(socket: Socket, protocol: EgressProtocol): boolean {
+    socket.on('error', () => undefined);
+    const client = this.clientOf(socket);
+    const refused = this.limits.admit(socket, client);
+    if (refused) {
+      if (client) this.report(client, 'limited', protocol, `${normalizeAddress(socket.localAddress ?? '')}:${socket.localPort ?? 0}`, refused);
+      socket.resetAndDestroy();
+      return false;
+    }
+    this.sockets.add(socket);
+    socket.once('close', () => this.sockets.delete(socket));
+    return true;
+  }
+
+  /** An upstream slot for an allowed connection: its release, or the refusal (reported). */
+  private claimUpstream(client: Client, protocol: EgressProtocol, destination: string): (() => void) | Denial {
+    const claimed = this.limits.claimUpstream(client);
+    if (typeof claimed !== 'function') this.report(client, 'limited', protocol, destination, claimed);
+    return claimed;
+  }
+
+  /** Name rules, then the connection limits, then resolution and the address rules. */
   private async decide(client: Client, host: string, port: number, protocol: EgressProtocol): Promise<Verdict> {
     const destination = `${host}:${port}`;
     const deny = (denial: Denial, kind: EgressEvent['kind'] = 'blocked'): Verdict => {
@@ -246,8 +251,10 @@ export class EgressProxy {
     }
     const address = addresses[0];
     if (address === undefined) return { ok: false, status: 502, body: { code: 'EGRESS_RESOLVE_FAILED', message: `${host} has no address`, destination } };
+    const release = this.claimUpstream(client, protocol, destination);
+    if (typeof release !== 'function') return { ok: false, status: 429, body: { code: release.code, message: release.message, rule: release.rule, destination } };
     client.stats.connections += 1;
-    return { ok: true, address };
+    return { ok: true, address, release };
   }
 
   private async resolve(host: string): Promise<string[]> {
@@ -273,6 +280,7 @@ export class EgressProxy {
   }
 
   private async onRequest(req: IncomingMessage, res: ServerResponse, transparent: boolean): Promise<void> {
+    this.limits.handshaken(req.socket);
     const client = this.clientOf(req.socket);
     if (!client) return sendJson(res, 403, { code: 'EGRESS_UNKNOWN_SOURCE', message: 'this address is not a Capsule sandbox' });
     let target: URL;
@@ -295,7 +303,20 @@ export class EgressProxy {
     const path = `${target.pathname}${target.search}`;
     if (host === BROKER_HOST) {
       if (!this.options.broker) return sendJson(res, 403, { code: 'BROKER_UNKNOWN_HANDLE', message: 'no credential broker is configured on this host' });
-      return this.options.broker.serve({ sandboxId: client.sandboxId, handles: client.policy.handles }, req, res, path);
+      // The target as sent, not as the URL parser normalised it: the broker refuses what it would guess at.
+      const raw = transparent ? (req.url ?? '/') : (req.url ?? '').replace(/^[a-z][a-z0-9+.-]*:\/\/[^/?#]*/i, '') || '/';
+      const caller = { sandboxId: client.sandboxId, handles: client.policy.handles, ...(client.tenantId === undefined ? {} : { tenantId: client.tenantId }) };
+      // A broker request holds an upstream connection like any other (and pipelined ones add up).
+      const release = this.claimUpstream(client, 'http', `${BROKER_HOST}:80`);
+      if (typeof release !== 'function') {
+        req.resume();
+        return sendJson(res, 429, { code: release.code, message: release.message, rule: release.rule, destination: `${BROKER_HOST}:80` });
+      }
+      // Released when the answer is done or the connection goes (a queued pipelined answer never
+      // closes on its own; the broker drops its upstream request when the connection goes too).
+      res.once('close', release);
+      req.socket.once('close', release);
+      return this.options.broker.serve(caller, req, res, raw);
     }
     const port = Number(target.port || 80);
     const verdict = await this.decide(client, host, port, 'http');
@@ -303,34 +324,23 @@ export class EgressProxy {
       req.resume();
       return sendJson(res, verdict.status, verdict.body);
     }
-    const headers: Record<string, string | string[]> = {};
-    for (const [name, value] of Object.entries(req.headers)) if (value !== undefined && !HOP_BY_HOP.has(name)) headers[name] = value;
-    headers.host = target.host;
-    const upstream = httpRequest({ host: verdict.address, port, method: req.method, path, headers, setHost: false, agent: false, timeout: this.options.connectTimeoutMs ?? 10_000 });
-    const tunnel: TrackedConnection = { host, port, close: () => { upstream.destroy(); res.destroy(); } };
-    client.tunnels.add(tunnel);
-    res.once('close', () => client.tunnels.delete(tunnel));
-    // The timeout bounds connecting only: an upstream may think for minutes before it answers.
-    upstream.once('socket', (socket: Socket) => {
-      if (socket.connecting) socket.once('connect', () => upstream.setTimeout(0));
-      else upstream.setTimeout(0);
+    if (req.socket.destroyed) return verdict.release(); // the sandbox left while the name resolved
+    forwardHttp({
+      req, res, host, port, hostHeader: target.host, path, address: verdict.address,
+      connectTimeoutMs: this.options.connectTimeoutMs ?? 10_000,
+      idleTimeoutMs: this.limits.timeouts.idleTimeoutMs,
+      release: verdict.release,
+      track: (close) => {
+        const tracked: TrackedConnection = { host, port, close };
+        client.tunnels.add(tracked);
+        return () => client.tunnels.delete(tracked);
+      },
     });
-    upstream.once('timeout', () => upstream.destroy(new Error(`no connection within ${this.options.connectTimeoutMs ?? 10_000} ms`)));
-    upstream.once('response', (response) => {
-      const out: Record<string, string | string[]> = {};
-      for (const [name, value] of Object.entries(response.headers)) if (value !== undefined && !HOP_BY_HOP.has(name)) out[name] = value;
-      res.writeHead(response.statusCode ?? 502, out);
-      response.pipe(res);
-    });
-    upstream.once('error', (error) => {
-      if (res.headersSent) res.destroy();
-      else sendJson(res, 502, { code: 'EGRESS_UPSTREAM_FAILED', message: `${host}:${port} failed: ${error.message}` });
-    });
-    req.pipe(upstream);
   }
 
   private async onConnect(req: IncomingMessage, socket: Duplex, head: Buffer): Promise<void> {
     socket.on('error', () => undefined);
+    this.limits.handshaken(req.socket); // the same socket, handed over by the HTTP server
     const client = this.clientOf(req.socket);
     const match = /^\[?([^\]]+?)\]?:(\d{1,5})$/.exec(req.url ?? '');
     if (!client || !match) {
@@ -343,21 +353,21 @@ export class EgressProxy {
     }
     const verdict = await this.decide(client, host, port, 'connect');
     if (!verdict.ok) return endRaw(socket, verdict.status, verdict.body);
-    this.tunnel(client, host, port, verdict.address, socket, head, 'HTTP/1.1 200 Connection Established\r\n\r\n');
+    this.tunnel(client, host, port, verdict, socket, head, 'HTTP/1.1 200 Connection Established\r\n\r\n');
   }
 
   private onTls(socket: Socket): void {
     const client = this.clientOf(socket);
     if (!client) return void socket.resetAndDestroy();
+    // The handshake timer (from admit) bounds the wait for the ClientHello.
     let buffered = Buffer.alloc(0);
-    const timer = setTimeout(() => socket.resetAndDestroy(), HELLO_TIMEOUT_MS);
     const onData = (chunk: Buffer): void => {
       buffered = Buffer.concat([buffered, chunk]);
       const hello = parseClientHello(buffered);
       if (hello.kind === 'incomplete' && buffered.length < MAX_HELLO_BYTES) return;
       socket.off('data', onData);
       socket.pause();
-      clearTimeout(timer);
+      this.limits.handshaken(socket);
       const name = hello.kind === 'hello' ? hello.serverName : undefined;
       if (!name) {
         this.report(client, 'blocked', 'tls', `${normalizeAddress(socket.localAddress ?? '')}:443`, {
@@ -371,20 +381,21 @@ export class EgressProxy {
       void this.decide(client, name, port, 'tls').then(
         (verdict) => {
           if (!verdict.ok) return void socket.resetAndDestroy();
-          this.tunnel(client, name, port, verdict.address, socket, buffered, undefined);
+          this.tunnel(client, name, port, verdict, socket, buffered, undefined);
         },
         () => socket.resetAndDestroy(),
       );
     };
     socket.on('data', onData);
-    socket.once('close', () => clearTimeout(timer));
   }
 
   /** Opens a tunnel and tracks it, so that a policy change can close it. */
-  private tunnel(client: Client, host: string, port: number, address: string, socket: Duplex, head: Buffer, greeting: string | undefined): void {
+  private tunnel(client: Client, host: string, port: number, verdict: { address: string; release: () => void }, socket: Duplex, head: Buffer, greeting: string | undefined): void {
+    if (socket.destroyed) return verdict.release(); // the sandbox left while the name resolved
     const opened = openTunnel({
-      address, port, socket, head, greeting,
+      address: verdict.address, port, socket, head, greeting,
       connectTimeoutMs: this.options.connectTimeoutMs ?? 10_000,
+      idleTimeoutMs: this.limits.timeouts.idleTimeoutMs,
       // Inside CONNECT, a ClientHello naming another server than the target (domain fronting
       // through an allowed host) must name an allowed one too; anything not TLS passes.
       admitHello: (hello) => {
@@ -405,6 +416,7 @@ export class EgressProxy {
     opened.upstream.once('close', () => {
       this.sockets.delete(opened.upstream);
       client.tunnels.delete(tracked);
+      verdict.release();
     });
   }
 }

@@ -1,6 +1,7 @@
 import { BlockList } from 'node:net';
 import type { NetworkPolicy } from '../../spec/index.js';
 import { addressFamily, normalizeAddress, parseCidr } from './addresses.js';
+import { embeddedIpv4 } from './embedded-ipv4.js';
 
 /** Stable codes a denial carries in the proxy's JSON body, in logs and in events. */
 export type DenyCode =
@@ -78,6 +79,14 @@ export class DestinationList {
     if (!type) return undefined;
     return this.cidrs.find((rule) => rule.list.check(ip, type))?.entry;
   }
+
+  /**
+   * As matchAddress, and also for the IPv4 address an IPv6 one carries (NAT64, 6to4, Teredo, …):
+   * a deny entry `203.0.113.0/24` also denies `64:ff9b::203.0.113.5`.
+   */
+  matchAddressOrCarried(address: string): string | undefined {
+    return this.matchAddress(address) ?? embeddedIpv4(address).map(({ ipv4 }) => this.matchAddress(ipv4)).find((entry) => entry !== undefined);
+  }
 }
 
 /**
@@ -89,6 +98,7 @@ export class CompiledPolicy {
   readonly mode: NetworkPolicy['mode'];
   readonly handles: ReadonlySet<string>;
   readonly maxConnections: number;
+  readonly maxConcurrentConnections: number;
   private readonly allow: DestinationList;
   private readonly deny: DestinationList;
 
@@ -98,6 +108,7 @@ export class CompiledPolicy {
     this.deny = operatorDeny;
     this.handles = new Set(policy.handles);
     this.maxConnections = policy.maxConnections;
+    this.maxConcurrentConnections = policy.maxConcurrentConnections;
   }
 
   /** Decides a destination as the client named it (a domain or an address literal). */
@@ -108,7 +119,7 @@ export class CompiledPolicy {
       return { code: 'EGRESS_NETWORK_DISABLED', rule: 'mode:none', message: `${destination} denied: this sandbox's network policy is "none"` };
     }
     const literal = addressFamily(normalizeAddress(name)) !== undefined;
-    const denied = literal ? this.deny.matchAddress(name) : this.deny.matchName(name, port);
+    const denied = literal ? this.deny.matchAddressOrCarried(name) : this.deny.matchName(name, port);
     if (denied) {
       return { code: 'EGRESS_OPERATOR_DENY', rule: `operator-deny:${denied}`, message: `${destination} denied by the operator's deny list (${denied})` };
     }
@@ -133,7 +144,7 @@ export class CompiledPolicy {
         message: `${address}:${port}${via} denied: ${rule} addresses are never reachable from a sandbox`,
       };
     }
-    const denied = this.deny.matchAddress(address);
+    const denied = this.deny.matchAddressOrCarried(address);
     if (denied) {
       return { code: 'EGRESS_OPERATOR_DENY', rule: `operator-deny:${denied}`, message: `${address}:${port} (${host}) denied by the operator's deny list (${denied})` };
     }

@@ -16,6 +16,8 @@ export interface TunnelOptions {
   /** Written to the client once the upstream is connected (CONNECT's 200); absent when redirected. */
   greeting?: string;
   connectTimeoutMs: number;
+  /** Once connected, a tunnel with no bytes either way for this long is closed. */
+  idleTimeoutMs: number;
   /**
    * Sees the client's first bytes, parsed as a TLS ClientHello, before anything goes upstream;
    * returning false closes the tunnel with a reset. Only with `greeting` (inside CONNECT).
@@ -37,7 +39,19 @@ export function openTunnel(o: TunnelOptions): Tunnel {
     if (connected || greeting === undefined) socket.destroy();
   });
   socket.once('close', () => upstream.destroy());
-  upstream.once('timeout', () => upstream.destroy(new Error(`no connection within ${o.connectTimeoutMs} ms`)));
+  // Each side's socket times out on its own inactivity; bytes either way are activity on both.
+  upstream.on('timeout', () => {
+    if (connected) close();
+    else upstream.destroy(new Error(`no connection within ${o.connectTimeoutMs} ms`));
+  });
+  if (socket instanceof Socket) {
+    socket.setTimeout(o.idleTimeoutMs);
+    socket.on('timeout', () => close());
+  }
+  const close = (): void => {
+    upstream.destroy();
+    socket.destroy();
+  };
   upstream.once('error', (error) => {
     if (!connected && greeting !== undefined) {
       endRaw(socket, 502, { code: 'EGRESS_UPSTREAM_FAILED', message: `${o.address}:${o.port} failed: ${error.message}` });
@@ -47,7 +61,7 @@ export function openTunnel(o: TunnelOptions): Tunnel {
   });
   upstream.once('connect', () => {
     connected = true;
-    upstream.setTimeout(0);
+    upstream.setTimeout(o.idleTimeoutMs);
     upstream.pipe(socket); // the server may speak first (SSH, SMTP)
     if (greeting === undefined || !o.admitHello) {
       if (greeting !== undefined) socket.write(greeting);
@@ -59,7 +73,7 @@ export function openTunnel(o: TunnelOptions): Tunnel {
     socket.write(greeting);
     gateFirstBytes(socket, upstream, o.head, o.admitHello);
   });
-  return { upstream, close: () => { upstream.destroy(); socket.destroy(); } };
+  return { upstream, close };
 }
 
 /** Holds the client's bytes until they are known not to be TLS, or their ClientHello is admitted. */
@@ -80,10 +94,17 @@ function gateFirstBytes(socket: Duplex, upstream: Socket, head: Buffer, admit: (
   };
   const onData = (chunk: Buffer): void => {
     buffered = Buffer.concat([buffered, chunk]);
-    decide();
+    if (decide()) socket.off('end', onEnd);
+  };
+  // The client half-closed before its first bytes were judged: nothing goes upstream, and the
+  // upstream is half-closed too (a server that speaks first may still answer), as a pipe would.
+  const onEnd = (): void => {
+    socket.off('data', onData);
+    upstream.end();
   };
   if (buffered.length > 0 && decide()) return;
   socket.on('data', onData);
+  socket.once('end', onEnd);
   socket.resume();
 }
 

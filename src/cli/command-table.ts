@@ -1,0 +1,65 @@
+import type { Command } from 'commander';
+import type { CliContext } from './context.js';
+
+/** One top-level command: what `capsule --help` lists, and how to load it when it runs. */
+export interface CommandEntry {
+  name: string;
+  /** How `capsule --help` shows it: the name, `[options]` and its arguments. */
+  term: string;
+  description: string;
+  /** Imports the command's module (and only it) and builds the command. */
+  load: (context: CliContext) => Promise<Command>;
+}
+
+/**
+ * Every top-level command. A run loads only the module of the command it names: `capsule run`
+ * must not pay for the server, the SDK or SQLite, nor `capsule sandbox` for the engine. The
+ * descriptions here are what top-level help shows; a unit test keeps them equal to the commands'.
+ */
+export const COMMANDS: readonly CommandEntry[] = [
+  {
+    name: 'run',
+    term: 'run [options] <command...>',
+    description: 'Run one command in a fresh sandbox and destroy it afterwards',
+    load: async (context) => (await import('./commands/run.js')).runCommand(context),
+  },
+  {
+    name: 'run-code',
+    term: 'run-code [options] <code>',
+    description: 'Run code in a sandbox interpreter (Python by default) and print its output and results',
+    load: async (context) => (await import('./commands/run-code.js')).runCodeCommand(context),
+  },
+  {
+    name: 'sandbox',
+    term: 'sandbox',
+    description: 'Create and drive sandboxes on a Capsule server (capsule serve)',
+    load: async (context) => {
+      const [{ sandboxCommand }, { sandboxMetricsCommand }] = await Promise.all([import('./commands/sandbox.js'), import('./commands/artifacts.js')]);
+      return sandboxCommand(context).addCommand(sandboxMetricsCommand(context));
+    },
+  },
+  {
+    name: 'files',
+    term: 'files',
+    description: "Read and change a sandbox's files (relative paths are under /workspace)",
+    load: async (context) => (await import('./commands/files.js')).filesCommand(context),
+  },
+  {
+    name: 'serve',
+    term: 'serve [options]',
+    description: 'Run the Capsule HTTP API (docs/api.md)',
+    load: async (context) => (await import('./commands/serve.js')).serveCommand(context),
+  },
+  {
+    name: 'audit',
+    term: 'audit',
+    description: "Check the server's audit log",
+    load: async (context) => (await import('./commands/audit.js')).auditCommand(context),
+  },
+  {
+    name: 'artifacts',
+    term: 'artifacts',
+    description: "Collect a sandbox's files into the server's artifact store and fetch them by sha256",
+    load: async (context) => (await import('./commands/artifacts.js')).artifactsCommand(context),
+  },
+];
