@@ -8,7 +8,7 @@ export { LayerStore, type LayerInfo, type LayerMeta, type PendingLayer } from '.
 export { TemplateStore } from './template-store.js';
 export { RegistryCredentials } from './oci/registry-credentials.js';
 export { parseDockerfile, type Instruction } from './dockerfile/parse.js';
-export { parseTemplateRef, PUBLIC_OWNER, DEFAULT_TAG } from './names.js';
+export { isTemplateId, parseTemplateRef, PUBLIC_OWNER, DEFAULT_TAG } from './names.js';
 export { DEFAULT_STEP_LIMITS, type RunStep, type RunStepOptions, type StepResult, type StepRunner } from './builder/step-runner.js';
 export type { BuildRecord, TemplateConfig, TemplateParent, TemplateRecord } from './records.js';
 export type { LogEntry, OnLog } from './build-log.js';

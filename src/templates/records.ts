@@ -7,10 +7,13 @@ export interface TemplateConfig {
   workdir: string;
   /** The user processes run as: a name from the template's /etc/passwd or `uid[:gid]`. */
   user: string;
-  /** Started when a sandbox starts (Dockerfile CMD/ENTRYPOINT, the image's Entrypoint + Cmd), as argv. */
-  startCmd?: string[];
-  /** Polled after the start command until it exits 0, as argv (E2B's readyCmd). */
-  readyCmd?: string[];
+  /**
+   * Started in the background when a sandbox starts, as a shell line (`/bin/sh -c`): a Dockerfile's
+   * CMD/ENTRYPOINT or an image's Entrypoint + Cmd, quoted; E2B's startCmd as given.
+   */
+  startCmd?: string;
+  /** Polled after the start command until it exits 0, as a shell line (E2B's readyCmd). */
+  readyCmd?: string;
 }
 
 /** Where a template's root came from. */

@@ -74,7 +74,7 @@ describe('Dockerfile builds FROM the bootstrapped template (COPY, ENV, ARG, WORK
     const logs: string[] = [];
     const template = await service.build({ owner: OWNER, name: 'app:v1', contextDir: context, onLog: (e) => logs.push(`${e.step} ${e.message}`) });
     expect(template).toMatchObject({ owner: OWNER, name: 'app', tags: ['v1'], source: 'dockerfile', parent: { kind: 'template', name: TEST_DEBIAN } });
-    expect(template.config).toMatchObject({ workdir: '/srv/app', user: 'user', startCmd: ['python3', 'main.py'] });
+    expect(template.config).toMatchObject({ workdir: '/srv/app', user: 'user', startCmd: 'python3 main.py' });
     expect(template.config.env).toMatchObject({ APP_HOME: '/srv/app', GREETING: 'hello', LANG: 'C.UTF-8' });
     expect(template.config.env.PATH).toContain('/usr/bin');
     const root = service.layers.rootOf(template.layer);
@@ -172,7 +172,7 @@ describe('Dockerfile builds FROM the bootstrapped template (COPY, ENV, ARG, WORK
     try {
       const template = await service.build({ owner: OWNER, name: 'tiny-scratch', contextDir: dir });
       expect(template.parent).toEqual({ kind: 'scratch' });
-      expect(template.config).toEqual({ env: {}, workdir: '/', user: 'root', startCmd: ['/hello'] });
+      expect(template.config).toEqual({ env: {}, workdir: '/', user: 'root', startCmd: '/hello' });
       const root = service.layers.rootOf(template.layer);
       expect(await readdir(root)).toEqual(['hello']);
     } finally {

@@ -59,7 +59,7 @@ describe('OCI images (skopeo + umoci, a registry on loopback)', () => {
     expect(template).toMatchObject({ owner: OWNER, name: 'tiny', tags: ['v2'], source: 'image' });
     expect(template.parent).toMatchObject({ kind: 'image', ref: `${open.address}/capsule/tiny:v2` });
     expect(template.layer).toBe(imageLayerKey((template.parent as { digest: string }).digest));
-    expect(template.config).toEqual({ env: { A: '1', PATH: '/bin' }, workdir: '/opt', user: 'app', startCmd: ['/bin/sh', '-c', 'echo hi'] });
+    expect(template.config).toEqual({ env: { A: '1', PATH: '/bin' }, workdir: '/opt', user: 'app', startCmd: "/bin/sh -c 'echo hi'" });
     const root = service.layers.rootOf(template.layer);
     expect(await readFile(join(root, 'opt/hello.txt'), 'utf8')).toBe('hello from the image\n');
     await expect(stat(join(root, 'etc/motd'))).rejects.toMatchObject({ code: 'ENOENT' });

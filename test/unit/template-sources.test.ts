@@ -67,7 +67,7 @@ describe('image config', () => {
       env: { PATH: '/bin', A: 'b=c' },
       workdir: '/app',
       user: '1000:1000',
-      startCmd: ['/bin/sh', '-c', 'echo hi'],
+      startCmd: "/bin/sh -c 'echo hi'",
     });
     expect(runtimeConfig({})).toEqual({ env: {}, workdir: '/', user: 'root' });
   });
@@ -80,7 +80,7 @@ describe('image config', () => {
     };
     const index = JSON.stringify({ manifests: [{ mediaType: 'application/vnd.oci.image.index.v1+json', digest: 'sha256:idx', annotations: { 'org.opencontainers.image.ref.name': 'v1' } }] });
     const config = await readImageConfig(index, 'v1', (d) => Promise.resolve(blobs[d]!));
-    expect(config).toEqual({ env: {}, workdir: '/', user: 'app', startCmd: ['run'] });
+    expect(config).toEqual({ env: {}, workdir: '/', user: 'app', startCmd: 'run' });
     await expect(readImageConfig(index, 'v2', (d) => Promise.resolve(blobs[d]!))).rejects.toMatchObject({ code: 'IMAGE_UNSUPPORTED' });
   });
 

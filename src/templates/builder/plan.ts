@@ -6,6 +6,7 @@ import type { CommandForm, Instruction } from '../dockerfile/parse.js';
 import { processWord, type Lookup } from '../dockerfile/words.js';
 import { hashParts } from '../keys.js';
 import type { TemplateConfig, TemplateParent } from '../records.js';
+import { shellJoin } from '../shell-quote.js';
 
 const DEFAULT_PATH = '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin';
 
@@ -160,11 +161,15 @@ export async function planBuild(instructions: readonly Instruction[], options: P
   return { base, fromKey, steps, config };
 }
 
-/** Docker's rule: an exec-form ENTRYPOINT takes CMD as its arguments; a shell-form one ignores CMD. */
-function startCommand(entrypoint: CommandForm | undefined, cmd: CommandForm | undefined): string[] | undefined {
+/**
+ * The start command as a shell line. Docker's rule: an exec-form ENTRYPOINT takes CMD as its
+ * arguments; a shell-form one ignores CMD. A shell form is its script as written.
+ */
+function startCommand(entrypoint: CommandForm | undefined, cmd: CommandForm | undefined): string | undefined {
   const argv = (form: CommandForm) => (form.form === 'exec' ? form.argv : ['/bin/sh', '-c', form.script]);
-  if (entrypoint) return entrypoint.form === 'shell' || !cmd ? argv(entrypoint) : [...argv(entrypoint), ...argv(cmd)];
-  return cmd ? argv(cmd) : undefined;
+  const line = (form: CommandForm) => (form.form === 'exec' ? shellJoin(form.argv) : form.script);
+  if (entrypoint) return entrypoint.form === 'shell' || !cmd ? line(entrypoint) : shellJoin([...argv(entrypoint), ...argv(cmd)]);
+  return cmd ? line(cmd) : undefined;
 }
 
 /**

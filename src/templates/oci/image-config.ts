@@ -1,11 +1,12 @@
 import { SandboxError } from '../../errors/index.js';
+import { shellJoin } from '../shell-quote.js';
 
 /** The part of an OCI image config a template keeps. */
 export interface ImageRuntimeConfig {
   env: Record<string, string>;
   workdir: string;
   user: string;
-  startCmd?: string[];
+  startCmd?: string;
 }
 
 interface Descriptor {
@@ -47,7 +48,7 @@ interface ImageConfigBody {
   Cmd?: string[] | null;
 }
 
-/** Env, WorkingDir, User and Entrypoint + Cmd (Docker's rule: Cmd are Entrypoint's arguments). */
+/** Env, WorkingDir, User and Entrypoint + Cmd (Docker's rule: Cmd are Entrypoint's arguments) as one shell line. */
 export function runtimeConfig(config: ImageConfigBody): ImageRuntimeConfig {
   const env: Record<string, string> = {};
   for (const entry of config.Env ?? []) {
@@ -59,7 +60,7 @@ export function runtimeConfig(config: ImageConfigBody): ImageRuntimeConfig {
     env,
     workdir: config.WorkingDir && config.WorkingDir.startsWith('/') ? config.WorkingDir : '/',
     user: config.User && config.User !== '' ? config.User : 'root',
-    ...(startCmd.length > 0 ? { startCmd } : {}),
+    ...(startCmd.length > 0 ? { startCmd: shellJoin(startCmd) } : {}),
   };
 }
 
