@@ -96,9 +96,13 @@ export class LayerStore {
 
   /** A new pending layer that starts as a writable copy-on-write snapshot of layer `parent`. */
   async createFrom(parent: string): Promise<PendingLayer> {
-    const source = this.rootOf(parent);
     if (!(await this.has(parent))) throw missingLayer(parent);
-    return this.newPending((root) => runCommand(['btrfs', 'subvolume', 'snapshot', source, root]));
+    return this.createFromDir(this.rootOf(parent));
+  }
+
+  /** A new pending layer that is a snapshot of any subvolume on the volume (a build step's sandbox root). */
+  async createFromDir(subvolume: string): Promise<PendingLayer> {
+    return this.newPending((root) => runCommand(['btrfs', 'subvolume', 'snapshot', subvolume, root]));
   }
 
   /**

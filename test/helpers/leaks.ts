@@ -27,7 +27,7 @@ export async function findLeaks(dataDir: string): Promise<Leaks> {
   const host = new HostEnvironment({ dataDir });
   const cgroups = await listSandboxCgroups(host.cgroupPrefix);
   const processes = await descendants(process.pid);
-  const workspaces = (await readdir(host.volume.mountPoint).catch(() => [] as string[])).filter((e) => e.startsWith('ws-'));
+  const workspaces = (await readdir(host.volume.mountPoint).catch(() => [] as string[])).filter((e) => e.startsWith('ws-') || e.startsWith('sb-'));
   const mountinfo = await readFile('/proc/self/mountinfo', 'utf8');
   const mounts = mountinfo
     .split('\n')

@@ -3,15 +3,30 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { isSandboxError, type SandboxError } from '../../src/errors/index.js';
+import { SandboxStepRunner } from '../../src/engine/build-step-runner.js';
+import { HostEnvironment } from '../../src/host/host-env.host.js';
+import type { RunStep, RunStepOptions, StepResult, StepRunner } from '../../src/templates/builder/step-runner.js';
 import type { TemplateService } from '../../src/templates/template-service.js';
-import { BwrapStepRunner } from '../helpers/bwrap-step-runner.js';
-import { expectNoLeaks } from '../helpers/sandbox.js';
+import { expectNoLeaks, testDataDir } from '../helpers/sandbox.js';
 import { sharedDebianTemplate, testTemplates, TEST_DEBIAN } from '../helpers/templates.js';
 
 const OWNER = 'builder';
 let service: TemplateService;
-let runner: BwrapStepRunner;
+let sandboxes: SandboxStepRunner;
+let runner: RecordingStepRunner;
 let context: string;
+
+/** The engine's step runner, recording what the builder asks of it. */
+class RecordingStepRunner implements StepRunner {
+  readonly steps: RunStep[] = [];
+
+  constructor(private readonly inner: StepRunner) {}
+
+  run(step: RunStep, options: RunStepOptions): Promise<StepResult> {
+    this.steps.push(step);
+    return this.inner.run(step, options);
+  }
+}
 
 const DOCKERFILE = `# a Capsule template
 FROM ${TEST_DEBIAN}
@@ -26,7 +41,8 @@ CMD ["python3", "main.py"]
 `;
 
 beforeAll(async () => {
-  runner = new BwrapStepRunner();
+  sandboxes = new SandboxStepRunner({ host: new HostEnvironment({ dataDir: testDataDir() }) });
+  runner = new RecordingStepRunner(sandboxes);
   service = testTemplates({ stepRunner: runner });
   await sharedDebianTemplate(service);
   context = await mkdtemp(join(tmpdir(), 'capsule-context-'));
@@ -43,6 +59,7 @@ beforeAll(async () => {
   await writeFile(join(context, 'Dockerfile'), DOCKERFILE);
 }, 20 * 60_000);
 afterAll(async () => {
+  await sandboxes?.close();
   await rm(context, { recursive: true, force: true });
 });
 afterEach(expectNoLeaks);
@@ -222,8 +239,8 @@ describe('Dockerfile builds FROM the bootstrapped template (COPY, ENV, ARG, WORK
   });
 });
 
-describe('RUN steps through the StepRunner seam (a bwrap test runner, not the product runtime)', () => {
-  it('runs a RUN in the step\'s snapshot as root, publishes the result, and takes it from the cache next time', async () => {
+describe('RUN steps through the StepRunner seam (the engine\'s, recorded)', () => {
+  it('runs a RUN in a sandbox from the parent layer as root, publishes the result, and takes it from the cache next time', async () => {
     const dir = await dockerfileContext({ Dockerfile: `FROM ${TEST_DEBIAN}\nENV WHO=capsule\nRUN echo "built by $WHO" > /built.txt && id -u > /uid.txt\n` });
     try {
       const calls = runner.steps.length;
@@ -232,6 +249,8 @@ describe('RUN steps through the StepRunner seam (a bwrap test runner, not the pr
       const step = runner.steps.at(-1)!;
       expect(step).toMatchObject({ argv: ['/bin/sh', '-c', 'echo "built by $WHO" > /built.txt && id -u > /uid.txt'], user: 'root', cwd: '/home/user' });
       expect(step.env).toMatchObject({ WHO: 'capsule' });
+      // ENV makes no layer: the step's sandbox is made from the base template's layer itself.
+      expect(step.layerDir).toBe(service.layers.rootOf((await service.resolve(OWNER, TEST_DEBIAN)).layer));
       expect(step.network).toMatchObject({ mode: 'allowlist' });
       expect((step.network.allow ?? []).length).toBeGreaterThan(0);
       const root = service.layers.rootOf(template.layer);

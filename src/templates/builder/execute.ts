@@ -1,4 +1,5 @@
-import { lstat } from 'node:fs/promises';
+import { lstat, readdir, rmdir, unlink } from 'node:fs/promises';
+import { join } from 'node:path';
 import { SandboxError } from '../../errors/index.js';
 import type { NetworkPolicyInput } from '../../spec/index.js';
 import type { BuildLog } from '../build-log.js';
@@ -8,7 +9,7 @@ import { copyInto, makeDirInRoot } from '../rootfs/copy-into.host.js';
 import { resolveInRoot } from '../rootfs/in-root.js';
 import { resolveUserInRoot } from '../rootfs/users.js';
 import type { BuildPlan, PlannedStep } from './plan.js';
-import { DEFAULT_STEP_LIMITS, type RunStep, type StepRunner } from './step-runner.js';
+import { DEFAULT_STEP_LIMITS, type RunStep, type StepResult, type StepRunner } from './step-runner.js';
 
 export interface ExecuteOptions {
   plan: BuildPlan;
@@ -19,7 +20,7 @@ export interface ExecuteOptions {
   lease: (keys: string[]) => Promise<boolean[]>;
   stepRunner?: StepRunner;
   network: NetworkPolicyInput;
-  limits?: RunStep['limits'];
+  limits?: Partial<RunStep['limits']>;
   /** Skip every cache lookup: each step makes a fresh layer (under a key of this build's own). */
   noCache: boolean;
   buildId: string;
@@ -65,15 +66,19 @@ export async function executePlan(options: ExecuteOptions): Promise<{ layer: str
       executed.push({ step: step.step, instruction: step.text, key, cached: true });
       continue;
     }
-    const pending = await layers.createFrom(layer);
-    try {
-      await applyStep(step, pending, options);
-      options.signal?.throwIfAborted();
-      await options.lease([key]);
-      await layers.publish(pending, { key, parent: layer, source: 'step', description: `${options.file}:${step.line}: ${step.text}`.slice(0, 300) });
-    } catch (error) {
-      await layers.discard(pending);
-      throw error;
+    if (step.run) {
+      // The runtime makes the step's sandbox from the parent layer; the builder keeps its root.
+      const parent = await ensureDirLayer(layer, step.run.cwd, options);
+      await runStep(step, parent, key, options);
+    } else {
+      const pending = await layers.createFrom(layer);
+      try {
+        await applyStep(step, pending, options);
+        await publishStep(pending, step, key, layer, options);
+      } catch (error) {
+        await layers.discard(pending);
+        throw error;
+      }
     }
     layer = key;
     executed.push({ step: step.step, instruction: step.text, key, cached: false });
@@ -85,6 +90,31 @@ async function isDirectoryIn(root: string, path: string): Promise<boolean> {
   const place = await resolveInRoot(root, path);
   if (!place.exists) return false;
   return (await lstat(place.hostPath)).isDirectory();
+}
+
+async function publishStep(pending: PendingLayer, step: PlannedStep, key: string, parent: string, options: ExecuteOptions): Promise<void> {
+  options.signal?.throwIfAborted();
+  await options.lease([key]);
+  await options.layers.publish(pending, { key, parent, source: 'step', description: `${options.file}:${step.line}: ${step.text}`.slice(0, 300) });
+}
+
+/**
+ * The layer a RUN starts from must hold its working directory (an image's WorkingDir may not
+ * exist yet): when it does not, a layer with it made (root's, 0755) comes first.
+ */
+async function ensureDirLayer(layer: string, dir: string, options: ExecuteOptions): Promise<string> {
+  if (await isDirectoryIn(options.layers.rootOf(layer), dir)) return layer;
+  const key = hashParts(layer, 'mkdir', dir);
+  if ((await options.lease([key]))[0]) return key;
+  const pending = await options.layers.createFrom(layer);
+  try {
+    await makeDirInRoot(pending.root, dir);
+    await options.layers.publish(pending, { key, parent: layer, source: 'step', description: `mkdir ${dir}` });
+  } catch (error) {
+    await options.layers.discard(pending);
+    throw error;
+  }
+  return key;
 }
 
 async function applyStep(step: PlannedStep, pending: PendingLayer, options: ExecuteOptions): Promise<void> {
@@ -101,12 +131,16 @@ async function applyStep(step: PlannedStep, pending: PendingLayer, options: Exec
     const { selection, dest, chmod } = step.copy;
     await copyInto(selection.entries, { contextDir: options.contextDir, root: pending.root, dest, destIsDir: selection.destIsDir, ...owner, ...(chmod === undefined ? {} : { mode: chmod }), signal: options.signal });
     options.log.info(step.step, `copied ${selection.entries.length} entries to ${dest}`);
-    return;
   }
-  if (step.run) await runStep(step, pending, options, where);
 }
 
-async function runStep(step: PlannedStep, pending: PendingLayer, options: ExecuteOptions, where: string): Promise<void> {
+/**
+ * A RUN: the runtime runs the command in a sandbox made from `parent`; on success the builder
+ * snapshots the sandbox's root into a pending layer (before the sandbox is destroyed), takes
+ * away what the runtime itself put there, and publishes it under the step's key.
+ */
+async function runStep(step: PlannedStep, parent: string, key: string, options: ExecuteOptions): Promise<void> {
+  const where = `${options.file}:${step.line}`;
   if (!options.stepRunner) {
     throw new SandboxError('UNIMPLEMENTED', `${where}: RUN steps need Capsule's template runtime, which this build was not given`, {
       details: { step: step.step, line: step.line },
@@ -114,21 +148,62 @@ async function runStep(step: PlannedStep, pending: PendingLayer, options: Execut
     });
   }
   const run = step.run!;
-  await makeDirInRoot(pending.root, run.cwd);
-  const result = await options.stepRunner.run(
-    { rootDir: pending.root, argv: run.argv, env: run.env, cwd: run.cwd, user: run.user, network: options.network, limits: options.limits ?? DEFAULT_STEP_LIMITS },
-    { onLog: (line, stream) => options.log.write(stream === 'stderr' ? 'warn' : 'info', step.step, line), signal: options.signal },
-  );
-  if (result.outcome === 'ok' && result.exitCode === 0) return;
-  const lastLines = options.log.lastLines(step.step, 10);
+  const parentRoot = options.layers.rootOf(parent);
+  let pending: PendingLayer | undefined;
+  // The command's own last lines (not the builder's), for a failure's message.
+  const output: string[] = [];
+  try {
+    const result = await options.stepRunner.run(
+      { layerDir: parentRoot, argv: run.argv, env: run.env, cwd: run.cwd, user: run.user, network: options.network, limits: { ...DEFAULT_STEP_LIMITS, ...options.limits } },
+      {
+        onLog: (line, stream) => {
+          options.log.write(stream === 'stderr' ? 'warn' : 'info', step.step, line);
+          if (output.push(line) > LAST_LINES) output.shift();
+        },
+        signal: options.signal,
+        keep: async (rootDir) => {
+          pending = await options.layers.createFromDir(rootDir);
+          await removeRuntimeMarks(pending.root, parentRoot);
+        },
+      },
+    );
+    if (result.outcome !== 'ok' || result.exitCode !== 0) throw stepFailed(step, where, result, output);
+    if (!pending) throw new SandboxError('INTERNAL', `${where}: the step runner did not hand back the step's root`);
+    await publishStep(pending, step, key, parent, options);
+  } catch (error) {
+    if (pending) await options.layers.discard(pending);
+    throw error;
+  }
+}
+
+/**
+ * What a sandbox's runtime adds to its root and a layer must not keep: mount points it made
+ * (/workspace, /.capsule, /etc/resolv.conf and the kernel views) where the parent had nothing.
+ * Only empty ones go: what a step itself wrote there stays.
+ */
+const RUNTIME_PATHS = ['workspace', '.capsule', 'etc/resolv.conf', 'proc', 'sys', 'dev/shm', 'dev', 'tmp'];
+
+async function removeRuntimeMarks(root: string, parentRoot: string): Promise<void> {
+  for (const path of RUNTIME_PATHS) {
+    if (await lstat(join(parentRoot, path)).then(() => true, () => false)) continue;
+    const info = await lstat(join(root, path)).catch(() => undefined);
+    if (!info) continue;
+    if (info.isDirectory() && (await readdir(join(root, path))).length === 0) await rmdir(join(root, path));
+    else if (info.isFile() && info.size === 0) await unlink(join(root, path));
+  }
+}
+
+const LAST_LINES = 10;
+
+function stepFailed(step: PlannedStep, where: string, result: StepResult, lastLines: readonly string[]): SandboxError {
   const why =
     result.outcome === 'limit_exceeded'
       ? `stopped by the ${result.limit?.resource ?? ''} limit`
       : result.outcome === 'error'
         ? `could not run: ${result.error?.message ?? result.diagnostic ?? 'the sandbox failed'}`
         : `failed with exit code ${result.exitCode ?? result.signal}`;
-  throw new SandboxError('BUILD_FAILED', `${where}: RUN ${why}${lastLines.length > 0 ? `: ${lastLines.at(-1)}` : ''}`, {
-    details: { step: step.step, line: step.line, exitCode: result.exitCode, outcome: result.outcome, lastLines },
+  return new SandboxError('BUILD_FAILED', `${where}: RUN ${why}${lastLines.length > 0 ? `: ${lastLines.at(-1)}` : ''}`, {
+    details: { step: step.step, line: step.line, exitCode: result.exitCode, outcome: result.outcome, lastLines: [...lastLines] },
     hint: 'Fix the command (the last lines of its output are in details.lastLines and the build log), then build again: the steps before it come from the cache.',
   });
 }

@@ -5,11 +5,10 @@ import type { z } from 'zod';
 /** One RUN step, as the builder hands it to the runtime. */
 export interface RunStep {
   /**
-   * A writable btrfs snapshot of the parent layer (a pending layer's root): the sandbox's root
-   * filesystem. What the command changes there becomes the step's layer once it exits 0. The
-   * runtime must not delete it; the builder publishes or discards it.
+   * The parent layer's read-only root (a subvolume on the workspace volume): the step's sandbox
+   * is made from it as any sandbox from a template is, its root a private writable snapshot.
    */
-  rootDir: string;
+  layerDir: string;
   argv: string[];
   /** The step's whole environment (the build's ENV and ARGs in effect). */
   env: Record<string, string>;
@@ -26,6 +25,12 @@ export interface RunStepOptions {
   /** Every line the command writes, as it comes. */
   onLog: (line: string, stream: 'stdout' | 'stderr') => void;
   signal?: AbortSignal;
+  /**
+   * Called when the command exited 0, before the sandbox is destroyed, with its root (a writable
+   * subvolume whose processes are frozen or gone): the builder snapshots it into the step's
+   * layer. Not called when the command failed or was cancelled.
+   */
+  keep: (rootDir: string) => Promise<void>;
 }
 
 /** What the builder needs of a finished command; an ExecResult has all of it. */
@@ -33,11 +38,11 @@ export type StepResult = Pick<ExecResult, 'outcome' | 'exitCode' | 'signal'> & P
 
 /**
  * The seam between the builder and Capsule's runtime: runs one RUN step in a sandbox of its own
- * whose root is `rootDir`, as `user` (root inside its user namespace for uid 0), under `limits`,
- * with `network`. It resolves when the command has ended and nothing of the sandbox runs or is
- * mounted on `rootDir` any more; cancelled by `signal`, it rejects with ABORTED after the same.
- * The engine implements it (a sandbox created from the parent layer with `user: root`); without
- * one, a build with an uncached RUN step fails with UNIMPLEMENTED.
+ * made from `layerDir`, as `user` (root inside its user namespace for uid 0), under `limits`,
+ * with `network`; hands the root to `keep` when the command succeeded; resolves once the sandbox
+ * is destroyed (nothing of it runs or is mounted any more). Cancelled by `signal`, it rejects
+ * with ABORTED after the same. The engine implements it (src/engine/build-step-runner.ts);
+ * without one, a build with an uncached RUN step fails with UNIMPLEMENTED.
  */
 export interface StepRunner {
   run(step: RunStep, options: RunStepOptions): Promise<StepResult>;
