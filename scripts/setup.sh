@@ -18,7 +18,8 @@ fi
 packages=(bubblewrap libseccomp-dev btrfs-progs gcc make iproute2 nftables uidmap procps
   python3 python3-ipykernel python3-jupyter-client python3-numpy python3-pandas python3-matplotlib
   inotify-tools hyperfine curl
-  ripgrep socat)  # ripgrep, socat: what Anthropic's srt (bench/cli.ts's peer) needs on Linux
+  ripgrep socat  # ripgrep, socat: what Anthropic's srt (bench/cli.ts's peer) needs on Linux
+  mmdebstrap skopeo umoci docker-registry apache2-utils)  # templates; registry + htpasswd for tests
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -28,6 +29,12 @@ if [ "${#missing[@]}" -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -q
   apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+# The docker-registry package starts a registry on all interfaces (:5000) where systemd runs.
+# Capsule's tests start their own on 127.0.0.1 with a config of their own: keep the service off.
+if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then
+  systemctl disable --now docker-registry >/dev/null 2>&1 || true
 fi
 
 # gVisor (the "gvisor" backend): runsc from bookworm-backports, whose 2024-07 build has the fast

@@ -23,6 +23,12 @@ export const ERROR_CODES = [
   'CONFLICT',
   'IDEMPOTENCY_KEY_REUSED',
   'SANDBOX_NOT_RUNNING',
+  // Templates and images.
+  'IMAGE_NOT_FOUND',
+  'IMAGE_UNSUPPORTED',
+  'REGISTRY_UNREACHABLE',
+  'REGISTRY_UNAUTHORIZED',
+  'BUILD_FAILED',
   // Capacity and limits.
   'QUOTA_EXCEEDED',
   /** The host cannot back the request now (the workspace volume is fully promised); retry later. */

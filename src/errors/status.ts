@@ -19,6 +19,15 @@ export const HTTP_STATUS = {
   CONFLICT: 409,
   IDEMPOTENCY_KEY_REUSED: 409,
   SANDBOX_NOT_RUNNING: 409,
+  IMAGE_NOT_FOUND: 404,
+  /** The image cannot be a template as it is (ids past 65535, an unreadable config). */
+  IMAGE_UNSUPPORTED: 422,
+  /** The registry did not answer: a bad host name, a refused connection, TLS. */
+  REGISTRY_UNREACHABLE: 502,
+  /** The registry refused the operator's credentials (or asked for some and none are stored). */
+  REGISTRY_UNAUTHORIZED: 403,
+  /** A build step failed: the details name the step, its line, the exit code and the last log lines. */
+  BUILD_FAILED: 422,
   QUOTA_EXCEEDED: 429,
   CAPACITY_EXHAUSTED: 503,
   LIMIT_EXCEEDED: 422,

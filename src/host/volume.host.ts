@@ -264,6 +264,18 @@ export class WorkspaceVolume {
     };
   }
 
+  /**
+   * Referenced and exclusive bytes of any subvolume on the volume by its id, as its quota group
+   * counts them after the last transaction commit; undefined when the group is gone.
+   */
+  async subvolumeUsage(subvolumeId: number): Promise<{ referencedBytes: number; exclusiveBytes: number } | undefined> {
+    await this.readFsid();
+    const dir = `/sys/fs/btrfs/${this.fsid}/qgroups/0_${subvolumeId}`;
+    const [referenced, exclusive] = await Promise.all(['referenced', 'exclusive'].map((f) => readFile(join(dir, f), 'utf8').catch(() => undefined)));
+    if (referenced === undefined || exclusive === undefined) return undefined;
+    return { referencedBytes: Number(referenced.trim()), exclusiveBytes: Number(exclusive.trim()) };
+  }
+
   /** Sandboxes with a disk on the volume (workspaces and roots), for reconciliation after a crash. */
   async list(): Promise<string[]> {
     const entries = await readdir(this.mountPoint).catch(() => [] as string[]);
@@ -309,7 +321,8 @@ async function own(path: string, uid: number): Promise<void> {
   await chmod(path, 0o700);
 }
 
-async function subvolumeId(path: string): Promise<number | undefined> {
+/** The btrfs subvolume id of `path` (one `btrfs` spawn), or undefined when it is not a subvolume. */
+export async function subvolumeId(path: string): Promise<number | undefined> {
   const result = await runCommand(['btrfs', 'inspect-internal', 'rootid', path], { check: false });
   const id = Number(result.stdout.trim());
   return Number.isInteger(id) && id > 0 ? id : undefined;

@@ -48,6 +48,8 @@ export class ProcessNotFoundError extends NotFoundError {}
 export class FileNotFoundError extends NotFoundError {}
 /** The template a spec named does not exist (or belongs to another tenant). */
 export class TemplateNotFoundError extends NotFoundError {}
+/** A template build failed: `details` names the step, its line and the exit code. */
+export class BuildFailedError extends CapsuleError {}
 export class ConflictError extends CapsuleError {}
 export class AlreadyExistsError extends ConflictError {}
 /** The sandbox exists but is not running (killed, expired, paused). */
@@ -92,6 +94,11 @@ export const ERROR_CLASSES = {
   CONFLICT: ConflictError,
   IDEMPOTENCY_KEY_REUSED: ConflictError,
   SANDBOX_NOT_RUNNING: SandboxNotRunningError,
+  IMAGE_NOT_FOUND: NotFoundError,
+  IMAGE_UNSUPPORTED: InvalidArgumentError,
+  REGISTRY_UNREACHABLE: UnavailableError,
+  REGISTRY_UNAUTHORIZED: PermissionDeniedError,
+  BUILD_FAILED: BuildFailedError,
   QUOTA_EXCEEDED: QuotaExceededError,
   CAPACITY_EXHAUSTED: UnavailableError,
   LIMIT_EXCEEDED: LimitExceededError,

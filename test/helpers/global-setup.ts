@@ -71,9 +71,10 @@ async function isVitestWorker(pid: number): Promise<boolean> {
   // Gone since it was listed: a worker that finished exiting (the next look will not list it).
   if (cmdline === undefined) return true;
   if (cmdline.split('\0')[0]?.endsWith('node') === true && cmdline.includes('vitest')) return true;
-  // A worker that has exited but is not reaped yet is a zombie: its cmdline reads empty.
-  const stat = await readFile(`/proc/${pid}/stat`, 'utf8').catch(() => '');
-  return /^\d+ \(node\) Z /.test(stat);
+  // A worker that is exiting has released its memory: its cmdline reads empty while its name is
+  // still node (a zombie not reaped yet reads the same). Wait for it like any exiting worker.
+  const comm = await readFile(`/proc/${pid}/comm`, 'utf8').catch(() => '');
+  return cmdline === '' && (comm === '' || comm.trim() === 'node');
 }
 
 /**

@@ -14,6 +14,8 @@ export interface Leaks {
   runsc: string[];
   /** Network namespaces and host veths of this instance, except namespaces a pool holds ready and the anchor. */
   network: string[];
+  /** Template builds' pending layers, leases and temp dirs (a finished or failed build removes its own). */
+  templates: string[];
 }
 
 /**
@@ -32,7 +34,13 @@ export async function findLeaks(dataDir: string): Promise<Leaks> {
     .map((line) => line.split(' ')[4] ?? '')
     .filter((target) => target.startsWith(join(dataDir, '/')) && target !== host.volume.mountPoint);
   const runsc = [...(await runscContainers(dataDir)), ...(await gvisorBundles(dataDir))];
-  return { cgroups, processes, workspaces, mounts, runsc, network: await networkLeaks(host) };
+  return { cgroups, processes, workspaces, mounts, runsc, network: await networkLeaks(host), templates: await templateLeaks(dataDir, host.volume.mountPoint) };
+}
+
+/** What a template build leaves only while it runs: pending layers, leases, build temp dirs. */
+async function templateLeaks(dataDir: string, volume: string): Promise<string[]> {
+  const list = async (dir: string, what: string) => (await readdir(dir).catch(() => [] as string[])).map((name) => `${what} ${name}`);
+  return [...(await list(join(volume, 'layers-pending'), 'pending layer')), ...(await list(join(volume, 'layer-leases'), 'lease')), ...(await list(join(dataDir, 'build-tmp'), 'build temp'))];
 }
 
 /** Sandbox namespaces and veths of this instance; a pool's ready namespaces (state "idle") are not leaks. */

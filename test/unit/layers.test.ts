@@ -6,8 +6,9 @@ const SRC = resolve(import.meta.dirname, '..', '..', 'src');
 
 /**
  * Which top-level folders each folder may import (value imports and type imports alike): a strict
- * order with no exception, errors < spec < wire < host < backends < store < engine < metrics <
- * server < cli, and the SDK on the wire contract alone.
+ * order with no exception, errors < spec < wire < host < backends < templates < store < engine <
+ * metrics < server < cli, and the SDK on the wire contract alone. Templates (storage and builds)
+ * stand on the host alone: the engine hands the builder its RUN runtime through an interface.
  */
 const ALLOWED: Record<string, string[]> = {
   errors: [],
@@ -15,12 +16,13 @@ const ALLOWED: Record<string, string[]> = {
   wire: ['errors', 'spec'],
   host: ['errors', 'spec', 'wire'],
   backends: ['errors', 'spec', 'wire', 'host'],
+  templates: ['errors', 'spec', 'wire', 'host'],
   store: ['errors', 'spec', 'wire'],
-  engine: ['errors', 'spec', 'wire', 'host', 'backends', 'store'],
+  engine: ['errors', 'spec', 'wire', 'host', 'backends', 'templates', 'store'],
   metrics: ['errors', 'spec', 'wire', 'engine'],
-  server: ['errors', 'spec', 'wire', 'engine', 'store', 'metrics'],
+  server: ['errors', 'spec', 'wire', 'engine', 'templates', 'store', 'metrics'],
   sdk: ['errors', 'spec', 'wire'],
-  cli: ['errors', 'spec', 'wire', 'engine', 'sdk', 'server', 'store', 'backends', 'host', 'metrics'],
+  cli: ['errors', 'spec', 'wire', 'engine', 'sdk', 'server', 'store', 'backends', 'templates', 'host', 'metrics'],
 };
 
 function files(dir: string): string[] {

@@ -1,0 +1,32 @@
+import { HOST_TEMPLATE } from '../spec/index.js';
+import { isTemplateId, parseTemplateRef, type TemplateService } from '../templates/index.js';
+import { HOST_IMAGE, type TemplateCatalog, type TemplateImage } from './templates.js';
+
+/**
+ * The engine's template catalog over Capsule's template store: `spec.template` names a template
+ * of the caller's tenant (or a public one) by `name[:tag]` or id, and sandboxes are made from its
+ * top layer with its config as defaults. `host` stays the host's own /usr.
+ */
+export class StoredTemplates implements TemplateCatalog {
+  constructor(
+    private readonly templates: TemplateService,
+    /** The template of specs that name none. @default 'host' */
+    readonly defaultRef: string = HOST_TEMPLATE,
+  ) {}
+
+  async resolve(tenantId: string, ref: string): Promise<TemplateImage> {
+    if (ref === HOST_TEMPLATE) return HOST_IMAGE;
+    const record = await this.templates.resolve(tenantId, ref);
+    const name = isTemplateId(ref) ? ref : (({ name: n, tag }) => `${n}:${tag}`)(parseTemplateRef(ref));
+    const { env, workdir, user, startCmd, readyCmd } = record.config;
+    return {
+      ref: name,
+      layerDir: this.templates.layers.rootOf(record.layer),
+      env,
+      workdir,
+      user,
+      ...(startCmd !== undefined ? { startCmd } : {}),
+      ...(readyCmd !== undefined ? { readyCmd } : {}),
+    };
+  }
+}

@@ -1,0 +1,300 @@
+import { mkdir, readdir, readFile, rename, rm, writeFile } from 'node:fs/promises';
+import { join } from 'node:path';
+import { SandboxError } from '../errors/index.js';
+import { runCommand } from '../host/run-command.host.js';
+import { subvolumeId, type WorkspaceVolume } from '../host/volume.host.js';
+import { pathExists } from '../host/fs-util.js';
+import { withLock } from '../host/lock.host.js';
+import { isOwnerAlive, ownedName } from './owner.js';
+import { isLayerKey } from './keys.js';
+import type { TemplateConfig } from './records.js';
+
+/** Where a layer came from. */
+export type LayerSource = 'debian' | 'image' | 'step' | 'scratch';
+
+export interface LayerMeta {
+  key: string;
+  /** The layer this one was snapshotted from; garbage collection keeps a kept layer's parent. */
+  parent?: string;
+  source: LayerSource;
+  /** One line for `ls`: the suite, the image digest, or the build step. */
+  description: string;
+  createdAt: string;
+  subvolumeId: number;
+  /** An image's own config (Env, WorkingDir, User, Entrypoint + Cmd), kept with its layer. */
+  config?: TemplateConfig;
+}
+
+export interface LayerInfo extends LayerMeta {
+  /** Bytes the layer's root refers to (shared with its parent and children included). */
+  referencedBytes?: number;
+  /** Bytes only this layer holds: what deleting it frees. */
+  exclusiveBytes?: number;
+}
+
+/** A layer being filled: a writable subvolume at `root`, this process's until published or discarded. */
+export interface PendingLayer {
+  readonly name: string;
+  readonly root: string;
+}
+
+export interface CollectOptions {
+  /** Layers something durable refers to: every template's top layer. Their parents are kept too. */
+  roots: Iterable<string>;
+  /** The engine's word on layers under live sandboxes. @default () => false */
+  isInUse?: (key: string) => boolean;
+}
+
+export interface CollectReport {
+  removed: string[];
+  /** Exclusive bytes of the removed layers, as their quota groups counted them just before. */
+  freedBytes: number;
+}
+
+/**
+ * Template layers on the workspace volume: content-addressed, read-only btrfs subvolumes at
+ * `layers/<key>/root` beside their `meta.json`. A layer is filled in `layers-pending/<owner>/root`
+ * and published by one rename of that directory, so a reader sees a layer whole or not at all;
+ * a crashed or cancelled fill leaves only a pending directory that `reconcile()` removes once its
+ * owner process is gone. Deleting unpublishes first (a rename back into pending), for the same
+ * reason. See docs/decisions/010-template-storage.md.
+ */
+export class LayerStore {
+  readonly layersDir: string;
+  readonly pendingDir: string;
+  private readonly leasesDir: string;
+
+  constructor(readonly volume: WorkspaceVolume) {
+    this.layersDir = join(volume.mountPoint, 'layers');
+    this.pendingDir = join(volume.mountPoint, 'layers-pending');
+    this.leasesDir = join(volume.mountPoint, 'layer-leases');
+  }
+
+  async ensure(): Promise<void> {
+    await this.volume.ensure();
+    for (const dir of [this.layersDir, this.pendingDir, this.leasesDir]) await mkdir(dir, { recursive: true, mode: 0o700 });
+  }
+
+  /** The read-only root filesystem of a published layer. */
+  rootOf(key: string): string {
+    return join(this.layersDir, checkedKey(key), 'root');
+  }
+
+  async has(key: string): Promise<boolean> {
+    return pathExists(join(this.layersDir, checkedKey(key), 'meta.json'));
+  }
+
+  async meta(key: string): Promise<LayerMeta | undefined> {
+    const text = await readFile(join(this.layersDir, checkedKey(key), 'meta.json'), 'utf8').catch(() => undefined);
+    return text === undefined ? undefined : (JSON.parse(text) as LayerMeta);
+  }
+
+  /** A new, empty pending layer (a fresh subvolume: root-owned, 0755). */
+  async createEmpty(): Promise<PendingLayer> {
+    return this.newPending((root) => runCommand(['btrfs', 'subvolume', 'create', root]));
+  }
+
+  /** A new pending layer that starts as a writable copy-on-write snapshot of layer `parent`. */
+  async createFrom(parent: string): Promise<PendingLayer> {
+    if (!(await this.has(parent))) throw missingLayer(parent);
+    return this.createFromDir(this.rootOf(parent));
+  }
+
+  /** A new pending layer that is a snapshot of any subvolume on the volume (a build step's sandbox root). */
+  async createFromDir(subvolume: string): Promise<PendingLayer> {
+    return this.newPending((root) => runCommand(['btrfs', 'subvolume', 'snapshot', subvolume, root]));
+  }
+
+  /**
+   * A writable snapshot of layer `key` at `dir` (which must not exist), for a sandbox's root or a
+   * build step's working copy. The caller owns it and deletes it with `deleteSnapshot`.
+   */
+  async snapshotWritable(key: string, dir: string): Promise<string> {
+    if (!(await this.has(key))) throw missingLayer(key);
+    await runCommand(['btrfs', 'subvolume', 'snapshot', this.rootOf(key), dir]);
+    return dir;
+  }
+
+  /** Deletes a writable snapshot made by `snapshotWritable` (absent is fine). */
+  async deleteSnapshot(dir: string): Promise<void> {
+    if (await pathExists(dir)) await runCommand(['btrfs', 'subvolume', 'delete', dir]);
+  }
+
+  private async newPending(fill: (root: string) => Promise<unknown>): Promise<PendingLayer> {
+    const name = ownedName();
+    const dir = join(this.pendingDir, name);
+    await mkdir(dir, { mode: 0o700 });
+    const pending = { name, root: join(dir, 'root') };
+    try {
+      await fill(pending.root);
+    } catch (error) {
+      await this.discard(pending);
+      throw error;
+    }
+    return pending;
+  }
+
+  /**
+   * Makes `pending` the read-only layer `meta.key`. When that layer already exists (another build
+   * made the same step meanwhile) the pending copy is discarded and the existing layer returned.
+   */
+  async publish(pending: PendingLayer, meta: Omit<LayerMeta, 'createdAt' | 'subvolumeId'>): Promise<LayerMeta> {
+    checkedKey(meta.key);
+    await runCommand(['btrfs', 'property', 'set', '-ts', pending.root, 'ro', 'true']);
+    const id = await subvolumeId(pending.root);
+    if (id === undefined) throw new SandboxError('INTERNAL', `${pending.root} is not a btrfs subvolume`);
+    const full: LayerMeta = { ...meta, createdAt: new Date().toISOString(), subvolumeId: id };
+    await writeFile(join(this.pendingDir, pending.name, 'meta.json'), `${JSON.stringify(full)}\n`, { mode: 0o600 });
+    try {
+      await rename(join(this.pendingDir, pending.name), join(this.layersDir, meta.key));
+      return full;
+    } catch (error) {
+      const code = (error as NodeJS.ErrnoException).code;
+      if (code !== 'ENOTEMPTY' && code !== 'EEXIST') throw error;
+      await this.discard(pending);
+      const existing = await this.meta(meta.key);
+      if (!existing) throw error;
+      return existing;
+    }
+  }
+
+  /** Removes a pending layer (cancel, failure). Safe on a half-made one and twice. */
+  async discard(pending: PendingLayer): Promise<void> {
+    await removeLayerDir(join(this.pendingDir, pending.name));
+  }
+
+  /** Every published layer with its sizes (one `btrfs filesystem sync` so the counts are current). */
+  async list(): Promise<LayerInfo[]> {
+    const keys = (await readdir(this.layersDir).catch(() => [] as string[])).filter(isLayerKey);
+    if (keys.length > 0) await runCommand(['btrfs', 'filesystem', 'sync', this.volume.mountPoint]);
+    const layers: LayerInfo[] = [];
+    for (const key of keys) {
+      const meta = await this.meta(key);
+      if (!meta) continue;
+      const usage = await this.volume.subvolumeUsage(meta.subvolumeId);
+      layers.push({ ...meta, ...usage });
+    }
+    return layers;
+  }
+
+  /** Referenced and exclusive bytes of one layer (after a sync, so a fresh layer is counted). */
+  async usage(key: string): Promise<{ referencedBytes: number; exclusiveBytes: number } | undefined> {
+    const meta = await this.meta(key);
+    if (!meta) return undefined;
+    await runCommand(['btrfs', 'filesystem', 'sync', this.volume.mountPoint]);
+    return this.volume.subvolumeUsage(meta.subvolumeId);
+  }
+
+  /** Deletes a layer: unpublished by a rename first, so a crash midway leaves only a pending dir. */
+  async delete(key: string): Promise<void> {
+    const name = ownedName();
+    try {
+      await rename(join(this.layersDir, checkedKey(key)), join(this.pendingDir, name));
+    } catch (error) {
+      if ((error as NodeJS.ErrnoException).code === 'ENOENT') return;
+      throw error;
+    }
+    await removeLayerDir(join(this.pendingDir, name));
+  }
+
+  /**
+   * Holds `keys` against garbage collection for this process's lifetime (a build's base and the
+   * layers it made before its template exists). Returns true for each key that exists now: a key
+   * leased and found here cannot be collected later, by this process or another.
+   */
+  async lease(lease: string, keys: string[]): Promise<boolean[]> {
+    const file = join(this.leasesDir, lease);
+    return withLock(join(this.volume.mountPoint, 'layers.lock'), async () => {
+      const held = new Set<string>(JSON.parse(await readFile(file, 'utf8').catch(() => '[]')) as string[]);
+      for (const key of keys) held.add(checkedKey(key));
+      await writeFile(file, JSON.stringify([...held]), { mode: 0o600 });
+      return Promise.all(keys.map((key) => this.has(key)));
+    });
+  }
+
+  /** Ends a lease (a build finished or failed). */
+  async release(lease: string): Promise<void> {
+    await rm(join(this.leasesDir, lease), { force: true });
+  }
+
+  /**
+   * Deletes every layer that no root, lease or live sandbox needs, keeping each kept layer's
+   * ancestors. Runs under the store's lock, so a lease taken meanwhile waits and then sees the
+   * layer gone (and the build rebuilds it) instead of racing the delete.
+   */
+  async collect(options: CollectOptions): Promise<CollectReport> {
+    const isInUse = options.isInUse ?? (() => false);
+    return withLock(join(this.volume.mountPoint, 'layers.lock'), async () => {
+      const layers = await this.list();
+      const byKey = new Map(layers.map((layer) => [layer.key, layer]));
+      const keep = new Set<string>();
+      const visit = (key: string | undefined): void => {
+        for (let cursor = key; cursor !== undefined && !keep.has(cursor); cursor = byKey.get(cursor)?.parent) keep.add(cursor);
+      };
+      for (const key of options.roots) visit(key);
+      for (const key of await this.leasedKeys()) visit(key);
+      for (const layer of layers) if (isInUse(layer.key)) visit(layer.key);
+      const report: CollectReport = { removed: [], freedBytes: 0 };
+      for (const layer of layers) {
+        if (keep.has(layer.key)) continue;
+        await this.delete(layer.key);
+        report.removed.push(layer.key);
+        report.freedBytes += layer.exclusiveBytes ?? 0;
+      }
+      return report;
+    }, 600_000);
+  }
+
+  /** Keys held by leases of live processes; leases of dead ones are removed. */
+  private async leasedKeys(): Promise<string[]> {
+    const keys: string[] = [];
+    for (const name of await readdir(this.leasesDir).catch(() => [] as string[])) {
+      const file = join(this.leasesDir, name);
+      if (!isOwnerAlive(name)) {
+        await rm(file, { force: true });
+        continue;
+      }
+      keys.push(...(JSON.parse(await readFile(file, 'utf8').catch(() => '[]')) as string[]));
+    }
+    return keys;
+  }
+
+  /** Removes pending layers and leases whose owner process is gone (a crash, a kill). */
+  async reconcile(): Promise<string[]> {
+    const removed: string[] = [];
+    for (const name of await readdir(this.pendingDir).catch(() => [] as string[])) {
+      if (isOwnerAlive(name)) continue;
+      await removeLayerDir(join(this.pendingDir, name));
+      removed.push(`pending layer ${name}`);
+    }
+    await this.leasedKeys();
+    return removed;
+  }
+
+  /** Pending layers of this volume, for leak checks. */
+  async pending(): Promise<string[]> {
+    return readdir(this.pendingDir).catch(() => [] as string[]);
+  }
+}
+
+/** Deletes `dir/root` as a subvolume (it may be read-only) or a plain dir, then `dir`. */
+async function removeLayerDir(dir: string): Promise<void> {
+  const root = join(dir, 'root');
+  if (await pathExists(root)) {
+    const id = await subvolumeId(root);
+    if (id !== undefined && id !== 5) await runCommand(['btrfs', 'subvolume', 'delete', root]);
+  }
+  await rm(dir, { recursive: true, force: true });
+}
+
+function checkedKey(key: string): string {
+  if (!isLayerKey(key)) throw new SandboxError('INTERNAL', `not a layer key: ${JSON.stringify(key)}`);
+  return key;
+}
+
+function missingLayer(key: string): SandboxError {
+  return new SandboxError('TEMPLATE_NOT_FOUND', `layer ${key.slice(0, 12)} is not in the layer store`, {
+    details: { layer: key },
+    hint: 'It was pruned; rebuild the template (capsule template ls shows what exists).',
+  });
+}
