@@ -10,6 +10,8 @@ import { MemoryRecordStore, type SandboxRecordStore } from '../store/index.js';
 import type { ArtifactStore } from '../store/artifacts/index.js';
 import { isLiveState, type ProcessInfo, type SandboxInfo, type UsageSample } from '../wire/index.js';
 import { collectArtifacts, type Collection } from './artifacts.js';
+import { SandboxStepRunner } from './build-step-runner.js';
+import type { StepRunner } from '../templates/index.js';
 import type { VolumeCapacity } from '../host/volume.host.js';
 import { assertEnforceable } from './capabilities.js';
 import { openEngineHost, type EngineHostOptions } from './engine-host.js';
@@ -341,6 +343,15 @@ export class SandboxManager implements SandboxEngine {
       tenantId,
       onOutcome: (outcome) => this.observer.onArtifact?.(outcome),
     });
+  }
+
+  /**
+   * A runner of Dockerfile RUN steps on this engine's host and backends (a template service's
+   * StepRunner): each step a sandbox from its parent layer under the operator's maxima.
+   */
+  buildStepRunner(): StepRunner {
+    if (!this.host) throw new SandboxError('UNIMPLEMENTED', 'this engine runs on given backends with no host: it cannot run build steps');
+    return new SandboxStepRunner({ host: this.host, backends: [...this.backends.values()], maxima: this.maxima });
   }
 
   /** Destroys every live sandbox; records say why. */

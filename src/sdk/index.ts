@@ -20,3 +20,4 @@ export { Files, type ReadFormat, type ReadOptions, type WatchHandle, type WatchO
 export { DEFAULT_REQUEST_TIMEOUT_MS, DEFAULT_URL, resolveConfig, type ConnectionOptions, type ResolvedConfig } from './config.js';
 export * from './errors.js';
 export type * from './types.js';
+export { Template, type BuildLogEntry, type BuildOptions as TemplateBuildOptions, type BuildTemplateRequest, type TemplateBuildInfo, type TemplateInfo, type TemplateSource } from './templates.js';

@@ -20,6 +20,7 @@ import { operatorRoutes } from './routes/operators.js';
 import { processRoutes } from './routes/processes.js';
 import { sandboxRoutes } from './routes/sandboxes.js';
 import { usageRoutes } from './routes/usage.js';
+import { templateRoutes } from './routes/templates.js';
 import type { ServerServices } from './services.js';
 
 export const API_VERSION = '0.1.0';
@@ -41,6 +42,8 @@ export interface CapsuleAppOptions {
   extensions?: ((app: FastifyInstance, services: ServerServices) => void)[];
   /** Metrics, artifacts, usage samples and output logs; each adds its routes when present. */
   observability?: Pick<ServerServices, 'metrics' | 'artifacts' | 'processLogs' | 'diskQuota'>;
+  /** Templates and their builds (/v1/templates). @default none: the routes are not there */
+  templates?: ServerServices['templates'];
 }
 
 /** A request Node's HTTP parser refused (bad headers, too large): answered on the socket. */
@@ -87,6 +90,7 @@ export class CapsuleApp {
       closeSignal: this.closeController.signal,
       atomically: atomically(options.db),
       ...options.observability,
+      ...(options.templates ? { templates: options.templates } : {}),
     };
     this.app = Fastify({
       logger: options.logger ?? false,
@@ -114,6 +118,7 @@ export class CapsuleApp {
       ...artifactRoutes(this.services),
       ...usageRoutes(this.services),
       ...metricsRoutes(this.services),
+      ...templateRoutes(this.services),
     ];
     let openapi: object | undefined;
     this.routes.push(

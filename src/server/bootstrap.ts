@@ -1,4 +1,5 @@
 import { isIP } from 'node:net';
+import { join } from 'node:path';
 import type { FastifyServerOptions } from 'fastify';
 import { SandboxError } from '../errors/index.js';
 import { createSandboxFiles } from '../engine/files/index.js';
@@ -10,6 +11,9 @@ import { API_KEY_PATTERN, ApiKeyStore, AuditLog, OperationStore, SqliteSandboxRe
 import { CapsuleApp, type CapsuleAppOptions } from './app.js';
 import { TenantDiskQuota } from './disk-quota.js';
 import { Observability } from './observability.js';
+import { StoredTemplates } from '../engine/stored-templates.js';
+import { HostEnvironment } from '../host/host-env.host.js';
+import { TemplateService, type StepRunner } from '../templates/index.js';
 
 export interface StartServerOptions {
   /** Capsule's data directory (workspaces, cgroup names, the state database). */
@@ -71,6 +75,11 @@ export interface StartServerOptions {
    * database directories and from /proc, /sys, /dev; the start fails otherwise. @default {}
    */
   mountRoots?: Readonly<Record<string, string>>;
+  /**
+   * The template of specs that name none (`capsule serve --default-template`): a public template
+   * in the store, or `host` (the host's /usr, read-only). @default 'host'
+   */
+  defaultTemplate?: string;
 }
 
 export interface RunningServer {
@@ -110,8 +119,17 @@ export async function startServer(options: StartServerOptions): Promise<RunningS
     // Sandbox networking with the operator's settings; started only when a sandbox asks for a
     // network. The broker reads <dataDir>/broker (handles.json, secrets/); docs/api.md.
     let egressLog = (entry: EgressLogEntry): void => void process.stderr.write(`${JSON.stringify({ egress: entry })}\n`);
+    // Templates live on the engine's host (its volume); RUN steps run on the engine's backends.
+    const host = new HostEnvironment({ dataDir: options.dataDir, volumeBytes: options.volumeBytes });
+    const steps: { runner?: StepRunner } = {};
+    const templates = new TemplateService({
+      host,
+      stepRunner: { run: (step, runOptions) => (steps.runner ?? unstarted()).run(step, runOptions) },
+    });
     const engine = await SandboxManager.open({
       dataDir: options.dataDir,
+      host,
+      templates: new StoredTemplates(templates, options.defaultTemplate),
       egress: {
         operatorDeny: options.operatorDeny,
         hosts: options.egressHosts,
@@ -140,7 +158,18 @@ export async function startServer(options: StartServerOptions): Promise<RunningS
       filesFactory: (sandbox) => createSandboxFiles(sandbox),
       mountRoots,
     });
-    const app = new CapsuleApp({ engine, db, maxSandboxesPerTenant: options.maxSandboxesPerTenant, logger: options.logger, extensions: options.extensions, observability: observability.services });
+    steps.runner = engine.buildStepRunner();
+    // Builds a crash cut short leave pending layers and temps: gone before anything new starts.
+    await templates.reconcile();
+    const app = new CapsuleApp({
+      engine,
+      db,
+      maxSandboxesPerTenant: options.maxSandboxesPerTenant,
+      logger: options.logger,
+      extensions: options.extensions,
+      observability: observability.services,
+      templates: { service: templates, contextDir: join(options.dataDir, 'build-contexts') },
+    });
     // Repeats come summed (`repeated`, once per window); metrics still count every denial.
     egressLog = (entry) => app.app.log.warn({ egress: entry }, entry.repeated === undefined ? 'egress denied' : 'egress denied (repeats)');
     let url: string;
@@ -227,4 +256,10 @@ function auditEvent(audit: AuditLog, event: EngineEvent): void {
     // The engine's own work cannot be undone; the failure is reported on stderr for the operator.
     process.stderr.write(`capsule: audit log write failed for ${event.type} of ${event.sandbox.sandboxId}: ${(error as Error).message}\n`);
   }
+}
+
+function unstarted(): never {
+  throw new SandboxError('HOST_NOT_READY', 'the server is still starting: build steps run once the engine is open', {
+    hint: 'Retry the build in a moment.',
+  });
 }

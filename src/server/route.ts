@@ -76,6 +76,8 @@ export interface RouteDefinition<P = unknown, Q = unknown, B = unknown> {
   body?: z.ZodType<B>;
   /** The body is raw bytes, handed over as a stream (never buffered). */
   rawBody?: boolean;
+  /** A JSON body may be this large (a template build's inline context). @default 1 MiB */
+  bodyLimitBytes?: number;
   /** The body schema shown in OpenAPI when it differs from the one validated here. */
   bodyDoc?: z.ZodType;
   /** For OpenAPI; routes of another API's shape (the E2B facade) are documented by that API. */
@@ -114,6 +116,7 @@ export function registerRoute(app: FastifyInstance, services: SeamServices, rout
     method: route.method,
     url: route.url,
     ...(route.constraints ? { constraints: route.constraints } : {}),
+    ...(route.bodyLimitBytes ? { bodyLimit: route.bodyLimitBytes } : {}),
     handler: (request, reply) => serve(services, route, request, reply),
   });
 }

@@ -7,6 +7,7 @@ import { SandboxError } from '../errors/index.js';
 import type { ApiKeyStore, AuditLog, OperationStore, SqliteSandboxRecords } from '../store/index.js';
 import type { TenantQuota } from './quota.js';
 import type { TenantDiskQuota } from './disk-quota.js';
+import type { TemplateService } from '../templates/index.js';
 
 /** What the routes are built on: one object, passed in (no module state). */
 export interface ServerServices {
@@ -27,6 +28,8 @@ export interface ServerServices {
   processLogs?: ProcessLogs;
   /** Each tenant's disk quota (workspaces, logs, artifacts, snapshots). */
   diskQuota?: TenantDiskQuota;
+  /** Templates (/v1/templates): the store and builds, and where inline build contexts are written. */
+  templates?: { service: TemplateService; contextDir: string };
 }
 
 /** The tenant's record of a sandbox; a foreign or unknown id is SANDBOX_NOT_FOUND (never 403). */

@@ -14,6 +14,7 @@ interface ServeFlags {
   deny?: string[];
   mountRoot?: string[];
   egressIdleTimeout?: number;
+  defaultTemplate?: string;
   tenantDiskQuota?: number;
   diskOvercommit?: number;
   volumeSize?: number;
@@ -49,6 +50,7 @@ export function serveCommand(context: CliContext): Command {
     .option('--max-sandboxes <n>', 'concurrent sandboxes per tenant', numberOption('--max-sandboxes'), 20)
     .option('--log-level <level>', 'fatal, error, warn, info, debug', 'info')
     .option('--warm-pool <n>', 'sandboxes kept started ahead for creates with no network and no mounts', numberOption('--warm-pool'), 2)
+    .option('--default-template <ref>', "the template of sandboxes that name none: a public template (capsule template ls), or host (the host's /usr, read-only; the default)")
     .option('--mount-root <name=path>', 'a host directory tenants may mount read-only, by name, once their key is granted it (repeatable)', collect)
     .option('--egress-idle-timeout <ms>', 'close a sandbox connection through the egress proxy after this long with no bytes either way (default 300000)', numberOption('--egress-idle-timeout'))
     .option('--tenant-disk-quota <size>', "each tenant's disk quota over its workspaces (by their disk limits), logs, artifacts and snapshots, e.g. 20GiB (default 20GiB)", bytesOption('--tenant-disk-quota'))
@@ -77,6 +79,7 @@ export function serveCommand(context: CliContext): Command {
         operatorDeny: [...(flags.deny ?? []), ...(context.env.CAPSULE_EGRESS_DENY ?? '').split(',').map((e) => e.trim()).filter((e) => e !== '')],
         logger: { level: flags.logLevel, stream: context.stderr },
         mountRoots: parseMountRoots(flags.mountRoot ?? []),
+        ...(flags.defaultTemplate === undefined ? {} : { defaultTemplate: flags.defaultTemplate }),
         ...(flags.egressIdleTimeout === undefined ? {} : { egressTimeouts: { idleTimeoutMs: flags.egressIdleTimeout } }),
       });
       context.stdout.write(`URL: ${server.url}\n`);
