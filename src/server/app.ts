@@ -20,6 +20,12 @@ import { operatorRoutes } from './routes/operators.js';
 import { processRoutes } from './routes/processes.js';
 import { sandboxRoutes } from './routes/sandboxes.js';
 import { usageRoutes } from './routes/usage.js';
+import { adminRoutes } from './routes/admin.js';
+import { liveRoutes } from './routes/live.js';
+import { sessionRoutes } from './routes/sessions.js';
+import type { ConsoleSessions } from './console/sessions.js';
+import type { SandboxFeed } from './console/sandbox-feed.js';
+import { registerConsoleUi } from './console/static-ui.js';
 import type { ServerServices } from './services.js';
 
 export const API_VERSION = '0.1.0';
@@ -41,6 +47,19 @@ export interface CapsuleAppOptions {
   extensions?: ((app: FastifyInstance, services: ServerServices) => void)[];
   /** Metrics, artifacts, usage samples and output logs; each adds its routes when present. */
   observability?: Pick<ServerServices, 'metrics' | 'artifacts' | 'processLogs'>;
+  /** What the web console (and any client) uses beyond the sandbox API; see docs/console.md. */
+  console?: ConsoleOptions;
+}
+
+export interface ConsoleOptions {
+  /** Session keys and login tokens: POST /v1/sessions and /v1/sessions/login when present. */
+  sessions?: ConsoleSessions;
+  /** The feed of sandbox changes (GET /v1/sandboxes/events); it must observe the engine's record store. */
+  feed?: SandboxFeed;
+  /** The data directory, for the host capacity in GET /v1/admin/metrics. */
+  dataDir?: string;
+  /** Where the built console is. @default dist/console under the package root */
+  uiDir?: string;
 }
 
 /** A request Node's HTTP parser refused (bad headers, too large): answered on the socket. */
@@ -87,7 +106,11 @@ export class CapsuleApp {
       closeSignal: this.closeController.signal,
       atomically: atomically(options.db),
       ...options.observability,
+      ...(options.console?.sessions ? { sessions: options.console.sessions } : {}),
     };
+    const feed = options.console?.feed;
+    feed?.connect({ listLive: () => records.listLive(), usage: (tenantId, sandboxId) => options.engine.usage(tenantId, sandboxId) });
+    this.closeController.signal.addEventListener('abort', () => feed?.close(), { once: true });
     this.app = Fastify({
       logger: options.logger ?? false,
       bodyLimit: JSON_BODY_LIMIT_BYTES,
@@ -114,6 +137,9 @@ export class CapsuleApp {
       ...artifactRoutes(this.services),
       ...usageRoutes(this.services),
       ...metricsRoutes(this.services),
+      ...sessionRoutes(this.services),
+      ...liveRoutes(this.services, feed),
+      ...adminRoutes(this.services, { feed, dataDir: options.console?.dataDir }),
     ];
     let openapi: object | undefined;
     this.routes.push(
@@ -128,6 +154,7 @@ export class CapsuleApp {
       }),
     );
     this.configure();
+    registerConsoleUi(this.app, options.console?.uiDir);
     for (const extend of options.extensions ?? []) extend(this.app, this.services);
   }
 

@@ -9,6 +9,8 @@ import type { OperatorMaxima } from '../spec/index.js';
 import { API_KEY_PATTERN, ApiKeyStore, AuditLog, OperationStore, SqliteSandboxRecords, openDatabase, type SqliteDatabase } from '../store/index.js';
 import { CapsuleApp, type CapsuleAppOptions } from './app.js';
 import { Observability } from './observability.js';
+import { ConsoleSessions } from './console/sessions.js';
+import { SandboxFeed } from './console/sandbox-feed.js';
 
 export interface StartServerOptions {
   /** Capsule's data directory (workspaces, cgroup names, the state database). */
@@ -47,6 +49,8 @@ export interface StartServerOptions {
    * database directories and from /proc, /sys, /dev; the start fails otherwise. @default {}
    */
   mountRoots?: Readonly<Record<string, string>>;
+  /** Where the built web console is. @default dist/console under the package root */
+  uiDir?: string;
 }
 
 export interface RunningServer {
@@ -58,6 +62,13 @@ export interface RunningServer {
   generatedApiKey: string | undefined;
   /** `from CAPSULE_API_KEY`, `generated`, or `existing`. */
   apiKeySource: 'env' | 'generated' | 'existing';
+  /**
+   * The web console on loopback with a one-time login token (15 minutes) in its fragment, which
+   * signs the operator in once; undefined when no operator key exists.
+   */
+  consoleUrl: string | undefined;
+  /** Another such URL, with a fresh token. */
+  newConsoleUrl(): string | undefined;
   app: CapsuleApp;
   db: SqliteDatabase;
   close(): Promise<void>;
@@ -77,7 +88,11 @@ export async function startServer(options: StartServerOptions): Promise<RunningS
     db = openDatabase(options.databaseDir ?? options.dataDir);
     const records = new SqliteSandboxRecords(db);
     const audit = new AuditLog(db);
-    const { source, generated } = ensureOperatorKey(new ApiKeyStore(db), options.env ?? process.env);
+    const keys = new ApiKeyStore(db);
+    const { source, generated } = ensureOperatorKey(keys, options.env ?? process.env);
+    // The console's sessions live in memory; its feed sees every record the engine writes.
+    const sessions = new ConsoleSessions();
+    const feed = new SandboxFeed();
     new OperationStore(db).settleInterrupted('startup');
     // Metrics, output logs and the artifact store (docs/operations.md).
     const observability = (observed = await Observability.open({ dataDir: options.dataDir, records }));
@@ -95,7 +110,7 @@ export async function startServer(options: StartServerOptions): Promise<RunningS
           if (event.kind === 'blocked') observability.metrics.recordEgressBlocked();
         },
       },
-      store: records,
+      store: feed.observe(records),
       maxima: options.maxima,
       warmPool: options.warmPool,
       onEvent: (event) => {
@@ -107,7 +122,15 @@ export async function startServer(options: StartServerOptions): Promise<RunningS
       filesFactory: (sandbox) => createSandboxFiles(sandbox),
       mountRoots,
     });
-    const app = new CapsuleApp({ engine, db, maxSandboxesPerTenant: options.maxSandboxesPerTenant, logger: options.logger, extensions: options.extensions, observability: observability.services });
+    const app = new CapsuleApp({
+      engine,
+      db,
+      maxSandboxesPerTenant: options.maxSandboxesPerTenant,
+      logger: options.logger,
+      extensions: options.extensions,
+      observability: observability.services,
+      console: { sessions, feed, dataDir: options.dataDir, ...(options.uiDir !== undefined ? { uiDir: options.uiDir } : {}) },
+    });
     egressLog = (event) => app.app.log.warn({ egress: event }, 'egress denied');
     let url: string;
     try {
@@ -118,10 +141,16 @@ export async function startServer(options: StartServerOptions): Promise<RunningS
     }
     app.app.log.info({ auditHead: audit.head() }, 'capsule server listening');
     let closing: Promise<void> | undefined;
+    const newConsoleUrl = (): string | undefined => {
+      const operator = keys.operatorKey();
+      return operator ? `${loopbackUrl(url)}/ui/#login=${sessions.mintLoginToken(operator).token}` : undefined;
+    };
     return {
       url,
       generatedApiKey: generated,
       apiKeySource: source,
+      consoleUrl: newConsoleUrl(),
+      newConsoleUrl,
       app,
       db,
       close: () =>
@@ -142,6 +171,11 @@ export async function startServer(options: StartServerOptions): Promise<RunningS
     lock.release();
     throw error;
   }
+}
+
+/** The server's URL as reached from this machine: a wildcard address becomes loopback. */
+function loopbackUrl(url: string): string {
+  return url.replace(/^http:\/\/(0\.0\.0\.0|\[::\])(?=:)/, (_m, host: string) => (host === '0.0.0.0' ? 'http://127.0.0.1' : 'http://[::1]'));
 }
 
 /** A deny entry that matches nothing would weaken the operator's intent silently: refuse it. */

@@ -6,6 +6,7 @@ import type { ProcessLogs } from './process-logs.js';
 import { SandboxError } from '../errors/index.js';
 import type { ApiKeyStore, AuditLog, OperationStore, SqliteSandboxRecords } from '../store/index.js';
 import type { TenantQuota } from './quota.js';
+import type { ConsoleSessions } from './console/sessions.js';
 
 /** What the routes are built on: one object, passed in (no module state). */
 export interface ServerServices {
@@ -24,6 +25,8 @@ export interface ServerServices {
   artifacts?: ArtifactStore;
   /** Full output of processes (GET /v1/sandboxes/{id}/processes/{pid}/log). */
   processLogs?: ProcessLogs;
+  /** The web console's session keys and login tokens (POST /v1/sessions). */
+  sessions?: ConsoleSessions;
 }
 
 /** The tenant's record of a sandbox; a foreign or unknown id is SANDBOX_NOT_FOUND (never 403). */
