@@ -2,6 +2,7 @@ import { existsSync } from 'node:fs';
 import { readFile } from 'node:fs/promises';
 import { dirname, extname, join, resolve, sep } from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { gzipSync } from 'node:zlib';
 import type { FastifyInstance } from 'fastify';
 import { SandboxError } from '../../errors/index.js';
 import { sendError } from '../errors.js';
@@ -52,6 +53,8 @@ function fileOf(root: string, path: string): string | undefined {
  */
 export function registerConsoleUi(app: FastifyInstance, uiDir: string = defaultUiDir()): void {
   const root = resolve(uiDir);
+  // The build is immutable while the server runs: each file is compressed once.
+  const gzipped = new Map<string, Buffer>();
   app.get('/ui', (_request, reply) => reply.redirect('/ui/'));
   app.get('/ui/*', async (request, reply) => {
     const path = (request.params as { '*': string })['*'];
@@ -71,10 +74,19 @@ export function registerConsoleUi(app: FastifyInstance, uiDir: string = defaultU
       );
     }
     const isAsset = path.startsWith('assets/');
+    const type = CONTENT_TYPES[extname(file!)] ?? 'application/octet-stream';
+    const acceptsGzip = /\bgzip\b/.test(String(request.headers['accept-encoding'] ?? ''));
+    let payload: Buffer = body;
+    if (acceptsGzip && /^(text\/|application\/json)/.test(type)) {
+      payload = gzipped.get(file!) ?? gzipSync(body, { level: 9 });
+      gzipped.set(file!, payload);
+      reply.header('content-encoding', 'gzip');
+    }
     return reply
       .headers(SECURITY_HEADERS)
+      .header('vary', 'accept-encoding')
       .header('cache-control', isAsset ? 'public, max-age=31536000, immutable' : 'no-cache')
-      .type(CONTENT_TYPES[extname(file!)] ?? 'application/octet-stream')
-      .send(body);
+      .type(type)
+      .send(payload);
   });
 }
