@@ -204,3 +204,22 @@ describe('PTY resize', () => {
     expect(foreign.status).toBe(404);
   });
 });
+
+describe('the console’s static files', () => {
+  it('serves the built console under /ui/ with a strict CSP, and nothing outside its folder', async () => {
+    const page = await t.call('GET', '/ui/', { key: null });
+    expect(page.status).toBe(200);
+    expect(page.headers.get('content-type')).toMatch(/^text\/html/);
+    expect(page.headers.get('content-security-policy')).toContain("script-src 'self'");
+    expect(page.headers.get('content-security-policy')).toContain("connect-src 'self'");
+    expect(await page.text()).toContain('/ui/assets/');
+    // Encoded slashes keep the dots in one segment, so the URL is not normalised before the server.
+    for (const path of ['/ui/..%2f..%2fpackage.json', '/ui/assets/%2e%2e%2f%2e%2e%2f%2e%2e%2fpackage.json', '/ui/%2fetc%2fpasswd']) {
+      const response = await t.call('GET', path, { key: null });
+      const text = await response.text();
+      expect(response.status, path).toBe(404);
+      expect(text, path).not.toContain('"devDependencies"');
+      expect(text, path).not.toContain('root:');
+    }
+  });
+});
