@@ -153,7 +153,7 @@ describe('the web console in chromium', () => {
     await alice.locator(`tr[data-sandbox="${aliceSandboxId}"][data-tenant="alice"]`).waitFor();
     await expect(alice.locator('tr[data-sandbox]').count()).resolves.toBe(1);
     await shot(alice, 'sandboxes');
-  });
+  }, 120_000);
 
   it('runs `echo hi` in the terminal and finds the shell again after a reload', async () => {
     await alice.goto(`${t.url}/ui/#/sandbox/${aliceSandboxId}/terminal`);
@@ -198,7 +198,7 @@ describe('the web console in chromium', () => {
     await expect(result.getAttribute('data-limit')).resolves.toBe('memory');
     await expect(result.textContent()).resolves.toMatch(/memory limit 128 ?MiB exceeded/);
     await shot(alice, 'processes');
-  });
+  }, 120_000);
 
   it('draws the sandbox’s usage charts: CPU, memory and disk against their limits', async () => {
     await alice.goto(`${t.url}/ui/#/sandbox/${aliceSandboxId}/usage`);
@@ -224,6 +224,16 @@ describe('the web console in chromium', () => {
     await operator.goto(`${t.url}/ui/#/audit`);
     await operator.locator('[data-testid="audit-verify"][data-ok="true"]').waitFor();
     await operator.locator('[data-testid="audit-table"] tr[data-operation="sandboxes.create"]').first().waitFor();
+    await operator.locator('[data-testid="audit-table"] tr[data-operation="sessions.create"]').first().waitFor();
+    // Filtered to alice's creates: only those rows remain.
+    await operator.getByLabel('tenant', { exact: true }).fill('alice');
+    await operator.getByLabel('operation', { exact: true }).fill('sandboxes.create');
+    await operator.getByRole('button', { name: 'Filter' }).click();
+    await operator.waitForFunction(`(() => {
+      const rows = [...document.querySelectorAll('[data-testid="audit-table"] tbody tr')];
+      return rows.length > 0 && rows.every((row) => row.dataset.operation === 'sandboxes.create' && row.textContent.includes('alice'));
+    })()`);
+    await expect(operator.locator('[data-testid="audit-table"] tbody').textContent()).resolves.not.toContain('bob');
     await shot(operator, 'audit');
   });
 
