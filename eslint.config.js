@@ -1,7 +1,7 @@
 import tseslint from 'typescript-eslint';
 
 export default tseslint.config(
-  { ignores: ['dist/**', 'node_modules/**', 'native/**', 'eslint.config.js', 'bin/**', 'scripts/**'] },
+  { ignores: ['dist/**', 'node_modules/**', 'native/**', 'eslint.config.js', 'bin/**', 'scripts/**', 'console/vite.config.mjs'] },
   ...tseslint.configs.recommendedTypeChecked,
   {
     languageOptions: {

@@ -13,13 +13,16 @@ if [ "$(id -u)" -ne 0 ]; then
   exit 1
 fi
 
-# Debian packages: the isolation tools, the C toolchain for the helpers, and what the default
-# sandbox image offers (Python with the IPython kernel and the data stack).
+# Debian packages: the isolation tools, the C toolchain for the helpers, what the default sandbox
+# image offers (Python with the IPython kernel and the data stack), and the browser the console's
+# end-to-end test drives. chromium comes from bookworm-security and is not version-pinned: the
+# archive keeps only its newest build, and a browser must take its security updates.
 packages=(bubblewrap libseccomp-dev btrfs-progs gcc make iproute2 nftables uidmap procps
   python3 python3-ipykernel python3-jupyter-client python3-numpy python3-pandas python3-matplotlib
   inotify-tools hyperfine curl
   ripgrep socat  # ripgrep, socat: what Anthropic's srt (bench/cli.ts's peer) needs on Linux
-  mmdebstrap skopeo umoci docker-registry apache2-utils)  # templates; registry + htpasswd for tests
+  mmdebstrap skopeo umoci docker-registry apache2-utils  # templates; registry + htpasswd for tests
+  chromium fonts-dejavu-core)  # the web console's browser test (playwright-core drives Debian's chromium)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

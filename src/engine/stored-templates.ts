@@ -1,5 +1,6 @@
 import { HOST_TEMPLATE } from '../spec/index.js';
-import { isTemplateId, parseTemplateRef, type TemplateService } from '../templates/index.js';
+import { HostEnvironment } from '../host/host-env.host.js';
+import { isTemplateId, parseTemplateRef, TemplateService, type StepRunner } from '../templates/index.js';
 import { HOST_IMAGE, type TemplateCatalog, type TemplateImage } from './templates.js';
 
 /**
@@ -29,4 +30,14 @@ export class StoredTemplates implements TemplateCatalog {
       ...(readyCmd !== undefined ? { readyCmd } : {}),
     };
   }
+}
+
+/**
+ * A template service on a host prepared for an engine (the same volume its sandboxes' roots are
+ * snapshots on): pass the host to `SandboxManager.open`, then give the service the engine's
+ * `buildStepRunner()` through `stepRunner`, which is called only once a build runs a step.
+ */
+export function openTemplateHost(options: { dataDir: string; volumeBytes?: number; stepRunner: StepRunner }): { host: HostEnvironment; service: TemplateService } {
+  const host = new HostEnvironment({ dataDir: options.dataDir, volumeBytes: options.volumeBytes });
+  return { host, service: new TemplateService({ host, stepRunner: options.stepRunner }) };
 }

@@ -21,6 +21,12 @@ import { processRoutes } from './routes/processes.js';
 import { sandboxRoutes } from './routes/sandboxes.js';
 import { usageRoutes } from './routes/usage.js';
 import { templateRoutes } from './routes/templates.js';
+import { adminRoutes } from './routes/admin.js';
+import { liveRoutes } from './routes/live.js';
+import { sessionRoutes } from './routes/sessions.js';
+import type { ConsoleSessions } from './console/sessions.js';
+import type { SandboxFeed } from './console/sandbox-feed.js';
+import { registerConsoleUi } from './console/static-ui.js';
 import type { ServerServices } from './services.js';
 
 export const API_VERSION = '0.1.0';
@@ -44,6 +50,19 @@ export interface CapsuleAppOptions {
   observability?: Pick<ServerServices, 'metrics' | 'artifacts' | 'processLogs' | 'diskQuota'>;
   /** Templates and their builds (/v1/templates). @default none: the routes are not there */
   templates?: ServerServices['templates'];
+  /** What the web console (and any client) uses beyond the sandbox API; see docs/console.md. */
+  console?: ConsoleOptions;
+}
+
+export interface ConsoleOptions {
+  /** Session keys and login tokens: POST /v1/sessions and /v1/sessions/login when present. */
+  sessions?: ConsoleSessions;
+  /** The feed of sandbox changes (GET /v1/sandboxes/events); it must observe the engine's record store. */
+  feed?: SandboxFeed;
+  /** The data directory, for the host capacity in GET /v1/admin/metrics. */
+  dataDir?: string;
+  /** Where the built console is. @default dist/console under the package root */
+  uiDir?: string;
 }
 
 /** A request Node's HTTP parser refused (bad headers, too large): answered on the socket. */
@@ -91,7 +110,11 @@ export class CapsuleApp {
       atomically: atomically(options.db),
       ...options.observability,
       ...(options.templates ? { templates: options.templates } : {}),
+      ...(options.console?.sessions ? { sessions: options.console.sessions } : {}),
     };
+    const feed = options.console?.feed;
+    feed?.connect({ listLive: () => records.listLive(), usage: (tenantId, sandboxId) => options.engine.usage(tenantId, sandboxId) });
+    this.closeController.signal.addEventListener('abort', () => feed?.close(), { once: true });
     this.app = Fastify({
       logger: options.logger ?? false,
       bodyLimit: JSON_BODY_LIMIT_BYTES,
@@ -119,6 +142,9 @@ export class CapsuleApp {
       ...usageRoutes(this.services),
       ...metricsRoutes(this.services),
       ...templateRoutes(this.services),
+      ...sessionRoutes(this.services),
+      ...liveRoutes(this.services, feed),
+      ...adminRoutes(this.services, { feed, dataDir: options.console?.dataDir }),
     ];
     let openapi: object | undefined;
     this.routes.push(
@@ -133,6 +159,7 @@ export class CapsuleApp {
       }),
     );
     this.configure();
+    registerConsoleUi(this.app, options.console?.uiDir);
     for (const extend of options.extensions ?? []) extend(this.app, this.services);
   }
 

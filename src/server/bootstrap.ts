@@ -11,9 +11,10 @@ import { API_KEY_PATTERN, ApiKeyStore, AuditLog, OperationStore, SqliteSandboxRe
 import { CapsuleApp, type CapsuleAppOptions } from './app.js';
 import { TenantDiskQuota } from './disk-quota.js';
 import { Observability } from './observability.js';
-import { StoredTemplates } from '../engine/stored-templates.js';
-import { HostEnvironment } from '../host/host-env.host.js';
-import { TemplateService, type StepRunner } from '../templates/index.js';
+import { openTemplateHost, StoredTemplates } from '../engine/stored-templates.js';
+import type { StepRunner } from '../templates/index.js';
+import { ConsoleSessions } from './console/sessions.js';
+import { SandboxFeed } from './console/sandbox-feed.js';
 
 export interface StartServerOptions {
   /** Capsule's data directory (workspaces, cgroup names, the state database). */
@@ -80,6 +81,8 @@ export interface StartServerOptions {
    * in the store, or `host` (the host's /usr, read-only). @default 'host'
    */
   defaultTemplate?: string;
+  /** Where the built web console is. @default dist/console under the package root */
+  uiDir?: string;
 }
 
 export interface RunningServer {
@@ -91,6 +94,13 @@ export interface RunningServer {
   generatedApiKey: string | undefined;
   /** `from CAPSULE_API_KEY`, `generated`, or `existing`. */
   apiKeySource: 'env' | 'generated' | 'existing';
+  /**
+   * The web console on loopback with a one-time login token (15 minutes) in its fragment, which
+   * signs the operator in once; undefined when no operator key exists.
+   */
+  consoleUrl: string | undefined;
+  /** Another such URL, with a fresh token. */
+  newConsoleUrl(): string | undefined;
   app: CapsuleApp;
   db: SqliteDatabase;
   close(): Promise<void>;
@@ -110,7 +120,11 @@ export async function startServer(options: StartServerOptions): Promise<RunningS
     db = openDatabase(options.databaseDir ?? options.dataDir);
     const records = new SqliteSandboxRecords(db);
     const audit = new AuditLog(db);
-    const { source, generated } = ensureOperatorKey(new ApiKeyStore(db), options.env ?? process.env);
+    const keys = new ApiKeyStore(db);
+    const { source, generated } = ensureOperatorKey(keys, options.env ?? process.env);
+    // The console's sessions live in memory; its feed sees every record the engine writes.
+    const sessions = new ConsoleSessions();
+    const feed = new SandboxFeed();
     new OperationStore(db).settleInterrupted('startup');
     // Metrics, output logs and the artifact store (docs/operations.md); logs, artifacts and
     // workspaces are charged to each tenant's disk quota.
@@ -120,10 +134,10 @@ export async function startServer(options: StartServerOptions): Promise<RunningS
     // network. The broker reads <dataDir>/broker (handles.json, secrets/); docs/api.md.
     let egressLog = (entry: EgressLogEntry): void => void process.stderr.write(`${JSON.stringify({ egress: entry })}\n`);
     // Templates live on the engine's host (its volume); RUN steps run on the engine's backends.
-    const host = new HostEnvironment({ dataDir: options.dataDir, volumeBytes: options.volumeBytes });
     const steps: { runner?: StepRunner } = {};
-    const templates = new TemplateService({
-      host,
+    const { host, service: templates } = openTemplateHost({
+      dataDir: options.dataDir,
+      volumeBytes: options.volumeBytes,
       stepRunner: { run: (step, runOptions) => (steps.runner ?? unstarted()).run(step, runOptions) },
     });
     const engine = await SandboxManager.open({
@@ -142,7 +156,7 @@ export async function startServer(options: StartServerOptions): Promise<RunningS
           if (event.kind === 'blocked') observability.metrics.recordEgressBlocked();
         },
       },
-      store: records,
+      store: feed.observe(records),
       maxima: options.maxima,
       warmPool: options.warmPool,
       onEvent: (event) => {
@@ -169,6 +183,7 @@ export async function startServer(options: StartServerOptions): Promise<RunningS
       extensions: options.extensions,
       observability: observability.services,
       templates: { service: templates, contextDir: join(options.dataDir, 'build-contexts') },
+      console: { sessions, feed, dataDir: options.dataDir, ...(options.uiDir !== undefined ? { uiDir: options.uiDir } : {}) },
     });
     // Repeats come summed (`repeated`, once per window); metrics still count every denial.
     egressLog = (entry) => app.app.log.warn({ egress: entry }, entry.repeated === undefined ? 'egress denied' : 'egress denied (repeats)');
@@ -181,10 +196,16 @@ export async function startServer(options: StartServerOptions): Promise<RunningS
     }
     app.app.log.info({ auditHead: audit.head() }, 'capsule server listening');
     let closing: Promise<void> | undefined;
+    const newConsoleUrl = (): string | undefined => {
+      const operator = keys.operatorKey();
+      return operator ? `${loopbackUrl(url)}/ui/#login=${sessions.mintLoginToken(operator).token}` : undefined;
+    };
     return {
       url,
       generatedApiKey: generated,
       apiKeySource: source,
+      consoleUrl: newConsoleUrl(),
+      newConsoleUrl,
       app,
       db,
       close: () =>
@@ -205,6 +226,11 @@ export async function startServer(options: StartServerOptions): Promise<RunningS
     lock.release();
     throw error;
   }
+}
+
+/** The server's URL as reached from this machine: a wildcard address becomes loopback. */
+function loopbackUrl(url: string): string {
+  return url.replace(/^http:\/\/(0\.0\.0\.0|\[::\])(?=:)/, (_m, host: string) => (host === '0.0.0.0' ? 'http://127.0.0.1' : 'http://[::1]'));
 }
 
 /** A deny entry that matches nothing would weaken the operator's intent silently: refuse it. */

@@ -3,7 +3,7 @@ import type { FastifyBaseLogger, FastifyInstance, FastifyReply, FastifyRequest }
 import type { z } from 'zod';
 import { SandboxError } from '../errors/index.js';
 import type { ApiKeyStore, AuditLog, OperationStore, StoredResponse } from '../store/index.js';
-import { authenticate, type AuthLevel, type Principal } from './auth.js';
+import { authenticate, type AuthLevel, type KeyVerifier, type Principal } from './auth.js';
 import { invalidRequest, toSandboxError } from './errors.js';
 import { beginIdempotent, type Idempotency } from './idempotency.js';
 import { AuditTrail, type AuditSubject } from './audit-trail.js';
@@ -98,6 +98,8 @@ export function defineRoute<P, Q, B>(route: RouteDefinition<P, Q, B>): AnyRoute 
 
 export interface SeamServices {
   keys: ApiKeyStore;
+  /** The web console's short-lived session keys, accepted wherever an API key is. */
+  sessions?: KeyVerifier;
   operations: OperationStore;
   audit: AuditLog;
   /** Aborted when the server closes: ends streams that would otherwise never end (watch). */
@@ -121,13 +123,13 @@ export function registerRoute(app: FastifyInstance, services: SeamServices, rout
   });
 }
 
-function principalOf(route: AnyRoute, request: FastifyRequest, keys: ApiKeyStore): Principal {
+function principalOf(route: AnyRoute, request: FastifyRequest, services: SeamServices): Principal {
   if (typeof route.auth === 'function') return route.auth(request);
-  return route.auth === 'none' ? ANONYMOUS : authenticate(request, keys, route.auth);
+  return route.auth === 'none' ? ANONYMOUS : authenticate(request, services.keys, route.auth, services.sessions);
 }
 
 async function serve(services: SeamServices, route: AnyRoute, request: FastifyRequest, reply: FastifyReply): Promise<FastifyReply> {
-  const principal = principalOf(route, request, services.keys);
+  const principal = principalOf(route, request, services);
   const context: RouteContext<unknown, unknown, unknown> = {
     params: parsePart('params', route.params, request.params),
     query: parsePart('query', route.query, request.query ?? {}),

@@ -8,6 +8,7 @@ import type { ApiKeyStore, AuditLog, OperationStore, SqliteSandboxRecords } from
 import type { TenantQuota } from './quota.js';
 import type { TenantDiskQuota } from './disk-quota.js';
 import type { TemplateService } from '../templates/index.js';
+import type { ConsoleSessions } from './console/sessions.js';
 
 /** What the routes are built on: one object, passed in (no module state). */
 export interface ServerServices {
@@ -30,6 +31,8 @@ export interface ServerServices {
   diskQuota?: TenantDiskQuota;
   /** Templates (/v1/templates): the store and builds, and where inline build contexts are written. */
   templates?: { service: TemplateService; contextDir: string };
+  /** The web console's session keys and login tokens (POST /v1/sessions). */
+  sessions?: ConsoleSessions;
 }
 
 /** The tenant's record of a sandbox; a foreign or unknown id is SANDBOX_NOT_FOUND (never 403). */

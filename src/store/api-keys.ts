@@ -53,6 +53,10 @@ function parseGrants(text: string): KeyGrants {
   }
 }
 
+function recordOf(row: Row): ApiKeyRecord {
+  return { keyId: row.key_id, tenantId: row.tenant_id, name: row.name, isAdmin: row.is_admin === 1, createdAt: row.created_at, grants: parseGrants(row.grants) };
+}
+
 export function newApiKey(): string {
   return `cap_${randomBytes(20).toString('hex')}`;
 }
@@ -108,6 +112,14 @@ export class ApiKeyStore {
     return { record, created: true };
   }
 
+  /** The first admin key of the default tenant (the operator's bootstrap key), if any. */
+  operatorKey(): ApiKeyRecord | undefined {
+    const row = this.db
+      .prepare<[string], Row>('SELECT * FROM api_keys WHERE is_admin = 1 AND tenant_id = ? ORDER BY created_at, key_id LIMIT 1')
+      .get(DEFAULT_TENANT);
+    return row ? recordOf(row) : undefined;
+  }
+
   hasAdminKey(): boolean {
     return this.db.prepare('SELECT 1 FROM api_keys WHERE is_admin = 1 LIMIT 1').get() !== undefined;
   }
@@ -122,6 +134,6 @@ export class ApiKeyStore {
     const hash = hashKey(apiKey);
     const row = this.byHash.get(hash);
     if (!row || !timingSafeEqual(Buffer.from(row.key_hash, 'hex'), Buffer.from(hash, 'hex'))) return undefined;
-    return { keyId: row.key_id, tenantId: row.tenant_id, name: row.name, isAdmin: row.is_admin === 1, createdAt: row.created_at, grants: parseGrants(row.grants) };
+    return recordOf(row);
   }
 }

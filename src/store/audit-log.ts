@@ -64,6 +64,19 @@ interface Row {
   hash: string;
 }
 
+export interface AuditListOptions {
+  after?: number;
+  before?: number;
+  /** @default 100 */
+  limit?: number;
+  /** @default 'asc' */
+  order?: 'asc' | 'desc';
+  tenantId?: string;
+  sandboxId?: string;
+  operation?: string;
+  outcome?: string;
+}
+
 export type VerifyResult =
   | { ok: true; records: number; headHash: string }
   | { ok: false; records: number; badSeq: number; reason: string };
@@ -147,12 +160,28 @@ export class AuditLog {
     return record;
   }
 
-  /** Records after `after` (a seq), oldest first. */
-  list(options: { after?: number; limit?: number } = {}): AuditRecord[] {
+  /** Records after `after` and before `before` (seqs) that match every filter given, oldest first unless `order` is desc. */
+  list(options: AuditListOptions = {}): AuditRecord[] {
+    const where = ['seq > ?'];
+    const args: (string | number)[] = [options.after ?? 0];
+    if (options.before !== undefined) {
+      where.push('seq < ?');
+      args.push(options.before);
+    }
+    for (const [column, value] of [['tenant_id', options.tenantId], ['sandbox_id', options.sandboxId], ['operation', options.operation], ['outcome', options.outcome]] as const) {
+      if (value === undefined) continue;
+      where.push(`${column} = ?`);
+      args.push(value);
+    }
     return this.db
-      .prepare<[number, number], Row>('SELECT * FROM audit WHERE seq > ? ORDER BY seq LIMIT ?')
-      .all(options.after ?? 0, options.limit ?? 100)
+      .prepare<(string | number)[], Row>(`SELECT * FROM audit WHERE ${where.join(' AND ')} ORDER BY seq ${options.order === 'desc' ? 'DESC' : 'ASC'} LIMIT ?`)
+      .all(...args, options.limit ?? 100)
       .map(fromRow);
+  }
+
+  /** Recomputes the whole chain (see verifyAuditChain). */
+  verify(): VerifyResult {
+    return verifyAuditChain(this.db);
   }
 
   head(): { seq: number; hash: string } {

@@ -4,7 +4,8 @@ import type { SandboxRecordStore } from './record-store.js';
 import type { SqliteDatabase } from './database.js';
 
 export interface SandboxPageQuery {
-  tenantId: string;
+  /** The tenant whose sandboxes to list; `null` lists every tenant's (the operator's view). */
+  tenantId: string | null;
   states?: readonly SandboxState[];
   /** Exact match on every pair. */
   metadata?: Record<string, string>;
@@ -71,8 +72,13 @@ export class SqliteSandboxRecords implements SandboxRecordStore {
   /** One page, oldest first (sandboxes created meanwhile land on later pages, none is skipped). */
   page(query: SandboxPageQuery): SandboxPage {
     const limit = query.limit ?? 50;
-    const where = ['tenant_id = ?'];
-    const args: (string | number)[] = [query.tenantId];
+    const where: string[] = [];
+    const args: (string | number)[] = [];
+    // An explicit null, never a missing value, widens the list to every tenant.
+    if (query.tenantId !== null) {
+      where.push('tenant_id = ?');
+      args.push(query.tenantId);
+    }
     if (query.states && query.states.length > 0) {
       where.push(`state IN (${query.states.map(() => '?').join(', ')})`);
       args.push(...query.states);
@@ -88,7 +94,7 @@ export class SqliteSandboxRecords implements SandboxRecordStore {
     }
     const rows = this.db
       .prepare<(string | number)[], { info: string }>(
-        `SELECT info FROM sandboxes WHERE ${where.join(' AND ')} ORDER BY created_at, sandbox_id LIMIT ?`,
+        `SELECT info FROM sandboxes ${where.length > 0 ? `WHERE ${where.join(' AND ')}` : ''} ORDER BY created_at, sandbox_id LIMIT ?`,
       )
       .all(...args, limit + 1);
     const sandboxes = rows.slice(0, limit).map((row) => JSON.parse(row.info) as SandboxInfo);

@@ -10,3 +10,4 @@ export * from './code.js';
 export * from './operators.js';
 export * from './errors.js';
 export * from './templates.js';
+export * from './console.js';

@@ -1,6 +1,6 @@
 import { z } from 'zod';
 import { MOUNT_ROOT_NAME } from '../spec/index.js';
-import { queryNumber } from './common.js';
+import { queryNumber, SANDBOX_ID_PATTERN } from './common.js';
 
 export const TENANT_ID_PATTERN = /^[a-z0-9][a-z0-9_-]{0,63}$/;
 
@@ -28,10 +28,21 @@ export const MintedKeySchema = z.object({
   note: z.string().optional(),
 });
 
+const recordNumber = z.string().regex(/^\d{1,15}$/, 'must be a record number').transform(Number);
+
 export const AuditQuery = z.strictObject({
   limit: queryNumber(4, 1, 1000).optional(),
-  after: z.string().regex(/^\d{1,15}$/, 'must be a record number').transform(Number).optional(),
+  after: recordNumber.optional(),
+  before: recordNumber.optional().meta({ description: 'Only records before this one' }),
+  order: z.enum(['asc', 'desc']).optional().meta({ description: 'asc (default): oldest first; desc: newest first' }),
+  tenant: z.string().regex(TENANT_ID_PATTERN, 'must be a tenant id').optional(),
+  sandboxId: z.string().regex(SANDBOX_ID_PATTERN, 'must be a sandbox id').optional(),
+  operation: z.string().regex(/^[A-Za-z0-9._]{1,64}$/, 'must be an operation name').optional().meta({ description: 'e.g. sandboxes.create, sandbox.expired' }),
+  outcome: z.string().regex(/^[A-Za-z0-9_:.]{1,64}$/, 'must be an outcome').optional().meta({ description: 'ok, an error code, or limit:<resource>' }),
 });
+
+/** The audit records of one sandbox, for its tenant. */
+export const SandboxAuditQuery = AuditQuery.pick({ limit: true, after: true, before: true, order: true });
 
 export const AUDIT_PHASES = ['attempt', 'outcome', 'event'] as const;
 

@@ -90,6 +90,8 @@ export function serveCommand(context: CliContext): Command {
             ? '(from CAPSULE_API_KEY)'
             : '(the one printed at the first start; set CAPSULE_API_KEY to use another)';
       context.stdout.write(`API key: ${keyLine}\n`);
+      // A one-time login link (15 minutes); the long-lived key never goes into a URL.
+      if (server.consoleUrl) context.stdout.write(`Console: ${server.consoleUrl}\n`);
       if (server.apiKeySource === 'generated') {
         context.stderr.write('capsule: the API key above is shown once (it is stored hashed); keep it, or set CAPSULE_API_KEY\n');
       }

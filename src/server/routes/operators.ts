@@ -52,11 +52,26 @@ export function operatorRoutes(services: ServerServices): AnyRoute[] {
       name: 'audit.list',
       method: 'GET',
       url: '/v1/audit',
-      summary: 'Read the audit log (admin), oldest first',
+      summary: 'Read the audit log (admin), oldest first (or newest with order=desc), filtered by tenant, sandbox, operation, outcome',
       auth: 'admin',
       query: AuditQuery,
       responses: { 200: { description: 'Records', schema: z.object({ records: z.array(AuditRecordSchema) }) } },
-      handler: ({ query }) => ({ kind: 'json', status: 200, body: { records: services.audit.list({ after: query.after, limit: query.limit ?? 100 }) } }),
+      handler: ({ query }) => ({
+        kind: 'json',
+        status: 200,
+        body: {
+          records: services.audit.list({
+            after: query.after,
+            before: query.before,
+            limit: query.limit ?? 100,
+            order: query.order,
+            tenantId: query.tenant,
+            sandboxId: query.sandboxId,
+            operation: query.operation,
+            outcome: query.outcome,
+          }),
+        },
+      }),
     }),
     defineRoute({
       name: 'operations.get',
