@@ -4,6 +4,7 @@
  * docs/decisions/010-template-storage.md.
  */
 export { TemplateService, type BootstrapDebianOptions, type BuildOptions, type ImportImageOptions, type PruneReport, type TemplateServiceOptions } from './template-service.js';
+export { checkBuildRequest, TemplateSourceSpecSchema, type TemplateBuildRequest, type TemplateSourceSpec } from './build-request.js';
 export { LayerStore, type LayerInfo, type LayerMeta, type PendingLayer } from './layer-store.host.js';
 export { TemplateStore } from './template-store.js';
 export { RegistryCredentials } from './oci/registry-credentials.js';
