@@ -58,7 +58,7 @@ export class SandboxStepRunner implements StepRunner {
       stdout.flush();
       stderr.flush();
       if (options.signal?.aborted) throw new SandboxError('ABORTED', 'the build step was cancelled');
-      if (result.outcome === 'ok') {
+      if (result.outcome === 'ok' && result.exitCode === 0) {
         // Nothing the step left running may change the root while it is snapshotted.
         await sandbox.freeze();
         await options.keep(this.options.host.volume.rootPath(sandbox.id));

@@ -1,9 +1,10 @@
 /**
  * Templates: read-only root filesystems as content-addressed btrfs layers, their records, and the
  * ways to make them (a Debian bootstrap, an OCI image import, a Dockerfile build). See
- * docs/decisions/010-template-storage.md.
+ * docs/decisions/011-template-storage.md.
  */
 export { TemplateService, type BootstrapDebianOptions, type BuildOptions, type ImportImageOptions, type PruneReport, type TemplateServiceOptions } from './template-service.js';
+export { checkBuildRequest, TemplateSourceSpecSchema, type TemplateBuildRequest, type TemplateSourceSpec } from './build-request.js';
 export { LayerStore, type LayerInfo, type LayerMeta, type PendingLayer } from './layer-store.host.js';
 export { TemplateStore } from './template-store.js';
 export { RegistryCredentials } from './oci/registry-credentials.js';

@@ -57,7 +57,7 @@ export interface CollectReport {
  * and published by one rename of that directory, so a reader sees a layer whole or not at all;
  * a crashed or cancelled fill leaves only a pending directory that `reconcile()` removes once its
  * owner process is gone. Deleting unpublishes first (a rename back into pending), for the same
- * reason. See docs/decisions/010-template-storage.md.
+ * reason. See docs/decisions/011-template-storage.md.
  */
 export class LayerStore {
   readonly layersDir: string;

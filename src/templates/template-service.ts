@@ -5,6 +5,7 @@ import type { HostEnvironment } from '../host/host-env.host.js';
 import type { NetworkPolicyInput } from '../spec/index.js';
 import type { OnLog } from './build-log.js';
 import { BuildSession } from './build-session.js';
+import { checkBuildRequest, type TemplateBuildRequest } from './build-request.js';
 import { executePlan } from './builder/execute.js';
 import { planBuild, type BuildBase } from './builder/plan.js';
 import type { RunStep, StepRunner } from './builder/step-runner.js';
@@ -44,6 +45,8 @@ interface JobOptions {
   tags?: string[];
   onLog?: OnLog;
   signal?: AbortSignal;
+  /** Overrides of the template's config (E2B's startCmd and readyCmd). */
+  config?: Partial<TemplateConfig>;
 }
 
 export interface BootstrapDebianOptions extends JobOptions {
@@ -72,9 +75,7 @@ export interface BuildOptions extends JobOptions {
   noCache?: boolean;
   /** RUN steps' network. @default the host's apt sources (allowlist) */
   network?: NetworkPolicyInput;
-  limits?: RunStep['limits'];
-  /** Overrides of the template's config (E2B's startCmd and readyCmd). */
-  config?: Partial<TemplateConfig>;
+  limits?: Partial<RunStep['limits']>;
   allowHostPaths?: boolean;
 }
 
@@ -163,10 +164,29 @@ export class TemplateService {
     });
   }
 
+  /**
+   * One entry point for every kind of build (a server's and the CLI's): a Debian bootstrap, an
+   * image import or a Dockerfile build, by `request.source.kind`. Resolves with the template's
+   * record; rejects with a SandboxError of a stable code: INVALID_ARGUMENT (the request, a
+   * Dockerfile line), TEMPLATE_NOT_FOUND (a FROM), IMAGE_NOT_FOUND, IMAGE_UNSUPPORTED,
+   * REGISTRY_UNREACHABLE, REGISTRY_UNAUTHORIZED, BUILD_FAILED (a step; details.line, exitCode,
+   * lastLines), UNIMPLEMENTED (a RUN without a step runner), ABORTED (the signal). In every
+   * failure nothing of the build remains but its failed build record.
+   */
+  async buildTemplate(request: TemplateBuildRequest): Promise<TemplateRecord> {
+    const { source, config } = checkBuildRequest(request);
+    const job = { owner: request.owner, name: request.name, ...(request.tags ? { tags: request.tags } : {}), ...(request.onLog ? { onLog: request.onLog } : {}), ...(request.signal ? { signal: request.signal } : {}) };
+    const allowHostPaths = request.allowHostPaths ?? false;
+    if (source.kind === 'debian') return this.bootstrapDebian({ ...job, ...source, config });
+    if (source.kind === 'image') return this.importImage({ ...job, ref: source.ref, allowHostPaths, config });
+    const { kind: _, ...dockerfile } = source;
+    return this.build({ ...job, ...dockerfile, config, allowHostPaths });
+  }
+
   /** Builds a Dockerfile (the subset in dockerfile/parse.ts) into a template, step by step, cached. */
   async build(options: BuildOptions): Promise<TemplateRecord> {
     const contextDir = resolve(options.contextDir);
-    const dockerfilePath = options.dockerfile === undefined ? join(contextDir, 'Dockerfile') : isAbsolute(options.dockerfile) ? options.dockerfile : join(contextDir, options.dockerfile);
+    const dockerfilePath = dockerfileIn(contextDir, options.dockerfile, options.allowHostPaths ?? false);
     const file = basename(dockerfilePath);
     const text = options.dockerfileText ?? (await readFile(dockerfilePath, 'utf8').catch(() => undefined));
     if (text === undefined) throw new SandboxError('INVALID_ARGUMENT', `cannot read the Dockerfile ${dockerfilePath}`, { details: { file: dockerfilePath } });
@@ -198,7 +218,7 @@ export class TemplateService {
         signal: options.signal,
       });
       session.record.steps.push(...result.steps);
-      return { layer: result.layer, config: { ...plan.config, ...options.config }, parent };
+      return { layer: result.layer, config: plan.config, parent };
     });
   }
 
@@ -290,7 +310,7 @@ export class TemplateService {
       options.signal?.throwIfAborted();
       session.log.info('finalize', `saving template ${name}:${tag}`);
       const size = (await this.layers.usage(made.layer)) ?? { referencedBytes: 0, exclusiveBytes: 0 };
-      const record = await this.store.save({ id: this.store.newId(), owner, name, layer: made.layer, config: made.config, size, parent: made.parent, source, buildId: session.id, createdAt: new Date().toISOString() }, tags);
+      const record = await this.store.save({ id: this.store.newId(), owner, name, layer: made.layer, config: { ...made.config, ...options.config }, size, parent: made.parent, source, buildId: session.id, createdAt: new Date().toISOString() }, tags);
       await session.succeed(record.id);
       return record;
     } catch (error) {
@@ -360,6 +380,19 @@ interface JobContext {
   session: BuildSession;
   tempDir: string;
   lease: (keys: string[]) => Promise<boolean[]>;
+}
+
+/** The Dockerfile's path: inside the context (no `..`, not absolute) unless host paths are allowed. */
+function dockerfileIn(contextDir: string, dockerfile: string | undefined, allowHostPaths: boolean): string {
+  if (dockerfile === undefined) return join(contextDir, 'Dockerfile');
+  if (allowHostPaths) return isAbsolute(dockerfile) ? dockerfile : join(contextDir, dockerfile);
+  if (isAbsolute(dockerfile) || dockerfile.split(/[\\/]/).includes('..')) {
+    throw new SandboxError('INVALID_ARGUMENT', `the Dockerfile "${dockerfile}" is outside the build context`, {
+      details: { field: 'dockerfile', value: dockerfile },
+      hint: 'Name a Dockerfile inside the context (a relative path without ".."), or pass its text.',
+    });
+  }
+  return join(contextDir, dockerfile);
 }
 
 /** `name[:tag]` syntax (a template can only be that); image references with a registry are not. */

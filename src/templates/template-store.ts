@@ -24,7 +24,7 @@ type StoredBuild = BuildRecord & { runner?: string };
  * and 0600 files, each written atomically (see writeJsonAtomic): a server and a local CLI read them
  * without a lock and never see half a record. Tag moves take a per-owner lock directory. Owners
  * are tenants or `_public`; every lookup is scoped: a tenant finds its own templates and the
- * public ones, never another tenant's. See docs/decisions/010-template-storage.md for why files.
+ * public ones, never another tenant's. See docs/decisions/011-template-storage.md for why files.
  */
 export class TemplateStore {
   readonly dir: string;

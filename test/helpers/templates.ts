@@ -34,7 +34,7 @@ export async function sharedDebianTemplate(service: TemplateService): Promise<Sh
       const existing = await service.store.find(PUBLIC_OWNER, TEST_DEBIAN);
       if (existing) return { template: existing, log: [] };
       const log: LogEntry[] = [];
-      const template = await service.bootstrapDebian({ name: TEST_DEBIAN, onLog: (entry) => log.push(entry) });
+      const template = await service.buildTemplate({ owner: PUBLIC_OWNER, name: TEST_DEBIAN, source: { kind: 'debian' }, onLog: (entry) => log.push(entry) });
       return { template, log };
     },
     20 * 60_000,

@@ -239,6 +239,37 @@ describe('Dockerfile builds FROM the bootstrapped template (COPY, ENV, ARG, WORK
   });
 });
 
+describe('buildTemplate (the one entry point for servers and the CLI)', () => {
+  it('builds a Dockerfile given as text, with a start and a ready command, streaming its log', async () => {
+    const dir = await dockerfileContext({ 'hello.txt': 'hi\n' });
+    try {
+      const logs: string[] = [];
+      const template = await service.buildTemplate({
+        owner: OWNER,
+        name: 'texted:v1',
+        tags: ['stable'],
+        source: { kind: 'dockerfile', contextDir: dir, dockerfileText: `FROM ${TEST_DEBIAN}\nCOPY hello.txt /srv/\nCMD ["cat", "/srv/hello.txt"]\n` },
+        config: { readyCmd: 'test -s /srv/hello.txt' },
+        onLog: (entry) => logs.push(entry.message),
+      });
+      expect(template).toMatchObject({ name: 'texted', tags: ['stable', 'v1'], source: 'dockerfile' });
+      expect(template.config).toMatchObject({ startCmd: 'cat /srv/hello.txt', readyCmd: 'test -s /srv/hello.txt', user: 'user' });
+      expect(await readFile(join(service.layers.rootOf(template.layer), 'srv/hello.txt'), 'utf8')).toBe('hi\n');
+      expect(logs).toContain('step 1/2: COPY hello.txt /srv/');
+      expect((await service.resolve(OWNER, 'texted:stable')).id).toBe(template.id);
+    } finally {
+      await rm(dir, { recursive: true, force: true });
+    }
+  });
+
+  it('refuses a bad request before anything is made', async () => {
+    const before = await layerKeys();
+    await expect(service.buildTemplate({ owner: OWNER, name: 'bad', source: { kind: 'dockerfile', contextDir: context, limits: { pids: 1 } } })).rejects.toMatchObject({ code: 'INVALID_ARGUMENT' });
+    await expect(service.buildTemplate({ owner: OWNER, name: 'Bad Name', source: { kind: 'dockerfile', contextDir: context } })).rejects.toMatchObject({ code: 'INVALID_ARGUMENT' });
+    expect(await layerKeys()).toEqual(before);
+  });
+});
+
 describe('RUN steps through the StepRunner seam (the engine\'s, recorded)', () => {
   it('runs a RUN in a sandbox from the parent layer as root, publishes the result, and takes it from the cache next time', async () => {
     const dir = await dockerfileContext({ Dockerfile: `FROM ${TEST_DEBIAN}\nENV WHO=capsule\nRUN echo "built by $WHO" > /built.txt && id -u > /uid.txt\n` });

@@ -82,6 +82,19 @@ describe('OCI images (skopeo + umoci, a registry on loopback)', () => {
     expect(logs.some((l) => l.startsWith('pulling'))).toBe(false);
   });
 
+  it('buildTemplate imports an image too, with start and ready commands set on top of the image\'s', async () => {
+    const template = await service.buildTemplate({
+      owner: OWNER,
+      name: 'tiny-ready',
+      source: { kind: 'image', ref: `${open.address}/capsule/tiny:v2` },
+      config: { startCmd: 'exec /bin/serve', readyCmd: 'test -e /tmp/ready' },
+    });
+    expect(template).toMatchObject({ name: 'tiny-ready', source: 'image' });
+    expect(template.config).toEqual({ env: { A: '1', PATH: '/bin' }, workdir: '/opt', user: 'app', startCmd: 'exec /bin/serve', readyCmd: 'test -e /tmp/ready' });
+    // A tenant's build names no host path: an oci: layout is refused before anything is made.
+    await expect(service.buildTemplate({ owner: OWNER, name: 'from-host', source: { kind: 'image', ref: 'oci:/etc:x' } })).rejects.toMatchObject({ code: 'PERMISSION_DENIED' });
+  });
+
   it('imports from an OCI layout and an archive on the host only when the operator allows host paths', async () => {
     const denied = await failedImport(`oci:${layout}:v2`, 'from-layout');
     expect(denied.code).toBe('PERMISSION_DENIED');
@@ -135,7 +148,7 @@ describe('OCI images (skopeo + umoci, a registry on loopback)', () => {
 
   it('prune removes the layers and image blobs of removed templates and reports the bytes', async () => {
     const tiny = await service.resolve(OWNER, 'tiny:v2');
-    for (const ref of ['tiny', 'from-layout', 'from-archive', 'locked']) await service.remove(OWNER, ref);
+    for (const ref of ['tiny', 'tiny-ready', 'from-layout', 'from-archive', 'locked']) await service.remove(OWNER, ref);
     const report = await service.prune();
     expect(report.removedLayers).toContain(tiny.layer);
     expect(await service.layers.has(tiny.layer)).toBe(false);

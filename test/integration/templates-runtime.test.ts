@@ -57,6 +57,8 @@ describe.each(BACKENDS)('sandboxes from a template on the %s backend', (backend)
       expect(me.stdout).toBe('1000\nuser\n1000 50\n/home/user user yes\n/home/user\n');
       const root = await sh(info.sandboxId, 'id -u; echo $HOME; touch /root/made && chown 1000:50 /root/made && stat -c %u:%g /root/made', 'root');
       expect(root).toMatchObject({ outcome: 'ok', stdout: '0\n/root\n1000:50\n' });
+      // /tmp and /dev/shm are sticky and world-writable, as on any Debian system (apt's _apt needs it).
+      expect((await sh(info.sandboxId, 'touch /tmp/mine /dev/shm/mine && stat -c %a /tmp /dev/shm')).stdout).toBe('1777\n1777\n');
       // The template user is not root: /root stays closed to it.
       expect((await sh(info.sandboxId, 'touch /root/nope')).outcome).toBe('exit_nonzero');
     } finally {

@@ -112,10 +112,10 @@ function buildTemplateBwrapArgs(spec: SandboxSpec, options: BwrapOptions, userns
     // The sandbox's own copy-on-write root, writable: apt-get works, nothing else sees it.
     '--bind', staged(STAGE.root), '/',
     '--proc', '/proc', '--dev', '/dev',
-    '--size', String(spec.limits.shmBytes), '--tmpfs', '/dev/shm',
+    '--perms', '1777', '--size', String(spec.limits.shmBytes), '--tmpfs', '/dev/shm',
   ];
   if (options.hasResolvConf) args.push('--ro-bind', staged(STAGE.resolvConf), '/etc/resolv.conf');
-  args.push('--size', String(spec.limits.tmpBytes), '--tmpfs', '/tmp');
+  args.push('--perms', '1777', '--size', String(spec.limits.tmpBytes), '--tmpfs', '/tmp');
   spec.mounts.forEach((mount, index) => args.push('--ro-bind', staged(STAGE.mount(index)), mount.sandboxPath));
   args.push('--ro-bind', staged(STAGE.tools), TOOLS_DIR, '--remount-ro', '/dev');
   const command = options.command ?? [AGENT_PATH];

@@ -1,7 +1,7 @@
 import { mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { dirname, join } from 'node:path';
 import { SandboxError } from '../../errors/index.js';
-import type { OnLog, TemplateRecord, TemplateService } from '../../templates/index.js';
+import type { OnLog, TemplateRecord, TemplateService, TemplateSourceSpec } from '../../templates/index.js';
 import type { BuildTemplateBody } from '../../wire/index.js';
 import type { z } from 'zod';
 
@@ -39,39 +39,17 @@ export async function buildFromRequest(
   body: z.output<typeof BuildTemplateBody>,
   job: TemplateBuildJob,
 ): Promise<TemplateRecord> {
-  const common = { owner: job.owner, name: body.name, tags: body.tags, onLog: job.onLog, signal: job.signal };
   const { source } = body;
-  if (source.kind === 'debian') {
-    if (body.config) throw configUnsupported();
-    return templates.bootstrapDebian({ ...common, suite: source.suite, packages: source.packages });
-  }
-  if (source.kind === 'image') {
-    if (body.config) throw configUnsupported();
-    return templates.importImage({ ...common, ref: source.ref, allowHostPaths: false });
-  }
+  const build = (spec: TemplateSourceSpec) =>
+    templates.buildTemplate({ owner: job.owner, name: body.name, tags: body.tags, source: spec, config: body.config, allowHostPaths: false, onLog: job.onLog, signal: job.signal });
+  if (source.kind !== 'dockerfile') return build(source);
   await mkdir(contextRoot, { recursive: true, mode: 0o700 });
   const contextDir = await mkdtemp(join(contextRoot, 'ctx-'));
   try {
     await writeContext(contextDir, source.files ?? []);
-    return await templates.build({
-      ...common,
-      contextDir,
-      dockerfileText: source.dockerfile,
-      buildArgs: source.buildArgs,
-      noCache: source.noCache,
-      network: source.network,
-      limits: source.limits,
-      config: body.config,
-      allowHostPaths: false,
-    });
+    const { files: _files, dockerfile, ...rest } = source;
+    return await build({ ...rest, contextDir, dockerfileText: dockerfile });
   } finally {
     await rm(contextDir, { recursive: true, force: true });
   }
-}
-
-function configUnsupported(): SandboxError {
-  return new SandboxError('INVALID_ARGUMENT', 'config (startCmd, readyCmd) is for Dockerfile builds', {
-    details: { field: 'config' },
-    hint: 'Build FROM this template with a Dockerfile whose CMD is the start command, or pass config with source.kind "dockerfile".',
-  });
 }
