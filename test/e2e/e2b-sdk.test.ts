@@ -207,6 +207,6 @@ describe('e2b SDK 2.51 against Capsule', () => {
   it('refuses a bad API key, an unknown sandbox, and an unknown template', async () => {
     await expect(Sandbox.create({ ...server.opts, apiKey: `e2b_${'0'.repeat(40)}` })).rejects.toBeInstanceOf(AuthenticationError);
     await expect(Sandbox.connect('nosuchsandbox', server.opts)).rejects.toBeInstanceOf(SandboxNotFoundError);
-    await expect(Sandbox.create('no-such-template', server.opts)).rejects.toThrow(/template no-such-template not found/);
+    await expect(Sandbox.create('no-such-template', server.opts)).rejects.toThrow(/no template named "no-such-template"/);
   });
 });

@@ -76,7 +76,7 @@ describe('the E2B control plane through the seam', () => {
     expect(again.status).toBe(404);
     expect(again.headers.get('idempotent-replayed')).toBe('true');
     expect(await again.json()).toEqual(body);
-    const failed = (await auditRecords()).filter((r) => r.operation === 'e2b.sandboxes.create' && r.phase === 'outcome' && r.outcome === 'NOT_FOUND');
+    const failed = (await auditRecords()).filter((r) => r.operation === 'e2b.sandboxes.create' && r.phase === 'outcome' && r.outcome === 'TEMPLATE_NOT_FOUND');
     expect(failed).toHaveLength(1);
   });
 

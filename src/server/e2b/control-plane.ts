@@ -12,6 +12,7 @@ import { ENVD_VERSION, lenientJson, type E2bContext } from './deps.js';
 import { E2B_HOME, E2B_USER } from './paths.js';
 
 /** Templates the facade serves: one image, Capsule's, under E2B's default names. */
+/** E2B's own template names, served by the server's default template; any other is a Capsule template. */
 const TEMPLATES = new Set(['base', 'code-interpreter-v1', 'code-interpreter']);
 /** Where the template name is kept in the engine's metadata; never shown to E2B clients. */
 const TEMPLATE_KEY = 'capsule.e2b.template';
@@ -63,6 +64,10 @@ function unsupported(field: string, why: string): SandboxError {
  */
 function specFor(body: z.infer<typeof CreateBody>, ctx: E2bContext): SandboxSpecInput {
   const e2bLimits = { cpus: 2, memoryBytes: 512 * MiB, diskBytes: 1024 * MiB, wallClockMs: 3_600_000, pids: 1024, stdoutBytes: 64 * MiB, stderrBytes: 64 * MiB };
+  if (!TEMPLATES.has(body.templateID)) {
+    // A Capsule template: its own user, home, env and workdir, under E2B's sizes.
+    return { template: body.templateID, limits: clampLimits(e2bLimits, ctx.engine.maxima), env: { ...(body.envVars ?? {}) }, ttlMs: (body.timeout ?? 300) * 1000 };
+  }
   return {
     limits: clampLimits(e2bLimits, ctx.engine.maxima),
     env: { HOME: E2B_HOME, USER: E2B_USER, LOGNAME: E2B_USER, ...(body.envVars ?? {}) },
@@ -142,11 +147,6 @@ function controlPlaneRoutes(ctx: E2bContext): AnyRoute[] {
       body: CreateBody,
       audit: ({ body }) => ({ subject: body.templateID, policy: policyOf(specFor(body, ctx)) }),
       async handler({ body, principal, signal }) {
-        if (!TEMPLATES.has(body.templateID)) {
-          throw new SandboxError('NOT_FOUND', `template ${body.templateID} not found: Capsule serves one image under the names ${[...TEMPLATES].join(', ')}`, {
-            hint: 'Use the default template (omit it) or code-interpreter-v1.',
-          });
-        }
         if (body.autoPause) throw unsupported('autoPause', 'a sandbox is killed when its timeout ends');
         if (body.mcp !== undefined) throw unsupported('mcp', 'there is no MCP gateway in Capsule sandboxes');
         if (body.network !== undefined) throw unsupported('network', 'E2B sandboxes served by Capsule have no network (only loopback)');
