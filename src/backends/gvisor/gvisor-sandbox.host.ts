@@ -2,11 +2,11 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import { mkdir, writeFile } from 'node:fs/promises';
 import { privatizeWritten } from '../../host/private-data.host.js';
 import { join } from 'node:path';
-import { AgentClient, type AgentHandOver, type AgentProcess, type AgentProcessRecord } from '../agent/index.js';
+import { AgentClient, type AgentHandOver, type AgentProcess, type AgentProcessRecord, type AgentRelay } from '../agent/index.js';
 import { SandboxError } from '../../errors/index.js';
 import type { SandboxCgroup } from '../../host/cgroups.host.js';
 import type { NetworkPolicy, SandboxSpec } from '../../spec/index.js';
-import type { BackendSandbox, ExecRequest, PauseOptions, PauseResult, SandboxCounters } from '../backend.js';
+import type { BackendSandbox, ConnectPortOptions, ExecRequest, PauseOptions, PauseResult, SandboxCounters } from '../backend.js';
 import type { HostMount } from '../../host/mount-roots.host.js';
 import { launchMountArgs, mountRefusal } from '../host-mounts.js';
 import { FIRST_MOUNT_FD, RESOLV_CONF_FD, ROOT_FD, STAGE, TOOLS_FD } from '../namespace/bwrap-args.js';
@@ -123,6 +123,18 @@ export class GvisorSandbox implements BackendSandbox {
     }
     const base = this.options.network?.env;
     return this.agent.start(base ? { ...request, env: { ...base, ...request.env } } : request);
+  }
+
+  connectPort(port: number, options?: ConnectPortOptions): Promise<AgentRelay> {
+    if (this.state !== 'running' || this.agent === undefined) {
+      return Promise.reject(
+        new SandboxError('SANDBOX_NOT_RUNNING', `sandbox ${this.id} is ${this.state}`, {
+          details: { sandboxId: this.id, state: this.state },
+          hint: this.state === 'paused' ? 'Resume the sandbox before connecting to its ports.' : undefined,
+        }),
+      );
+    }
+    return this.agent.connectPort(port, options);
   }
 
   /** Running processes the host can talk to, including those a previous Capsule process started. */
