@@ -23,6 +23,8 @@ export interface StartServerOptions {
   env?: NodeJS.ProcessEnv;
   /** @default 20 */
   maxSandboxesPerTenant?: number;
+  /** Port URLs by host, `http://P-ID.D/` (`capsule serve --public-domain D`). @default none */
+  publicDomain?: string;
   maxima?: OperatorMaxima;
   /** Sandboxes kept started ahead for creates that can use them (see SandboxManagerOptions). @default 0 */
   warmPool?: number;
@@ -107,7 +109,7 @@ export async function startServer(options: StartServerOptions): Promise<RunningS
       filesFactory: (sandbox) => createSandboxFiles(sandbox),
       mountRoots,
     });
-    const app = new CapsuleApp({ engine, db, maxSandboxesPerTenant: options.maxSandboxesPerTenant, logger: options.logger, extensions: options.extensions, observability: observability.services });
+    const app = new CapsuleApp({ engine, db, maxSandboxesPerTenant: options.maxSandboxesPerTenant, logger: options.logger, extensions: options.extensions, observability: observability.services, publicDomain: options.publicDomain });
     egressLog = (event) => app.app.log.warn({ egress: event }, 'egress denied');
     let url: string;
     try {

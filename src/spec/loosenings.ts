@@ -10,6 +10,8 @@ export interface Loosenings {
   network?: { mode: SandboxSpec['network']['mode']; allow: string[]; maxConnections?: number };
   /** Credential-broker handles the sandbox may spend. */
   handles?: string[];
+  /** Ports anyone may reach through the server's port URLs, without a token. */
+  publicPorts?: number[];
   /** Host mounts, by granted root (never a host path). */
   mounts?: { root: string; subpath: string; sandboxPath: string; readOnly: boolean }[];
 }
@@ -41,6 +43,7 @@ export function loosenings(spec: SandboxSpec): Loosenings | undefined {
     };
   }
   if (network.handles.length > 0) found.handles = [...network.handles];
+  if (network.publicPorts.length > 0) found.publicPorts = [...network.publicPorts];
   if (spec.mounts.length > 0) {
     found.mounts = spec.mounts.map((m) => ({ root: m.root, subpath: m.subpath ?? '', sandboxPath: m.sandboxPath, readOnly: m.readOnly }));
   }

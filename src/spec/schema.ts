@@ -98,6 +98,13 @@ export const NetworkPolicySchema = z.strictObject({
    * past it the proxy answers 429 and the work is reported as an `egress` limit. @default 4096
    */
   maxConnections: z.number().int().positive().max(1_000_000).default(4096),
+  /**
+   * Ports inside the sandbox anyone may reach through the server's port URLs
+   * (`/v1/sandboxes/ID/ports/P/`, `http://P-ID.DOMAIN/`) without a token. Other ports need the
+   * tenant's API key, the sandbox's access token or a signed URL. Inbound only: the outbound
+   * policy is unchanged. @default []
+   */
+  publicPorts: z.array(z.number().int().min(1).max(65_535)).max(64).default([]),
 }).superRefine((policy, ctx) => {
   if (policy.mode === 'none' && policy.handles.length > 0) {
     ctx.addIssue({

@@ -306,7 +306,7 @@ export class AgentClient {
     try {
       this.checkUsable();
     } catch (error) {
-      return Promise.reject(error as SandboxError);
+      return Promise.reject(error instanceof Error ? error : new Error(String(error)));
     }
     return this.relays.connect(port, options);
   }

@@ -13,6 +13,7 @@ interface ServeFlags {
   logLevel: string;
   deny?: string[];
   mountRoot?: string[];
+  publicDomain?: string;
 }
 
 /** `--mount-root NAME=PATH` flags as a map; a flag without `=` or a name given twice is refused. */
@@ -46,6 +47,7 @@ export function serveCommand(context: CliContext): Command {
     .option('--log-level <level>', 'fatal, error, warn, info, debug', 'info')
     .option('--warm-pool <n>', 'sandboxes kept started ahead for creates with no network and no mounts', numberOption('--warm-pool'), 2)
     .option('--mount-root <name=path>', 'a host directory tenants may mount read-only, by name, once their key is granted it (repeatable)', collect)
+    .option('--public-domain <domain>', 'port P of sandbox ID is also served at http://P-ID.DOMAIN/ (point wildcard DNS *.DOMAIN at this server)')
     .option('--deny <domain-or-cidr>', 'operator deny list: no sandbox reaches it, whatever its allow list (repeatable; a domain covers its subdomains; also $CAPSULE_EGRESS_DENY, comma-separated)', collect)
     .addHelpText(
       'after',
@@ -66,6 +68,7 @@ export function serveCommand(context: CliContext): Command {
         operatorDeny: [...(flags.deny ?? []), ...(context.env.CAPSULE_EGRESS_DENY ?? '').split(',').map((e) => e.trim()).filter((e) => e !== '')],
         logger: { level: flags.logLevel, stream: context.stderr },
         mountRoots: parseMountRoots(flags.mountRoot ?? []),
+        ...(flags.publicDomain !== undefined && { publicDomain: flags.publicDomain }),
       });
       context.stdout.write(`URL: ${server.url}\n`);
       const keyLine =

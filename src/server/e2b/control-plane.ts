@@ -106,7 +106,7 @@ function controlPlaneRoutes(ctx: E2bContext): AnyRoute[] {
       envdAccessToken: ctx.tokens.issue(info.tenantId, info.sandboxId),
       // Sent back by the code-interpreter SDK on /contexts, which carries no other credential.
       trafficAccessToken: ctx.tokens.issue(info.tenantId, info.sandboxId),
-      domain: null,
+      domain: ctx.publicDomain ?? null,
       alias: templateID,
     };
   };
@@ -237,7 +237,7 @@ function controlPlaneRoutes(ctx: E2bContext): AnyRoute[] {
           ...listed(info),
           envdAccessToken: ctx.tokens.issue(info.tenantId, info.sandboxId),
           allowInternetAccess: false,
-          domain: null,
+          domain: ctx.publicDomain ?? null,
           lifecycle: { onTimeout: 'kill', autoResume: false },
         };
         return { kind: 'json', status: 200, body };
