@@ -25,7 +25,8 @@ export function mountGrantOf(principal: Principal): readonly string[] | 'all' {
 
 export type AuthLevel = 'none' | 'tenant' | 'admin';
 
-function presentedKey(request: FastifyRequest): string | undefined {
+/** The API key a request presents (Authorization: Bearer, or X-API-Key), unverified. */
+export function presentedKey(request: FastifyRequest): string | undefined {
   const header = request.headers.authorization;
   if (typeof header === 'string') {
     const match = /^Bearer\s+(\S+)\s*$/i.exec(header);

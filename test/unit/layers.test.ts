@@ -7,7 +7,7 @@ const SRC = resolve(import.meta.dirname, '..', '..', 'src');
 /**
  * Which top-level folders each folder may import (value imports and type imports alike): a strict
  * order with no exception, errors < spec < wire < host < backends < store < engine < metrics <
- * server < cli, and the SDK on the wire contract alone.
+ * server < mcp < cli, the SDK on the wire contract alone, and MCP on the SDK and the server's seam.
  */
 const ALLOWED: Record<string, string[]> = {
   errors: [],
@@ -20,7 +20,9 @@ const ALLOWED: Record<string, string[]> = {
   metrics: ['errors', 'spec', 'wire', 'engine'],
   server: ['errors', 'spec', 'wire', 'engine', 'store', 'metrics'],
   sdk: ['errors', 'spec', 'wire'],
-  cli: ['errors', 'spec', 'wire', 'engine', 'sdk', 'server', 'store', 'backends', 'host', 'metrics'],
+  // MCP: tools on the SDK, served over stdio or as a route of the server's seam.
+  mcp: ['errors', 'spec', 'wire', 'sdk', 'server'],
+  cli: ['errors', 'spec', 'wire', 'engine', 'sdk', 'server', 'store', 'backends', 'host', 'metrics', 'mcp'],
 };
 
 function files(dir: string): string[] {

@@ -57,7 +57,7 @@ export function serveCommand(context: CliContext): Command {
     )
     .action(async (flags: ServeFlags) => {
       // Loaded here: the server's modules are heavy, and other commands need none of them.
-      const { startServer } = await import('../../server/bootstrap.js');
+      const [{ startServer }, { registerMcpHttp }] = await Promise.all([import('../../server/bootstrap.js'), import('../../mcp/http.js')]);
       const server = await startServer({
         dataDir: flags.dataDir,
         port: flags.port,
@@ -68,6 +68,7 @@ export function serveCommand(context: CliContext): Command {
         operatorDeny: [...(flags.deny ?? []), ...(context.env.CAPSULE_EGRESS_DENY ?? '').split(',').map((e) => e.trim()).filter((e) => e !== '')],
         logger: { level: flags.logLevel, stream: context.stderr },
         mountRoots: parseMountRoots(flags.mountRoot ?? []),
+        extensions: [registerMcpHttp],
         ...(flags.publicDomain !== undefined && { publicDomain: flags.publicDomain }),
       });
       context.stdout.write(`URL: ${server.url}\n`);
