@@ -5,6 +5,7 @@ import { presentedKey } from '../server/auth.js';
 import { defineRoute, registerRoute } from '../server/route.js';
 import type { ServerServices } from '../server/services.js';
 import { createMcpServer } from './server.js';
+import { SandboxHandles } from './tools.js';
 
 /** Where this server answers on loopback: the MCP tools call the API there, with the caller's key. */
 function loopbackUrl(app: FastifyInstance): string {
@@ -21,6 +22,8 @@ function loopbackUrl(app: FastifyInstance): string {
  * the routes that do the work. A server extension (`capsule serve` adds it).
  */
 export function registerMcpHttp(app: FastifyInstance, services: ServerServices): void {
+  // Stateless HTTP makes a server per request; the sandbox handles outlive them.
+  const handles = new SandboxHandles();
   for (const method of ['POST', 'GET', 'DELETE'] as const) {
     registerRoute(
       app,
@@ -38,7 +41,7 @@ export function registerMcpHttp(app: FastifyInstance, services: ServerServices):
             kind: 'stream',
             async write(reply) {
               reply.hijack();
-              const server = createMcpServer(connection);
+              const server = createMcpServer(connection, handles);
               const transport = new StreamableHTTPServerTransport({ sessionIdGenerator: undefined, enableJsonResponse: true });
               await server.connect(transport);
               try {

@@ -1,6 +1,6 @@
 import { McpServer } from '@modelcontextprotocol/sdk/server/mcp.js';
 import type { ConnectionOptions } from '../sdk/index.js';
-import { callTool, TOOLS } from './tools.js';
+import { callTool, SandboxHandles, TOOLS } from './tools.js';
 
 /** The MCP server's name and version, as clients see them. */
 export const MCP_SERVER_INFO = { name: 'capsule', version: '0.1.0' } as const;
@@ -10,7 +10,7 @@ export const MCP_SERVER_INFO = { name: 'capsule', version: '0.1.0' } as const;
  * call goes through the API's one seam, so it is authenticated, tenant-scoped and audited there
  * like any SDK call. The same server runs over stdio (`capsule mcp`) and over HTTP (`/mcp`).
  */
-export function createMcpServer(connection: ConnectionOptions): McpServer {
+export function createMcpServer(connection: ConnectionOptions, handles = new SandboxHandles()): McpServer {
   const server = new McpServer(MCP_SERVER_INFO, {
     instructions:
       'Capsule runs code in isolated Linux sandboxes. Call create_sandbox first and keep its sandboxId; ' +
@@ -26,7 +26,7 @@ export function createMcpServer(connection: ConnectionOptions): McpServer {
         inputSchema: tool.inputSchema,
         annotations: { readOnlyHint: !tool.mutates, destructiveHint: tool.name === 'kill_sandbox', openWorldHint: false },
       },
-      (args: Record<string, unknown>) => callTool(tool, args, connection),
+      (args: Record<string, unknown>) => callTool(tool, args, connection, handles),
     );
   }
   return server;

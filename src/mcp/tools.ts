@@ -20,7 +20,33 @@ export interface ToolDefinition {
   inputSchema: z.ZodRawShape;
   /** Changes something (the MCP hint clients use to ask before calling). */
   mutates: boolean;
-  run(args: Record<string, unknown>, connection: ConnectionOptions): Promise<Record<string, unknown>>;
+  run(args: Record<string, unknown>, connection: ConnectionOptions, handles: SandboxHandles): Promise<Record<string, unknown>>;
+}
+
+/** Most sandbox handles kept between tool calls. @default 256 */
+const MAX_HANDLES = 256;
+
+/**
+ * Connected sandboxes by API key and id, kept between tool calls: a call on a known sandbox
+ * skips the lookup `Sandbox.connect` makes (a sandbox gone since is still an error from the call
+ * itself). The key is part of the entry's name, so a handle never serves another credential.
+ */
+export class SandboxHandles {
+  private readonly handles = new Map<string, Sandbox>();
+
+  async get(id: unknown, connection: ConnectionOptions): Promise<Sandbox> {
+    const key = `${connection.url ?? ''}\0${connection.apiKey ?? ''}\0${String(id)}`;
+    const known = this.handles.get(key);
+    if (known) return known;
+    const sandbox = await Sandbox.connect(String(id), connection);
+    if (this.handles.size >= MAX_HANDLES) this.handles.delete(this.handles.keys().next().value ?? '');
+    this.handles.set(key, sandbox);
+    return sandbox;
+  }
+
+  forget(id: unknown, connection: ConnectionOptions): void {
+    this.handles.delete(`${connection.url ?? ''}\0${connection.apiKey ?? ''}\0${String(id)}`);
+  }
 }
 
 const sandboxId = z.string().describe('The sandbox id (from create_sandbox or list_sandboxes)');
@@ -50,7 +76,6 @@ function execAnswer(result: ExecResult): Record<string, unknown> {
   };
 }
 
-const connect = (id: unknown, connection: ConnectionOptions) => Sandbox.connect(String(id), connection);
 
 /** The tools, with argument names as in the SDK (`sandboxId`, `command`, `path`, …). */
 export const TOOLS: readonly ToolDefinition[] = [
@@ -103,8 +128,8 @@ export const TOOLS: readonly ToolDefinition[] = [
       timeoutMs: z.number().int().positive().optional().describe('Wall-clock limit of the command (default the sandbox\'s, 30 s)'),
     },
     mutates: true,
-    async run(args, connection) {
-      const sandbox = await connect(args.sandboxId, connection);
+    async run(args, connection, handles) {
+      const sandbox = await handles.get(args.sandboxId, connection);
       const result = await sandbox.commands.run(args.command as string | string[], {
         ...(typeof args.cwd === 'string' && { cwd: args.cwd }),
         ...(args.env !== undefined && { env: args.env as Record<string, string> }),
@@ -119,8 +144,8 @@ export const TOOLS: readonly ToolDefinition[] = [
     description: 'Start a command in the background (a server, a long build). Returns its pid for wait_command, send_stdin and signal_command.',
     inputSchema: { sandboxId, command, cwd: z.string().optional(), env: z.record(z.string(), z.string()).optional() },
     mutates: true,
-    async run(args, connection) {
-      const sandbox = await connect(args.sandboxId, connection);
+    async run(args, connection, handles) {
+      const sandbox = await handles.get(args.sandboxId, connection);
       const handle = await sandbox.commands.run(args.command as string | string[], {
         background: true,
         ...(typeof args.cwd === 'string' && { cwd: args.cwd }),
@@ -135,8 +160,8 @@ export const TOOLS: readonly ToolDefinition[] = [
     description: 'Wait up to waitMs for a command started with start_command. Returns its result when it ended, else running: true and its output so far.',
     inputSchema: { sandboxId, pid: z.number().int().positive(), waitMs: z.number().int().min(0).max(60_000).optional().describe('How long to wait (default 1000)') },
     mutates: false,
-    async run(args, connection) {
-      const sandbox = await connect(args.sandboxId, connection);
+    async run(args, connection, handles) {
+      const sandbox = await handles.get(args.sandboxId, connection);
       let stdout = '';
       let stderr = '';
       const stop = new AbortController();
@@ -160,8 +185,8 @@ export const TOOLS: readonly ToolDefinition[] = [
     description: 'Send text to the standard input of a command started with start_command; close: true ends its input.',
     inputSchema: { sandboxId, pid: z.number().int().positive(), data: z.string(), close: z.boolean().optional() },
     mutates: true,
-    async run(args, connection) {
-      const sandbox = await connect(args.sandboxId, connection);
+    async run(args, connection, handles) {
+      const sandbox = await handles.get(args.sandboxId, connection);
       const handle = await sandbox.commands.connect(Number(args.pid));
       try {
         await handle.sendStdin(String(args.data));
@@ -178,8 +203,8 @@ export const TOOLS: readonly ToolDefinition[] = [
     description: 'Send a signal to a command (SIGTERM to ask it to stop, SIGKILL to end it, SIGINT like Ctrl-C).',
     inputSchema: { sandboxId, pid: z.number().int().positive(), signal: z.enum(['SIGTERM', 'SIGKILL', 'SIGINT', 'SIGHUP']).optional().describe('Default SIGTERM') },
     mutates: true,
-    async run(args, connection) {
-      const sandbox = await connect(args.sandboxId, connection);
+    async run(args, connection, handles) {
+      const sandbox = await handles.get(args.sandboxId, connection);
       await sandbox.commands.kill(Number(args.pid), (args.signal as NodeJS.Signals | undefined) ?? 'SIGTERM');
       return { signalled: true };
     },
@@ -196,8 +221,8 @@ export const TOOLS: readonly ToolDefinition[] = [
       timeoutMs: z.number().int().positive().optional(),
     },
     mutates: true,
-    async run(args, connection) {
-      const sandbox = await connect(args.sandboxId, connection);
+    async run(args, connection, handles) {
+      const sandbox = await handles.get(args.sandboxId, connection);
       const execution = await sandbox.runCode(String(args.code), {
         ...(typeof args.language === 'string' && { language: args.language as 'python' }),
         ...(typeof args.contextId === 'string' && { contextId: args.contextId }),
@@ -222,8 +247,8 @@ export const TOOLS: readonly ToolDefinition[] = [
     description: 'Create or replace a text file in the sandbox (relative paths are under /workspace; parent directories are made).',
     inputSchema: { sandboxId, path: z.string(), content: z.string() },
     mutates: true,
-    async run(args, connection) {
-      const sandbox = await connect(args.sandboxId, connection);
+    async run(args, connection, handles) {
+      const sandbox = await handles.get(args.sandboxId, connection);
       const entry = await sandbox.files.write(String(args.path), String(args.content));
       return { path: entry.path, size: entry.size };
     },
@@ -234,8 +259,8 @@ export const TOOLS: readonly ToolDefinition[] = [
     description: `Read a text file from the sandbox (at most ${TOOL_OUTPUT_BYTES} bytes are returned; truncated says when more exists).`,
     inputSchema: { sandboxId, path: z.string() },
     mutates: false,
-    async run(args, connection) {
-      const sandbox = await connect(args.sandboxId, connection);
+    async run(args, connection, handles) {
+      const sandbox = await handles.get(args.sandboxId, connection);
       const text = (await sandbox.files.read(String(args.path)));
       const content = capped(text);
       return { path: args.path, content: content.text, truncated: content.truncated };
@@ -247,8 +272,8 @@ export const TOOLS: readonly ToolDefinition[] = [
     description: 'Entries of a directory in the sandbox (name, type, size), optionally several levels deep.',
     inputSchema: { sandboxId, path: z.string().optional().describe('Default /workspace'), depth: z.number().int().min(1).max(10).optional() },
     mutates: false,
-    async run(args, connection) {
-      const sandbox = await connect(args.sandboxId, connection);
+    async run(args, connection, handles) {
+      const sandbox = await handles.get(args.sandboxId, connection);
       const entries = await sandbox.files.list(typeof args.path === 'string' ? args.path : '/workspace', typeof args.depth === 'number' ? { depth: args.depth } : {});
       return { entries: entries.slice(0, 1000).map((e) => ({ path: e.path, type: e.type, size: e.size })), truncated: entries.length > 1000 };
     },
@@ -259,8 +284,8 @@ export const TOOLS: readonly ToolDefinition[] = [
     description: 'A signed URL (valid one hour) that reaches a server listening on PORT inside the sandbox, over HTTP or WebSocket.',
     inputSchema: { sandboxId, port: z.number().int().min(1).max(65_535) },
     mutates: true,
-    async run(args, connection) {
-      const sandbox = await connect(args.sandboxId, connection);
+    async run(args, connection, handles) {
+      const sandbox = await handles.get(args.sandboxId, connection);
       const signed = await sandbox.portUrl(Number(args.port));
       return { url: signed.hostUrl ?? signed.url, expiresAt: signed.expiresAt };
     },
@@ -271,8 +296,9 @@ export const TOOLS: readonly ToolDefinition[] = [
     description: 'End the sandbox and everything in it; its files are gone. Needs confirm: true.',
     inputSchema: { sandboxId, confirm: z.literal(true).describe('Must be true: killing cannot be undone') },
     mutates: true,
-    async run(args, connection) {
-      const sandbox = await connect(args.sandboxId, connection);
+    async run(args, connection, handles) {
+      const sandbox = await handles.get(args.sandboxId, connection);
+      handles.forget(args.sandboxId, connection);
       const info = await sandbox.kill();
       return { sandboxId: info.sandboxId, state: info.state };
     },
@@ -280,9 +306,9 @@ export const TOOLS: readonly ToolDefinition[] = [
 ];
 
 /** Runs a tool; a failure is an MCP error result carrying Capsule's code and hint, never a throw. */
-export async function callTool(tool: ToolDefinition, args: Record<string, unknown>, connection: ConnectionOptions): Promise<ToolAnswer> {
+export async function callTool(tool: ToolDefinition, args: Record<string, unknown>, connection: ConnectionOptions, handles: SandboxHandles): Promise<ToolAnswer> {
   try {
-    const answer = await tool.run(args, connection);
+    const answer = await tool.run(args, connection, handles);
     return { content: [{ type: 'text', text: JSON.stringify(answer, null, 2) }], structuredContent: answer };
   } catch (error) {
     const wire =
