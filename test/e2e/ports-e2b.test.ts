@@ -57,3 +57,16 @@ it('getHost(port) names the sandbox port the proxy serves, with the traffic acce
     await sandbox.kill();
   }
 }, 120_000);
+
+it("maps E2B's network options onto Capsule's policy and refuses what it cannot honour", async () => {
+  await expect(Sandbox.create({ ...opts, network: { denyOut: ['10.0.0.0/8'] } })).rejects.toThrow(/network\.denyOut cannot be honoured/);
+  await expect(Sandbox.create({ ...opts, network: { allowPublicTraffic: true } })).rejects.toThrow(/allowPublicTraffic/);
+  // No packet is sent: the sandbox only gets the policy, read back through /v1.
+  const sandbox = await Sandbox.create({ ...opts, network: { allowOut: ['pypi.org', '8.8.8.8'], denyOut: ['0.0.0.0/0'] } });
+  try {
+    const info = await t.json<{ spec: { network: { mode: string; allow: string[] } } }>('GET', `/v1/sandboxes/${sandbox.sandboxId}`);
+    expect(info.body.spec.network).toMatchObject({ mode: 'allowlist', allow: ['pypi.org', '8.8.8.8/32'] });
+  } finally {
+    await sandbox.kill();
+  }
+}, 120_000);

@@ -1,7 +1,7 @@
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import { z } from 'zod';
 import { SandboxError, isSandboxError } from '../../errors/index.js';
-import { clampLimits, type SandboxSpecInput } from '../../spec/index.js';
+import { clampLimits, type NetworkPolicyInput, type SandboxSpecInput } from '../../spec/index.js';
 import { isLiveState, type SandboxInfo, type SandboxState } from '../../wire/index.js';
 import { mountGrantOf } from '../auth.js';
 import { sendError } from '../errors.js';
@@ -10,6 +10,7 @@ import { defineRoute, registerRoute, type AnyRoute, type Authenticate } from '..
 import { e2bPrincipal, isE2bCaller } from './access.js';
 import { ENVD_VERSION, lenientJson, type E2bContext } from './deps.js';
 import { E2B_HOME, E2B_USER } from './paths.js';
+import { e2bNetworkPolicy } from './network.js';
 
 /** Templates the facade serves: one image, Capsule's, under E2B's default names. */
 const TEMPLATES = new Set(['base', 'code-interpreter-v1', 'code-interpreter']);
@@ -66,7 +67,12 @@ function specFor(body: z.infer<typeof CreateBody>, ctx: E2bContext): SandboxSpec
     env: { HOME: E2B_HOME, USER: E2B_USER, LOGNAME: E2B_USER, ...(body.envVars ?? {}) },
     cwd: E2B_HOME,
     ttlMs: (body.timeout ?? 300) * 1000,
+    ...withNetwork(e2bNetworkPolicy(body.network)),
   };
+}
+
+function withNetwork(network: NetworkPolicyInput | undefined): { network?: NetworkPolicyInput } {
+  return network === undefined ? {} : { network };
 }
 
 /**
@@ -147,7 +153,6 @@ function controlPlaneRoutes(ctx: E2bContext): AnyRoute[] {
         }
         if (body.autoPause) throw unsupported('autoPause', 'a sandbox is killed when its timeout ends');
         if (body.mcp !== undefined) throw unsupported('mcp', 'there is no MCP gateway in Capsule sandboxes');
-        if (body.network !== undefined) throw unsupported('network', 'E2B sandboxes served by Capsule have no network (only loopback)');
         if (body.volumeMounts?.length) throw unsupported('volumeMounts', 'volumes are not implemented');
         const release = ctx.quota.reserve(principal.tenantId);
         try {
