@@ -38,6 +38,7 @@
 #define SHUTDOWN_REAP_MS 2000
 #define DEFAULT_PATH "/usr/local/bin:/usr/bin:/bin"
 
+#include "agent-relay.h"
 #include "agent-users.h"
 
 struct proc {
@@ -56,6 +57,7 @@ static struct proc **procs;
 static size_t nprocs, procs_cap;
 static struct pollfd *pfds;
 static struct proc **pfd_owner;
+static size_t pfds_cap; /* entries of pfds and pfd_owner */
 static int sigfd = -1;
 
 /* Whole pages, page-aligned, so a burst's pages can be handed back (see read_host) without
@@ -275,6 +277,19 @@ static void start_failed(uint32_t id, int err, const char *msg) {
   send_frame('F', id, e, 4, msg, strlen(msg));
 }
 
+/* The poll arrays: an entry per process fd, plus one per relay. They only grow. */
+static int reserve_pfds(size_t need) {
+  if (need <= pfds_cap) return 0;
+  struct pollfd *nf = realloc(pfds, need * sizeof *nf);
+  if (nf == NULL) return -1;
+  pfds = nf;
+  struct proc **no = realloc(pfd_owner, need * sizeof *no);
+  if (no == NULL) return -1;
+  pfd_owner = no;
+  pfds_cap = need;
+  return 0;
+}
+
 /* Make room for one more process; the poll arrays grow with the table, never per tick. */
 static int reserve_slot(void) {
   if (nprocs == procs_cap) {
@@ -282,12 +297,7 @@ static int reserve_slot(void) {
     struct proc **np = realloc(procs, cap * sizeof *np);
     if (np == NULL) return -1;
     procs = np;
-    struct pollfd *nf = realloc(pfds, (2 + 3 * cap) * sizeof *nf);
-    if (nf == NULL) return -1;
-    pfds = nf;
-    struct proc **no = realloc(pfd_owner, (2 + 3 * cap) * sizeof *no);
-    if (no == NULL) return -1;
-    pfd_owner = no;
+    if (reserve_pfds(2 + 3 * cap + relay_count()) < 0) return -1;
     procs_cap = cap;
   }
   return 0;
@@ -562,6 +572,7 @@ static void reap(void) {
 
 /* Host closed our stdin (or broke): kill every tree, report the exits we can, leave. */
 static void shutdown_agent(int code) {
+  relay_close_all();
   kill_all();
   struct timespec start, now;
   clock_gettime(CLOCK_MONOTONIC, &start);
@@ -582,6 +593,7 @@ static void shutdown_agent(int code) {
 /* ---- host commands ---- */
 
 static void handle_frame(unsigned char type, uint32_t id, const unsigned char *pl, uint32_t len) {
+  if (relay_frame(type, id, pl, len)) return;
   struct proc *p = type == 'S' || type == 'H' ? NULL : find_proc(id);
   switch (type) {
   case 'S': handle_start(id, pl, len); return;
@@ -657,6 +669,8 @@ int main(void) {
   if (sigfd < 0) { diag("capsule-agent: signalfd: %s", strerror(errno)); return 71; }
   if (prctl(PR_SET_CHILD_SUBREAPER, 1) < 0) diag("capsule-agent: subreaper: %s", strerror(errno));
   if (reserve_slot() < 0) return 71; /* allocate the tables once, up front */
+  static const struct relay_io relay_io = {.send = send_frame, .fail = die_protocol};
+  relay_setup(&relay_io);
   send_frame('Y', 0, NULL, 0, NULL, 0);
 
   for (;;) {
@@ -672,13 +686,19 @@ int main(void) {
         pfds[n++] = (struct pollfd){.fd = p->in_fd, .events = POLLOUT};
       }
     }
+    nfds_t nproc_fds = n;
+    if (reserve_pfds(n + relay_count()) < 0) {
+      diag("capsule-agent: out of memory for the poll table");
+      shutdown_agent(71);
+    }
+    n += relay_poll_fds(pfds + n);
     if (poll(pfds, n, -1) < 0) {
       if (errno == EINTR) continue;
       diag("capsule-agent: poll: %s", strerror(errno));
       shutdown_agent(71);
     }
     /* Child fds first (no process is freed here), then reaping, then host commands. */
-    for (nfds_t i = 2; i < n; i++) {
+    for (nfds_t i = 2; i < nproc_fds; i++) {
       struct proc *p = pfd_owner[i];
       if (pfds[i].revents == 0) continue;
       if (pfds[i].fd == p->out_fd) (void)pump(p, &p->out_fd, 'O');
@@ -688,6 +708,7 @@ int main(void) {
         else flush_input(p);
       }
     }
+    relay_poll_done(pfds + nproc_fds, n - nproc_fds);
     if (pfds[1].revents) reap();
     if (pfds[0].revents) read_host();
   }

@@ -11,7 +11,7 @@ mkdirSync(out, { recursive: true });
 
 const programs = [
   // Static: it runs inside sandboxes whose root is any template (musl, another glibc, no libc).
-  { name: 'capsule-agent', libs: ['-lutil', '-static'], extra: ['agent-users.c'], headers: ['agent-users.h'] },
+  { name: 'capsule-agent', libs: ['-lutil', '-static'], extra: ['agent-users.c', 'agent-relay.c'], headers: ['agent-users.h', 'agent-relay.h'] },
   { name: 'capsule-launch', libs: [], extra: ['launch-mounts.c'], headers: ['launch-mounts.h'] },
   { name: 'seccomp-gen', libs: ['-lseccomp'] },
 ];

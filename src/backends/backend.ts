@@ -1,4 +1,4 @@
-import type { AgentProcess, AgentStartOptions } from './agent/index.js';
+import type { AgentProcess, AgentRelay, AgentStartOptions } from './agent/index.js';
 import type { BackendName, NetworkPolicy, SandboxSpec } from '../spec/index.js';
 import type { CgroupCounters } from '../host/cgroups.host.js';
 import type { HostMount } from '../host/mount-roots.host.js';
@@ -48,6 +48,12 @@ export interface BackendSandbox {
   /** Resolves when the sandbox stopped on its own (agent gone): crash, OOM of the agent, kill. */
   readonly lost: Promise<void>;
   exec(request: ExecRequest): Promise<AgentProcess>;
+  /**
+   * A TCP connection to `port` on the sandbox's own loopback, relayed by its agent: it needs no
+   * network in the sandbox and changes nothing of its outbound policy. PORT_NOT_LISTENING when
+   * nothing accepts there.
+   */
+  connectPort(port: number, options?: ConnectPortOptions): Promise<AgentRelay>;
   counters(): Promise<SandboxCounters>;
   memoryUsageBytes(): Promise<number>;
   /** Bytes in the workspace as the disk limit counts them. */
@@ -84,6 +90,12 @@ export interface BackendSandbox {
    * while no host listened is gone) to the processes the previous Capsule process started.
    */
   processes?(): readonly AgentProcess[];
+}
+
+export interface ConnectPortOptions {
+  signal?: AbortSignal;
+  /** How long the agent may take to answer. @default 10000 */
+  timeoutMs?: number;
 }
 
 export interface PauseOptions {

@@ -51,6 +51,12 @@ export const COMMANDS: readonly CommandEntry[] = [
     load: async (context) => (await import('./commands/serve.js')).serveCommand(context),
   },
   {
+    name: 'mcp',
+    term: 'mcp [options]',
+    description: 'Serve Capsule to an MCP client over stdio (a local server unless CAPSULE_URL names one)',
+    load: async (context) => (await import('./commands/mcp.js')).mcpCommand(context),
+  },
+  {
     name: 'audit',
     term: 'audit',
     description: "Check the server's audit log",

@@ -35,6 +35,12 @@ export function collect(value: string, previous: string[] = []): string[] {
   return [...previous, value];
 }
 
+/** A repeatable number flag (`--public-port 8000 --public-port 8001`). */
+export function collectNumbers(flag: string) {
+  const parse = numberOption(flag);
+  return (value: string, previous: number[] = []): number[] => [...previous, parse(value)];
+}
+
 /** Parses repeated `key=value` flags (in an action, where a SandboxError is what gets reported). */
 export function parsePairs(flag: string, pairs: string[]): Record<string, string> {
   const out: Record<string, string> = {};

@@ -1,7 +1,7 @@
 import { readFileSync } from 'node:fs';
 import type { Command } from 'commander';
 import { SandboxError } from '../errors/index.js';
-import { bytesOption, collect, numberOption, parsePairs } from './options.js';
+import { bytesOption, collect, collectNumbers, numberOption, parsePairs } from './options.js';
 
 /**
  * The spec flags `capsule run` and `capsule sandbox create` share. Any spec field is reachable:
@@ -17,6 +17,8 @@ export interface SpecFlags {
   network?: string;
   allow?: string[];
   handle?: string[];
+  /** `--public-port P`, repeatable. */
+  publicPort?: number[];
   maxConnections?: number;
   memory?: number;
   cpus?: number;
@@ -38,6 +40,7 @@ export function withSpecOptions(command: Command): Command {
     .option('--network <mode>', 'network access: none (default), allowlist or internet')
     .option('--allow <domain-or-cidr>', 'allowed destination (repeatable, with --network allowlist)', collect)
     .option('--handle <name>', 'credential-broker handle the sandbox may use (repeatable; needs a network)', collect)
+    .option('--public-port <port>', 'a port inside the sandbox anyone may reach at its port URL, without a token (repeatable)', collectNumbers('--public-port'))
     .option('--max-connections <n>', 'outbound connections over its lifetime (default 4096)', numberOption('--max-connections'))
     .option('--memory <size>', 'memory limit, e.g. 256MiB (default 512MiB)', bytesOption('--memory'))
     .option('--cpus <n>', 'CPU cores (default 1)', numberOption('--cpus'))
@@ -62,7 +65,7 @@ export function specFromFlags(flags: SpecFlags, extra: SpecObject = {}): SpecObj
       diskBytes: flags.disk,
       fileSizeBytes: flags.fileSize,
     },
-    network: { mode: flags.network, allow: flags.allow, handles: flags.handle, maxConnections: flags.maxConnections },
+    network: { mode: flags.network, allow: flags.allow, handles: flags.handle, maxConnections: flags.maxConnections, publicPorts: flags.publicPort },
     env: flags.env === undefined ? undefined : parsePairs('--env', flags.env),
   };
   const base = flags.spec === undefined ? {} : readSpecFile(flags.spec);

@@ -1,4 +1,5 @@
 import { join } from 'node:path';
+import type { Duplex } from 'node:stream';
 import { SandboxError } from '../errors/index.js';
 import { DEFAULT_MAXIMA, parseSpec, type BackendName, type NetworkPolicyInput, type OperatorMaxima, type SandboxSpec } from '../spec/index.js';
 import type { Backend, BackendSandbox } from '../backends/backend.js';
@@ -323,6 +324,10 @@ export class SandboxManager implements SandboxEngine {
     if (!this.options.filesFactory) throw new SandboxError('UNIMPLEMENTED', 'this engine has no file service configured');
     entry.files ??= this.options.filesFactory(entry.sandbox);
     return entry.files;
+  }
+
+  connectPort(tenantId: string, sandboxId: string, port: number, options: { signal?: AbortSignal } = {}): Promise<Duplex> {
+    return this.table.findRunning(tenantId, sandboxId).sandbox.connectPort(port, options);
   }
 
   interpreter(tenantId: string, sandboxId: string): InterpreterService {

@@ -1,4 +1,4 @@
-import type { Readable } from 'node:stream';
+import type { Duplex, Readable } from 'node:stream';
 import type { NetworkPolicyInput, OperatorMaxima, SandboxSpecInput } from '../spec/index.js';
 import type { ExecResult, FileEntry, ProcessInfo, SandboxInfo, SandboxState, UsageSample, Warning, WatchEvent } from '../wire/index.js';
 import type { Collection, CollectOptions } from './artifacts.js';
@@ -110,6 +110,12 @@ export interface SandboxEngine {
   getProcess(tenantId: string, sandboxId: string, pid: number): ProcessHandle;
   listProcesses(tenantId: string, sandboxId: string): ProcessInfo[];
   files(tenantId: string, sandboxId: string): SandboxFiles;
+  /**
+   * A TCP connection to `port` on the sandbox's own loopback, carried by its agent (no network
+   * needed in the sandbox; its outbound policy is unchanged). PORT_NOT_LISTENING when nothing
+   * accepts there; SANDBOX_NOT_RUNNING when it is paused or ended.
+   */
+  connectPort(tenantId: string, sandboxId: string, port: number, options?: { signal?: AbortSignal }): Promise<Duplex>;
   /** Pauses (keepMemory defaults to true); the answer's `pause` says what was kept. */
   pause(tenantId: string, sandboxId: string, options?: { keepMemory?: boolean }): Promise<SandboxInfo>;
   resume(tenantId: string, sandboxId: string): Promise<SandboxInfo>;

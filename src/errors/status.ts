@@ -43,6 +43,8 @@ export const HTTP_STATUS = {
   /** The template's start command failed or its ready check never passed. */
   TEMPLATE_NOT_READY: 422,
   SANDBOX_CRASHED: 502,
+  /** Nothing accepts connections on the sandbox port a request was relayed to. */
+  PORT_NOT_LISTENING: 502,
   /** Client side: the SDK or CLI could not reach the Capsule server. */
   SERVER_UNREACHABLE: 503,
   TIMEOUT: 504,

@@ -66,6 +66,8 @@ export class ExecFailedError extends CapsuleError {}
 /** A template's start command failed, or its ready check never passed. */
 export class TemplateNotReadyError extends CapsuleError {}
 export class SandboxCrashedError extends CapsuleError {}
+/** Nothing accepts connections on the sandbox port a request was relayed to. */
+export class PortNotListeningError extends CapsuleError {}
 /** The request (or the server's work on it) ran past its deadline. */
 export class TimeoutError extends CapsuleError {}
 /** The caller's AbortSignal ended the request. */
@@ -113,6 +115,7 @@ export const ERROR_CLASSES = {
   EXEC_FAILED: ExecFailedError,
   TEMPLATE_NOT_READY: TemplateNotReadyError,
   SANDBOX_CRASHED: SandboxCrashedError,
+  PORT_NOT_LISTENING: PortNotListeningError,
   SERVER_UNREACHABLE: ConnectionError,
   TIMEOUT: TimeoutError,
   ABORTED: AbortedError,

@@ -4,7 +4,7 @@ import { Commands } from './commands.js';
 import { resolveConfig, type ConnectionOptions } from './config.js';
 import { Files } from './files.js';
 import { callOptions, HttpClient } from './http.js';
-import type { CallOptions, NetworkPolicyInput, SandboxInfo, SandboxPage, SandboxSpecInput, SandboxState } from './types.js';
+import type { CallOptions, NetworkPolicyInput, PortUrl, SandboxInfo, SandboxPage, SandboxSpecInput, SandboxState } from './types.js';
 
 export interface CreateOptions extends ConnectionOptions {
   /** Free-form labels to find the sandbox by later (`Sandbox.list({ metadata })`). */
@@ -146,6 +146,16 @@ export class Sandbox {
   /** Continues a paused sandbox (processes too, when its pause kept memory). */
   async resume(options: CallOptions = {}): Promise<SandboxInfo> {
     return this.remember(await this.http.json<SandboxInfo>({ method: 'POST', path: `${this.path}/resume`, ...callOptions(options) }));
+  }
+
+  /**
+   * A signed URL that reaches `port` inside the sandbox through the server (HTTP and WebSocket),
+   * for a browser or any client that cannot send the API key. The sandbox needs no network.
+   * @default expiresInMs 3600000 (1 hour; at most 7 days)
+   */
+  async portUrl(port: number, options: CallOptions & { expiresInMs?: number } = {}): Promise<PortUrl> {
+    const json = { port, ...(options.expiresInMs !== undefined && { expiresInMs: options.expiresInMs }) };
+    return this.http.json<PortUrl>({ method: 'POST', path: `${this.path}/port-urls`, json, ...callOptions(options) });
   }
 
   /** CPU, memory and disk use over time: a sample every 5 s (the last 120) plus one taken now. */

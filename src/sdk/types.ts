@@ -27,3 +27,15 @@ export interface CallOptions {
   timeoutMs?: number;
   signal?: AbortSignal;
 }
+
+/** A signed URL to a port of a sandbox (`sandbox.portUrl(port)`). */
+export interface PortUrl {
+  /** Path form on the server (`…/v1/sandboxes/ID/ports/P/?capsule_token=…`): works as it is. */
+  url: string;
+  /** Host form `http://P-ID.DOMAIN/?capsule_token=…`, when the server has a public domain. */
+  hostUrl?: string;
+  /** The signed token, also accepted as the `capsule_port_token` cookie. */
+  token: string;
+  /** When the URL stops working (ISO 8601). */
+  expiresAt: string;
+}

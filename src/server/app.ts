@@ -6,6 +6,9 @@ import { SandboxError } from '../errors/index.js';
 import type { SandboxEngine } from '../engine/types.js';
 import { ApiKeyStore, atomically, AuditLog, OperationStore, SqliteSandboxRecords, type SqliteDatabase } from '../store/index.js';
 import { registerE2bFacade } from './e2b/index.js';
+import { EnvdTokens } from './e2b/access.js';
+import { PortUrlSigner } from './ports/port-access.js';
+import { hostRouting, portUrlRoutes, registerPortRoutes } from './ports/port-routes.js';
 import { sendError } from './errors.js';
 import { buildOpenApi } from './openapi.js';
 import { TenantQuota } from './quota.js';
@@ -50,6 +53,11 @@ export interface CapsuleAppOptions {
   observability?: Pick<ServerServices, 'metrics' | 'artifacts' | 'processLogs' | 'diskQuota'>;
   /** Templates and their builds (/v1/templates). @default none: the routes are not there */
   templates?: ServerServices['templates'];
+  /**
+   * With a domain D whose wildcard `*.D` points at this server, port P of sandbox ID is also
+   * `http://P-ID.D/` (routing by the Host header; E2B's `getHost`). @default none
+   */
+  publicDomain?: string;
   /** What the web console (and any client) uses beyond the sandbox API; see docs/console.md. */
   console?: ConsoleOptions;
 }
@@ -108,6 +116,9 @@ export class CapsuleApp {
       quota: new TenantQuota(options.maxSandboxesPerTenant ?? 20, (tenantId) => records.countLive(tenantId)),
       closeSignal: this.closeController.signal,
       atomically: atomically(options.db),
+      accessTokens: new EnvdTokens(),
+      portUrls: new PortUrlSigner(),
+      ...(options.publicDomain !== undefined && { publicDomain: options.publicDomain.toLowerCase().replace(/^\.+|\.+$/g, '') }),
       ...options.observability,
       ...(options.templates ? { templates: options.templates } : {}),
       ...(options.console?.sessions ? { sessions: options.console.sessions } : {}),
@@ -129,6 +140,7 @@ export class CapsuleApp {
         sendError(request, reply, error);
       },
       clientErrorHandler: (error, socket) => rejectMalformedRequest(error, socket),
+      ...(this.services.publicDomain !== undefined && { rewriteUrl: hostRouting(this.services.publicDomain) }),
     });
     this.routes = [
       ...sandboxRoutes(this.services),
@@ -145,6 +157,7 @@ export class CapsuleApp {
       ...sessionRoutes(this.services),
       ...liveRoutes(this.services, feed),
       ...adminRoutes(this.services, { feed, dataDir: options.console?.dataDir }),
+      ...portUrlRoutes(this.services, now),
     ];
     let openapi: object | undefined;
     this.routes.push(
@@ -158,12 +171,12 @@ export class CapsuleApp {
         handler: () => ({ kind: 'json', status: 200, body: (openapi ??= buildOpenApi(this.routes, API_VERSION)) }),
       }),
     );
-    this.configure();
+    this.configure(now);
     registerConsoleUi(this.app, options.console?.uiDir);
     for (const extend of options.extensions ?? []) extend(this.app, this.services);
   }
 
-  private configure(): void {
+  private configure(now: () => number): void {
     const { app } = this;
     // Raw bodies (file uploads, stdin) are handed to the route as the request stream, unread.
     app.removeContentTypeParser('text/plain');
@@ -188,6 +201,7 @@ export class CapsuleApp {
       ),
     );
     for (const route of this.routes) registerRoute(app, this.services, route);
+    registerPortRoutes(app, this.services, now);
     registerE2bFacade(app, this.services);
   }
 

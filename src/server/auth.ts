@@ -37,6 +37,7 @@ export interface KeyVerifier {
  */
 export const ACT_AS_TENANT_HEADER = 'x-capsule-tenant';
 
+/** The API key a request presents (Authorization: Bearer, or X-API-Key), unverified. */
 export function presentedKey(request: FastifyRequest): string | undefined {
   const header = request.headers.authorization;
   if (typeof header === 'string') {

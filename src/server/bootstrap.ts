@@ -29,6 +29,8 @@ export interface StartServerOptions {
   env?: NodeJS.ProcessEnv;
   /** @default 20 */
   maxSandboxesPerTenant?: number;
+  /** Port URLs by host, `http://P-ID.D/` (`capsule serve --public-domain D`). @default none */
+  publicDomain?: string;
   maxima?: OperatorMaxima;
   /** Sandboxes kept started ahead for creates that can use them (see SandboxManagerOptions). @default 0 */
   warmPool?: number;
@@ -183,6 +185,7 @@ export async function startServer(options: StartServerOptions): Promise<RunningS
       extensions: options.extensions,
       observability: observability.services,
       templates: { service: templates, contextDir: join(options.dataDir, 'build-contexts') },
+      ...(options.publicDomain !== undefined ? { publicDomain: options.publicDomain } : {}),
       console: { sessions, feed, dataDir: options.dataDir, ...(options.uiDir !== undefined ? { uiDir: options.uiDir } : {}) },
     });
     // Repeats come summed (`repeated`, once per window); metrics still count every denial.

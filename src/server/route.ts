@@ -64,7 +64,7 @@ export interface ResponseDoc {
 export interface RouteDefinition<P = unknown, Q = unknown, B = unknown> {
   /** Stable operation name, used in the audit log and as the OpenAPI operationId. */
   name: string;
-  method: 'GET' | 'POST' | 'PUT' | 'DELETE';
+  method: 'GET' | 'POST' | 'PUT' | 'DELETE' | 'PATCH' | 'HEAD' | 'OPTIONS';
   /** Fastify path, e.g. `/v1/sandboxes/:sandboxId`. */
   url: string;
   summary: string;
@@ -78,6 +78,12 @@ export interface RouteDefinition<P = unknown, Q = unknown, B = unknown> {
   rawBody?: boolean;
   /** A JSON body may be this large (a template build's inline context). @default 1 MiB */
   bodyLimitBytes?: number;
+  /**
+   * The request belongs to another server (a sandbox's port): its body is left unread in
+   * `request.raw` for the handler to forward, and its headers carry no meaning for the seam (an
+   * `Idempotency-Key` is the app's, not Capsule's). Authentication and the audit still apply.
+   */
+  passThrough?: boolean;
   /** The body schema shown in OpenAPI when it differs from the one validated here. */
   bodyDoc?: z.ZodType;
   /** For OpenAPI; routes of another API's shape (the E2B facade) are documented by that API. */
@@ -133,7 +139,7 @@ async function serve(services: SeamServices, route: AnyRoute, request: FastifyRe
   const context: RouteContext<unknown, unknown, unknown> = {
     params: parsePart('params', route.params, request.params),
     query: parsePart('query', route.query, request.query ?? {}),
-    body: route.rawBody ? rawBody(request.body) : parsePart('body', route.body, jsonBody(request.body, route.body !== undefined)),
+    body: route.passThrough ? undefined : route.rawBody ? rawBody(request.body) : parsePart('body', route.body, jsonBody(request.body, route.body !== undefined)),
     principal,
     requestId: request.id,
     signal: requestSignal(reply, services.closeSignal),
@@ -144,7 +150,7 @@ async function serve(services: SeamServices, route: AnyRoute, request: FastifyRe
   // The key's claim and the audit attempt commit together: if the attempt cannot be written,
   // the key is not claimed either and a retry runs the call. A call with neither writes nothing.
   const trail = new AuditTrail(services.audit, route.name, principal, request.id);
-  const keyed = route.method !== 'GET' && request.headers['idempotency-key'] !== undefined;
+  const keyed = route.method !== 'GET' && route.passThrough !== true && request.headers['idempotency-key'] !== undefined;
   const claim = () => {
     const claimed = keyed ? beginIdempotent(services.operations, request, principal, context.body, route.rawBody === true) : undefined;
     if (claimed?.kind !== 'replay' && route.audit) trail.attempt(route.audit(context));

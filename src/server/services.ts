@@ -9,6 +9,8 @@ import type { TenantQuota } from './quota.js';
 import type { TenantDiskQuota } from './disk-quota.js';
 import type { TemplateService } from '../templates/index.js';
 import type { ConsoleSessions } from './console/sessions.js';
+import type { EnvdTokens } from './e2b/access.js';
+import type { PortUrlSigner } from './ports/port-access.js';
 
 /** What the routes are built on: one object, passed in (no module state). */
 export interface ServerServices {
@@ -21,6 +23,12 @@ export interface ServerServices {
   closeSignal: AbortSignal;
   /** Runs `fn` in one SQLite transaction (nested calls join it): the writes of a call commit together. */
   atomically<T>(fn: () => T): T;
+  /** Sandbox access tokens (E2B's envd and traffic tokens); the port proxy accepts them too. */
+  accessTokens: EnvdTokens;
+  /** Signs and checks port URLs (`capsule sandbox url`). */
+  portUrls: PortUrlSigner;
+  /** With `--public-domain D`, port P of sandbox ID is also `http://P-ID.D/` (routing by Host). */
+  publicDomain?: string;
   /** Prometheus metrics (GET /metrics); record at the seams, e.g. `metrics.recordEgressBlocked()`. */
   metrics?: CapsuleMetrics;
   /** Where collected artifacts go (/v1/artifacts). */

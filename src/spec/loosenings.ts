@@ -12,6 +12,8 @@ export interface Loosenings {
   handles?: string[];
   /** Processes run as root (in the sandbox's own user namespace) unless a call names another user. */
   user?: 'root';
+  /** Ports anyone may reach through the server's port URLs, without a token. */
+  publicPorts?: number[];
   /** Host mounts, by granted root (never a host path). */
   mounts?: { root: string; subpath: string; sandboxPath: string; readOnly: boolean }[];
 }
@@ -45,6 +47,7 @@ export function loosenings(spec: SandboxSpec): Loosenings | undefined {
   }
   if (network.handles.length > 0) found.handles = [...network.handles];
   if (spec.user === 'root' || spec.user === '0' || spec.user?.startsWith('0:') === true) found.user = 'root';
+  if (network.publicPorts.length > 0) found.publicPorts = [...network.publicPorts];
   if (spec.mounts.length > 0) {
     found.mounts = spec.mounts.map((m) => ({ root: m.root, subpath: m.subpath ?? '', sandboxPath: m.sandboxPath, readOnly: m.readOnly }));
   }

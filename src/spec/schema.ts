@@ -106,6 +106,13 @@ export const NetworkPolicySchema = z.strictObject({
    * maximum bounds it. @default 256
    */
   maxConcurrentConnections: z.number().int().positive().max(65_536).default(256),
+  /**
+   * Ports inside the sandbox anyone may reach through the server's port URLs
+   * (`/v1/sandboxes/ID/ports/P/`, `http://P-ID.DOMAIN/`) without a token. Other ports need the
+   * tenant's API key, the sandbox's access token or a signed URL. Inbound only: the outbound
+   * policy is unchanged. @default []
+   */
+  publicPorts: z.array(z.number().int().min(1).max(65_535)).max(64).default([]),
 }).superRefine((policy, ctx) => {
   if (policy.mode === 'none' && policy.handles.length > 0) {
     ctx.addIssue({

@@ -53,6 +53,15 @@ export class SqliteSandboxRecords implements SandboxRecordStore {
     return rows.map((row) => JSON.parse(row.info) as SandboxInfo);
   }
 
+  /**
+   * The record of a sandbox whatever its tenant: only for what a URL reaches without naming a
+   * tenant (a sandbox's public ports). Everything else goes through `get`.
+   */
+  findById(sandboxId: string): SandboxInfo | undefined {
+    const row = this.db.prepare<[string], { info: string }>('SELECT info FROM sandboxes WHERE sandbox_id = ?').get(sandboxId);
+    return row ? (JSON.parse(row.info) as SandboxInfo) : undefined;
+  }
+
   /** The record of a tenant's sandbox; another tenant's id is as missing as an unknown one. */
   get(tenantId: string, sandboxId: string): SandboxInfo | undefined {
     const row = this.getStatement.get(tenantId, sandboxId);

@@ -8,13 +8,12 @@ import { mkdtemp, readFile, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { PassThrough } from 'node:stream';
-import { fileURLToPath } from 'node:url';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { AgentClient, type AgentProcess, type AgentStartOptions } from '../../src/backends/agent/index.js';
 import { encodeFrame, FrameType, HEADER_BYTES } from '../../src/backends/agent/protocol.js';
 import { isSandboxError } from '../../src/errors/index.js';
+import { buildAgent } from '../helpers/agent-binary.js';
 
-const SOURCE = fileURLToPath(new URL('../../native/capsule-agent.c', import.meta.url));
 const ENV = { PATH: '/usr/local/bin:/usr/bin:/bin', LANG: 'C' };
 
 let buildDir = '';
@@ -27,18 +26,6 @@ interface RunningAgent {
   stderr: () => string;
 }
 const agents: RunningAgent[] = [];
-
-function runCommand(argv: string[]): Promise<void> {
-  return new Promise((resolve, reject) => {
-    const [file, ...args] = argv;
-    if (file === undefined) throw new Error('empty argv');
-    const child = spawn(file, args, { stdio: ['ignore', 'ignore', 'pipe'] });
-    let stderr = '';
-    child.stderr.on('data', (chunk: Buffer) => (stderr += chunk.toString()));
-    child.on('error', reject);
-    child.on('close', (code) => (code === 0 ? resolve() : reject(new Error(`${argv.join(' ')} exited ${code}: ${stderr}`))));
-  });
-}
 
 function startAgent(): RunningAgent {
   const child = spawn(agentPath, [], { stdio: ['pipe', 'pipe', 'pipe'] });
@@ -132,8 +119,7 @@ async function rejection(promise: Promise<unknown>): Promise<unknown> {
 
 beforeAll(async () => {
   buildDir = await mkdtemp(join(tmpdir(), 'capsule-agent-test-'));
-  agentPath = join(buildDir, 'capsule-agent');
-  await runCommand(['gcc', '-O2', '-Wall', '-Wextra', '-Werror', '-o', agentPath, SOURCE, SOURCE.replace(/capsule-agent\.c$/, 'agent-users.c'), '-lutil']);
+  agentPath = await buildAgent(buildDir);
 });
 
 afterEach(async (context) => {

@@ -7,8 +7,9 @@ const SRC = resolve(import.meta.dirname, '..', '..', 'src');
 /**
  * Which top-level folders each folder may import (value imports and type imports alike): a strict
  * order with no exception, errors < spec < wire < host < backends < templates < store < engine <
- * metrics < server < cli, and the SDK on the wire contract alone. Templates (storage and builds)
- * stand on the host alone: the engine hands the builder its RUN runtime through an interface.
+ * metrics < server < mcp < cli, the SDK on the wire contract alone, and MCP on the SDK and the
+ * server's seam. Templates (storage and builds) stand on the host alone: the engine hands the
+ * builder its RUN runtime through an interface.
  */
 const ALLOWED: Record<string, string[]> = {
   errors: [],
@@ -22,7 +23,9 @@ const ALLOWED: Record<string, string[]> = {
   metrics: ['errors', 'spec', 'wire', 'engine'],
   server: ['errors', 'spec', 'wire', 'engine', 'templates', 'store', 'metrics'],
   sdk: ['errors', 'spec', 'wire'],
-  cli: ['errors', 'spec', 'wire', 'engine', 'sdk', 'server', 'store', 'backends', 'templates', 'host', 'metrics'],
+  // MCP: tools on the SDK, served over stdio or as a route of the server's seam.
+  mcp: ['errors', 'spec', 'wire', 'sdk', 'server'],
+  cli: ['errors', 'spec', 'wire', 'engine', 'sdk', 'server', 'store', 'backends', 'templates', 'host', 'metrics', 'mcp'],
 };
 
 function files(dir: string): string[] {

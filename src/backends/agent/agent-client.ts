@@ -17,6 +17,7 @@ import {
   encodeStart,
   type Frame,
 } from './protocol.js';
+import { RelayTable, type AgentRelay } from './relay.js';
 
 export interface AgentStartOptions {
   /** Program and arguments; argv[0] is looked up in `env.PATH` when it has no slash. */
@@ -235,6 +236,7 @@ export class AgentClient {
   private readonly starting = new Map<number, PendingStart>();
   private readonly running = new Map<number, RunningProcess>();
   private readonly pings = new Map<number, PendingPing>();
+  private readonly relays: RelayTable;
   private readonly lostListeners: ((reason: SandboxError) => void)[] = [];
   private lostReason: SandboxError | null = null;
   /** Processes whose readers asked to pause the agent's output. */
@@ -252,6 +254,10 @@ export class AgentClient {
     options: AgentClientOptions = {},
   ) {
     this.nextProcessId = options.handOver?.nextProcessId ?? options.firstProcessId ?? 1;
+    this.relays = new RelayTable((type, id, payload) => this.send(type, id, payload));
+    // An agent that served another client (a restored checkpoint) may hold that client's relays:
+    // they end before this one opens any, so no frame of theirs is taken for one of ours.
+    if (options.handOver || options.adopt || options.firstProcessId !== undefined) this.send(FrameType.RelayClose, 0, Buffer.from([0]));
     for (const proc of options.handOver?.processes ?? []) {
       if (!(proc instanceof RunningProcess) || proc.hasExited) continue;
       proc.rebind((type, id, data) => this.send(type, id, data));
@@ -315,6 +321,19 @@ export class AgentClient {
       this.starting.set(id, { proc, argv0, resolve, reject });
       this.send(FrameType.Start, id, payload);
     });
+  }
+
+  /**
+   * Connects to `port` on the sandbox's own loopback through the agent (127.0.0.1, then ::1):
+   * works without any network in the sandbox. PORT_NOT_LISTENING when nothing accepts there.
+   */
+  connectPort(port: number, options: { signal?: AbortSignal; timeoutMs?: number } = {}): Promise<AgentRelay> {
+    try {
+      this.checkUsable();
+    } catch (error) {
+      return Promise.reject(error instanceof Error ? error : new Error(String(error)));
+    }
+    return this.relays.connect(port, options);
   }
 
   /** Round-trips a PING; rejects with TIMEOUT after `timeoutMs`. @default timeoutMs 5000 */
@@ -418,6 +437,12 @@ export class AgentClient {
         proc.finish(toExit(decodeExit(payload)));
         return;
       }
+      case FrameType.RelayOpened:
+      case FrameType.RelayFromAgent:
+      case FrameType.RelayAck:
+      case FrameType.RelayClosed:
+        this.relays.dispatch({ type, id, payload });
+        return;
       case FrameType.Pong: {
         const ping = this.pings.get(id);
         if (ping === undefined) return;
@@ -446,6 +471,8 @@ export class AgentClient {
       ping.reject(reason);
     }
     this.pings.clear();
+    // Closing the client ends its relays as the agent does, without an error for their readers.
+    this.relays.lose(this.isClosed ? undefined : reason);
     for (const listener of this.lostListeners.splice(0)) listener(reason);
   }
 }

@@ -7,6 +7,7 @@ export {
   type AgentProcess,
   type AgentStartOptions,
 } from './agent-client.js';
+export { AgentRelay, RELAY_CONNECT_TIMEOUT_MS } from './relay.js';
 export {
   FrameDecoder,
   FrameType,

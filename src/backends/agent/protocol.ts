@@ -17,6 +17,10 @@ export const FrameType = {
   Signal: 0x4b, // 'K'
   Resize: 0x52, // 'R'
   Ping: 0x48, // 'H'
+  RelayOpen: 0x50, // 'P'
+  RelayData: 0x44, // 'D'
+  RelayWindow: 0x57, // 'W'
+  RelayClose: 0x5a, // 'Z'
   // agent → host
   Ready: 0x59, // 'Y'
   Started: 0x54, // 'T'
@@ -26,7 +30,17 @@ export const FrameType = {
   Exit: 0x58, // 'X'
   Pong: 0x48, // 'H'
   Log: 0x4c, // 'L'
+  RelayOpened: 0x70, // 'p'
+  RelayFromAgent: 0x64, // 'd'
+  RelayAck: 0x77, // 'w'
+  RelayClosed: 0x7a, // 'z'
 } as const;
+
+/**
+ * Bytes either side of a relay may send before the other acknowledges them (native/agent-relay.h):
+ * the agent buffers at most this much of the host's data per relay.
+ */
+export const RELAY_WINDOW_BYTES = 128 * 1024;
 
 export interface Frame {
   type: number;
@@ -220,4 +234,37 @@ export function decodeStartFailed(payload: Buffer): { errno: number; message: st
 export function decodeExit(payload: Buffer): { kind: 'exited' | 'signaled'; value: number } {
   needBytes(payload, 5, 'EXIT');
   return { kind: payload.readUInt8(0) === 1 ? 'signaled' : 'exited', value: payload.readInt32BE(1) };
+}
+
+export function encodeRelayOpen(port: number): Buffer {
+  if (!Number.isInteger(port) || port < 1 || port > 65_535) {
+    throw invalid(`port must be an integer from 1 to 65535, got ${port}`, { field: 'port', value: port });
+  }
+  const payload = Buffer.allocUnsafe(2);
+  payload.writeUInt16BE(port, 0);
+  return payload;
+}
+
+export function encodeU32(value: number): Buffer {
+  const payload = Buffer.allocUnsafe(4);
+  payload.writeUInt32BE(value, 0);
+  return payload;
+}
+
+/** 'p': errno 0 when connected, else the errno and the agent's message. */
+export function decodeRelayOpened(payload: Buffer): { errno: number; message: string } {
+  needBytes(payload, 4, 'RELAY_OPENED');
+  return { errno: payload.readInt32BE(0), message: payload.subarray(4).toString('utf8') };
+}
+
+/** 'z': `eof` when the socket's input ended (a half close), else the errno that ended the relay. */
+export function decodeRelayClosed(payload: Buffer): { eof: true } | { eof: false; errno: number } {
+  needBytes(payload, 1, 'RELAY_CLOSED');
+  if (payload.readUInt8(0) === 1) return { eof: true };
+  return { eof: false, errno: payload.length >= 5 ? payload.readInt32BE(1) : 0 };
+}
+
+export function decodeU32(payload: Buffer, what: string): number {
+  needBytes(payload, 4, what);
+  return payload.readUInt32BE(0);
 }

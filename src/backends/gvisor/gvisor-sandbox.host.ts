@@ -2,12 +2,12 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import { mkdir, writeFile } from 'node:fs/promises';
 import { privatizeWritten } from '../../host/private-data.host.js';
 import { join } from 'node:path';
-import { AgentClient, type AgentHandOver, type AgentProcess, type AgentProcessRecord } from '../agent/index.js';
+import { AgentClient, type AgentHandOver, type AgentProcess, type AgentProcessRecord, type AgentRelay } from '../agent/index.js';
 import { SandboxError } from '../../errors/index.js';
 import type { SandboxCgroup } from '../../host/cgroups.host.js';
 import { egressCounters, type EgressStats } from '../../host/egress/egress-proxy.js';
 import type { NetworkPolicy, SandboxSpec } from '../../spec/index.js';
-import type { BackendSandbox, ExecRequest, PauseOptions, PauseResult, SandboxCounters } from '../backend.js';
+import type { BackendSandbox, ConnectPortOptions, ExecRequest, PauseOptions, PauseResult, SandboxCounters } from '../backend.js';
 import type { HostMount } from '../../host/mount-roots.host.js';
 import { launchMountArgs, mountRefusal } from '../host-mounts.js';
 import { FIRST_MOUNT_FD, RESOLV_CONF_FD, ROOT_FD, STAGE, TOOLS_FD } from '../namespace/bwrap-args.js';
@@ -126,6 +126,18 @@ export class GvisorSandbox implements BackendSandbox {
     // From a template the agent is root; a request that names no user runs as the sandbox's user.
     const withUser = this.options.template ? { ...request, user: request.user ?? this.spec.user ?? 'root' } : request;
     return this.agent.start(base ? { ...withUser, env: { ...base, ...request.env } } : withUser);
+  }
+
+  connectPort(port: number, options?: ConnectPortOptions): Promise<AgentRelay> {
+    if (this.state !== 'running' || this.agent === undefined) {
+      return Promise.reject(
+        new SandboxError('SANDBOX_NOT_RUNNING', `sandbox ${this.id} is ${this.state}`, {
+          details: { sandboxId: this.id, state: this.state },
+          hint: this.state === 'paused' ? 'Resume the sandbox before connecting to its ports.' : undefined,
+        }),
+      );
+    }
+    return this.agent.connectPort(port, options);
   }
 
   /** Running processes the host can talk to, including those a previous Capsule process started. */

@@ -2,14 +2,14 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import { readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { createHash } from 'node:crypto';
-import { AgentClient, type AgentProcess } from '../agent/index.js';
+import { AgentClient, type AgentProcess, type AgentRelay } from '../agent/index.js';
 import { SandboxError } from '../../errors/index.js';
 import { SandboxCgroup, listSandboxCgroups } from '../../host/cgroups.host.js';
 import type { HostEnvironment, HostPaths } from '../../host/host-env.host.js';
 import type { NetworkPolicy, SandboxSpec } from '../../spec/index.js';
 import { EgressNetwork, networkPrerequisitesProblem, type NetworkAttachment } from '../../host/netns-network.host.js';
 import { egressCounters } from '../../host/egress/egress-proxy.js';
-import type { Backend, BackendProbe, BackendSandbox, Capability, CreateOptions, ExecRequest, PauseOptions, PauseResult, ReconcileReport, SandboxCounters } from '../backend.js';
+import type { Backend, BackendProbe, BackendSandbox, Capability, ConnectPortOptions, CreateOptions, ExecRequest, PauseOptions, PauseResult, ReconcileReport, SandboxCounters } from '../backend.js';
 import type { HostMount } from '../../host/mount-roots.host.js';
 import { STAGE_DIR } from '../../host/sandbox-layout.js';
 import { RANGE_SIZE } from '../../host/uid-ranges.js';
@@ -299,6 +299,13 @@ class NamespaceSandbox implements BackendSandbox {
     // Proxy settings are the base of a networked sandbox's environment; the request may override.
     const withUser = this.fromTemplate ? { ...request, user: request.user ?? this.spec.user ?? 'root' } : request;
     return this.agent.start(this.network ? { ...withUser, env: { ...this.network.env, ...request.env } } : withUser);
+  }
+
+  connectPort(port: number, options?: ConnectPortOptions): Promise<AgentRelay> {
+    if (this.destroying) {
+      return Promise.reject(new SandboxError('SANDBOX_NOT_RUNNING', `sandbox ${this.id} is being destroyed`));
+    }
+    return this.agent.connectPort(port, options);
   }
 
   async counters(): Promise<SandboxCounters> {

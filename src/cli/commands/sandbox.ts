@@ -215,6 +215,18 @@ export function sandboxCommand(context: CliContext): Command {
   );
 
   sandbox.addCommand(
+    clientCommand('url', 'Print a signed URL reaching PORT inside the sandbox (HTTP and WebSocket; curl or a browser)')
+      .argument('<id>', 'sandbox id')
+      .argument('<port>', 'port a server in the sandbox listens on', numberOption('<port>'))
+      .option('--expires <duration>', 'how long the URL works (default 1h, at most 7d)', durationOption('--expires'))
+      .action(async (id: string, port: number, flags: ClientFlags & { expires?: number }) => {
+        const target = await Sandbox.connect(id, connection(flags, context));
+        const signed = await target.portUrl(port, flags.expires === undefined ? {} : { expiresInMs: flags.expires });
+        context.stdout.write(flags.json ? `${JSON.stringify(signed)}\n` : `${signed.hostUrl ?? signed.url}\n`);
+      }),
+  );
+
+  sandbox.addCommand(
     clientCommand('keepalive', "Extend a sandbox's life by its spec's TTL from now")
       .argument('<id>', 'sandbox id')
       .action(async (id: string, flags: ClientFlags) => {

@@ -18,6 +18,7 @@ interface ServeFlags {
   tenantDiskQuota?: number;
   diskOvercommit?: number;
   volumeSize?: number;
+  publicDomain?: string;
 }
 
 /** `--mount-root NAME=PATH` flags as a map; a flag without `=` or a name given twice is refused. */
@@ -56,6 +57,7 @@ export function serveCommand(context: CliContext): Command {
     .option('--tenant-disk-quota <size>', "each tenant's disk quota over its workspaces (by their disk limits), logs, artifacts and snapshots, e.g. 20GiB (default 20GiB)", bytesOption('--tenant-disk-quota'))
     .option('--disk-overcommit <ratio>', 'how far the disk limits of live sandboxes may exceed what the workspace volume holds (default 1: never)', numberOption('--disk-overcommit'))
     .option('--volume-size <size>', 'size of the workspace volume image when it is first made (default 32GiB)', bytesOption('--volume-size'))
+    .option('--public-domain <domain>', 'port P of sandbox ID is also served at http://P-ID.DOMAIN/ (point wildcard DNS *.DOMAIN at this server)')
     .option('--deny <domain-or-cidr>', 'operator deny list: no sandbox reaches it, whatever its allow list (repeatable; a domain covers its subdomains; also $CAPSULE_EGRESS_DENY, comma-separated)', collect)
     .addHelpText(
       'after',
@@ -65,7 +67,7 @@ export function serveCommand(context: CliContext): Command {
     )
     .action(async (flags: ServeFlags) => {
       // Loaded here: the server's modules are heavy, and other commands need none of them.
-      const { startServer } = await import('../../server/bootstrap.js');
+      const [{ startServer }, { registerMcpHttp }] = await Promise.all([import('../../server/bootstrap.js'), import('../../mcp/http.js')]);
       const server = await startServer({
         dataDir: flags.dataDir,
         port: flags.port,
@@ -81,6 +83,8 @@ export function serveCommand(context: CliContext): Command {
         mountRoots: parseMountRoots(flags.mountRoot ?? []),
         ...(flags.defaultTemplate === undefined ? {} : { defaultTemplate: flags.defaultTemplate }),
         ...(flags.egressIdleTimeout === undefined ? {} : { egressTimeouts: { idleTimeoutMs: flags.egressIdleTimeout } }),
+        extensions: [registerMcpHttp],
+        ...(flags.publicDomain !== undefined && { publicDomain: flags.publicDomain }),
       });
       context.stdout.write(`URL: ${server.url}\n`);
       const keyLine =

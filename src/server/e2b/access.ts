@@ -84,15 +84,19 @@ export class EnvdTokens {
     if (typeof sandboxId !== 'string' || sandboxId === '') {
       throw new ConnectError('invalid_argument', 'the E2b-Sandbox-Id header is missing; set sandboxUrl and use the SDK, which sends it');
     }
-    const token = this.tokenOf(request);
-    const dot = token?.lastIndexOf('.') ?? -1;
-    if (token && dot > 0) {
-      const tenantId = token.slice(0, dot);
-      const expected = Buffer.from(this.mac(tenantId, sandboxId));
-      const given = Buffer.from(token.slice(dot + 1));
-      if (given.length === expected.length && timingSafeEqual(given, expected)) return { tenantId, sandboxId };
-    }
+    const tenantId = this.tenantOf(this.tokenOf(request), sandboxId);
+    if (tenantId !== undefined) return { tenantId, sandboxId };
     throw new ConnectError('unauthenticated', `no valid access token for sandbox ${sandboxId}; call Sandbox.connect(sandboxId) to get a fresh one`);
+  }
+
+  /** The tenant `token` was issued to for `sandboxId`, or undefined when it is not such a token. */
+  tenantOf(token: string | undefined, sandboxId: string): string | undefined {
+    const dot = token?.lastIndexOf('.') ?? -1;
+    if (token === undefined || dot <= 0) return undefined;
+    const tenantId = token.slice(0, dot);
+    const expected = Buffer.from(this.mac(tenantId, sandboxId));
+    const given = Buffer.from(token.slice(dot + 1));
+    return given.length === expected.length && timingSafeEqual(given, expected) ? tenantId : undefined;
   }
 
   /**

@@ -1,7 +1,7 @@
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import { z } from 'zod';
 import { SandboxError, isSandboxError } from '../../errors/index.js';
-import { clampLimits, type SandboxSpecInput } from '../../spec/index.js';
+import { clampLimits, type NetworkPolicyInput, type SandboxSpecInput } from '../../spec/index.js';
 import { isLiveState, type SandboxInfo, type SandboxState } from '../../wire/index.js';
 import { mountGrantOf } from '../auth.js';
 import { retryAfterSeconds, sendError } from '../errors.js';
@@ -10,6 +10,7 @@ import { defineRoute, registerRoute, type AnyRoute, type Authenticate } from '..
 import { e2bPrincipal, isE2bCaller } from './access.js';
 import { ENVD_VERSION, lenientJson, type E2bContext } from './deps.js';
 import { E2B_HOME, E2B_USER } from './paths.js';
+import { e2bNetworkPolicy } from './network.js';
 
 /** Templates the facade serves: one image, Capsule's, under E2B's default names. */
 /** E2B's own template names, served by the server's default template; any other is a Capsule template. */
@@ -73,7 +74,12 @@ function specFor(body: z.infer<typeof CreateBody>, ctx: E2bContext): SandboxSpec
     env: { HOME: E2B_HOME, USER: E2B_USER, LOGNAME: E2B_USER, ...(body.envVars ?? {}) },
     cwd: E2B_HOME,
     ttlMs: (body.timeout ?? 300) * 1000,
+    ...withNetwork(e2bNetworkPolicy(body.network)),
   };
+}
+
+function withNetwork(network: NetworkPolicyInput | undefined): { network?: NetworkPolicyInput } {
+  return network === undefined ? {} : { network };
 }
 
 /**
@@ -113,7 +119,7 @@ function controlPlaneRoutes(ctx: E2bContext): AnyRoute[] {
       envdAccessToken: ctx.tokens.issue(info.tenantId, info.sandboxId),
       // Sent back by the code-interpreter SDK on /contexts, which carries no other credential.
       trafficAccessToken: ctx.tokens.issue(info.tenantId, info.sandboxId),
-      domain: null,
+      domain: ctx.publicDomain ?? null,
       alias: templateID,
     };
   };
@@ -149,7 +155,6 @@ function controlPlaneRoutes(ctx: E2bContext): AnyRoute[] {
       async handler({ body, principal, signal }) {
         if (body.autoPause) throw unsupported('autoPause', 'a sandbox is killed when its timeout ends');
         if (body.mcp !== undefined) throw unsupported('mcp', 'there is no MCP gateway in Capsule sandboxes');
-        if (body.network !== undefined) throw unsupported('network', 'E2B sandboxes served by Capsule have no network (only loopback)');
         if (body.volumeMounts?.length) throw unsupported('volumeMounts', 'volumes are not implemented');
         const release = ctx.quota.reserve(principal.tenantId);
         try {
@@ -239,7 +244,7 @@ function controlPlaneRoutes(ctx: E2bContext): AnyRoute[] {
           ...listed(info),
           envdAccessToken: ctx.tokens.issue(info.tenantId, info.sandboxId),
           allowInternetAccess: false,
-          domain: null,
+          domain: ctx.publicDomain ?? null,
           lifecycle: { onTimeout: 'kill', autoResume: false },
         };
         return { kind: 'json', status: 200, body };

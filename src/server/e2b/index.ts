@@ -46,7 +46,8 @@ const portStrategy = {
  * sandboxes made through it are Capsule sandboxes, visible and killable through /v1 too.
  */
 export function registerE2bFacade(app: FastifyInstance, services: ServerServices, options: { tokenSecret?: Buffer } = {}): void {
-  const ctx: E2bContext = { ...services, tokens: new EnvdTokens(options.tokenSecret) };
+  // The server's sandbox access tokens: the port proxy accepts the same ones (E2B's traffic token).
+  const ctx: E2bContext = { ...services, tokens: options.tokenSecret ? new EnvdTokens(options.tokenSecret) : services.accessTokens };
   app.addConstraintStrategy(portStrategy as Parameters<FastifyInstance['addConstraintStrategy']>[0]);
   void app.register((scope, _options, done) => {
     registerControlPlane(scope, ctx);

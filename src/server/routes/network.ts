@@ -11,8 +11,8 @@ const NetworkBody = z.record(z.string(), z.unknown());
 export function networkPolicyOf(body: unknown): Record<string, unknown> | null {
   const parsed = NetworkPolicySchema.safeParse(body ?? {});
   if (!parsed.success) return null; // the call fails with INVALID_SPEC; nothing is opened
-  const { mode, allow, handles, maxConnections, maxConcurrentConnections } = parsed.data;
-  return { network: { mode, allow, handles, maxConnections, maxConcurrentConnections } };
+  const { mode, allow, handles, maxConnections, maxConcurrentConnections, publicPorts } = parsed.data;
+  return { network: { mode, allow, handles, maxConnections, maxConcurrentConnections, publicPorts } };
 }
 
 /** `PUT /v1/sandboxes/{id}/network`: replaces a running sandbox's network policy. */

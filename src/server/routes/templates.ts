@@ -126,7 +126,11 @@ export function templateRoutes(services: ServerServices): AnyRoute[] {
               return { type: 'error', error: { code: wire.code, message: wire.message, ...(wire.hint ? { hint: wire.hint } : {}), ...(wire.details ? { details: wire.details } : {}) } };
             },
           )
-          .finally(() => queue.close());
+          // The seam sends the final line in place of the stream's `exit` event.
+          .finally(() => {
+            queue.push({ type: 'exit' });
+            queue.close();
+          });
         return { kind: 'ndjson', status: 200, events: queue.lines, final };
       },
     }),

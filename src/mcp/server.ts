@@ -1,0 +1,33 @@
+import { McpServer } from '@modelcontextprotocol/sdk/server/mcp.js';
+import type { ConnectionOptions } from '../sdk/index.js';
+import { callTool, SandboxHandles, TOOLS } from './tools.js';
+
+/** The MCP server's name and version, as clients see them. */
+export const MCP_SERVER_INFO = { name: 'capsule', version: '0.1.0' } as const;
+
+/**
+ * An MCP server whose tools call Capsule's API with `connection` (a URL and an API key): every
+ * call goes through the API's one seam, so it is authenticated, tenant-scoped and audited there
+ * like any SDK call. The same server runs over stdio (`capsule mcp`) and over HTTP (`/mcp`).
+ */
+export function createMcpServer(connection: ConnectionOptions, handles = new SandboxHandles()): McpServer {
+  const server = new McpServer(MCP_SERVER_INFO, {
+    instructions:
+      'Capsule runs code in isolated Linux sandboxes. Call create_sandbox first and keep its sandboxId; ' +
+      'then exec, run_code, write_file, read_file, list_files; start_command and wait_command for long jobs; ' +
+      'port_url to reach a server inside; kill_sandbox (confirm: true) when done.',
+  });
+  for (const tool of TOOLS) {
+    server.registerTool(
+      tool.name,
+      {
+        title: tool.title,
+        description: tool.description,
+        inputSchema: tool.inputSchema,
+        annotations: { readOnlyHint: !tool.mutates, destructiveHint: tool.name === 'kill_sandbox', openWorldHint: false },
+      },
+      (args: Record<string, unknown>) => callTool(tool, args, connection, handles),
+    );
+  }
+  return server;
+}
