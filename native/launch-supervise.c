@@ -15,7 +15,7 @@
  *
  * The sandbox has ended when the agent's output reached end of file and no child is left; the
  * supervisor then removes its socket, pidfile and spool, and writes `<socket>.exit` with the
- * target's status when no client was there to see it end.
+ * target's status (bwrap's: the agent's exit code, 128+N for a signal), for the server to say why.
  */
 #define _GNU_SOURCE
 #include "launch-supervise.h"
@@ -235,8 +235,8 @@ static void finish(int status) {
   if (spool_fd >= 0) close(spool_fd);
   (void)unlink(opts->spool_path);
   int code = WIFEXITED(status) ? WEXITSTATUS(status) : WIFSIGNALED(status) ? 128 + WTERMSIG(status) : 125;
-  if (client < 0) {
-    /* Nobody saw it end: leave the reason for the next server. */
+  {
+    /* The reason for the server: this one (the agent's end looks like ours), or the next. */
     char path[4200], text[32];
     if (snprintf(path, sizeof path, "%s.exit", opts->socket_path) < (int)sizeof path) {
       int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);

@@ -345,8 +345,38 @@ export class SandboxManager implements SandboxEngine {
   private async reconcile(): Promise<void> {
     const live = this.options.store?.listLive() ?? [];
     const liveIds = new Set(live.map((r) => r.sandboxId));
-    for (const backend of this.backends.values()) await backend.reconcile(liveIds);
-    for (const record of live) await this.recover(record);
+    // Sandboxes whose supervisor outlived the previous server: taken over as they run.
+    const reattached = new Map<string, BackendSandbox>();
+    for (const record of live) {
+      const sandbox = await this.tryReattach(record);
+      if (sandbox) reattached.set(record.sandboxId, sandbox);
+    }
+    const kept = new Set(reattached.keys());
+    for (const backend of this.backends.values()) await backend.reconcile(liveIds, kept);
+    for (const record of live) {
+      const sandbox = reattached.get(record.sandboxId);
+      if (sandbox) this.resumeReattached(record, sandbox);
+      else await this.recover(record);
+    }
+  }
+
+  private async tryReattach(record: SandboxInfo): Promise<BackendSandbox | undefined> {
+    if (record.state !== 'running' || Date.parse(record.expiresAt) <= this.now()) return undefined;
+    const backend = this.backends.get(record.spec.backend);
+    try {
+      return await backend?.reattach?.(record.sandboxId, record.spec);
+    } catch {
+      return undefined; // recovered as before: a new sandbox on its workspace
+    }
+  }
+
+  /** A running sandbox taken over from its supervisor: its processes, with what they wrote meanwhile. */
+  private resumeReattached(record: SandboxInfo, sandbox: BackendSandbox): void {
+    const entry = this.newEntry({ ...record });
+    this.attach(entry, sandbox);
+    for (const agent of sandbox.processes?.() ?? []) entry.processes.adopt(entry.info, agent);
+    this.markRunning(entry, this.now());
+    this.onEvent({ type: 'sandbox.recovered', sandbox: snapshot(entry) });
   }
 
   /**
@@ -405,10 +435,13 @@ export class SandboxManager implements SandboxEngine {
 
   private attach(entry: LiveSandbox, sandbox: BackendSandbox): void {
     entry.sandbox = sandbox;
-    void sandbox.lost.then(() => {
+    void sandbox.lost.then(async () => {
       if (!isLiveState(entry.info.state)) return;
       this.onEvent({ type: 'sandbox.crashed', sandbox: snapshot(entry) });
-      return this.end(entry, 'failed', 'crashed: the sandbox stopped on its own (its init or agent exited)');
+      // Before the end's destroy, which would make the reason its own.
+      const why = sandbox.lostReason ? `crashed: ${await Promise.race([sandbox.lostReason(), lostReasonLate()])}` : undefined;
+      if (!isLiveState(entry.info.state)) return;
+      return this.end(entry, 'failed', why ?? 'crashed: the sandbox stopped on its own (its init or agent exited)');
     });
   }
 
@@ -461,4 +494,9 @@ export class SandboxManager implements SandboxEngine {
   private assertOpen(): void {
     if (this.closed) throw new SandboxError('SANDBOX_NOT_RUNNING', 'the engine is shutting down');
   }
+}
+
+/** A lost reason that takes longer than this (a supervisor that does not go) is not waited for. */
+function lostReasonLate(): Promise<string> {
+  return new Promise((resolve) => setTimeout(() => resolve('the sandbox stopped on its own (its init or agent exited)'), 6000).unref());
 }

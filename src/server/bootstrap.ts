@@ -58,6 +58,12 @@ export interface StartServerOptions {
    * database directories and from /proc, /sys, /dev; the start fails otherwise. @default {}
    */
   mountRoots?: Readonly<Record<string, string>>;
+  /**
+   * Namespace sandboxes outlive a crash of the server (`capsule serve --supervise`): each is held
+   * by a supervisor daemon, and the next start reattaches to it with its processes and the output
+   * they wrote meanwhile. A clean stop still ends them. @default false
+   */
+  superviseSandboxes?: boolean;
 }
 
 export interface RunningServer {
@@ -97,6 +103,7 @@ export async function startServer(options: StartServerOptions): Promise<RunningS
     let egressLog = (entry: EgressLogEntry): void => void process.stderr.write(`${JSON.stringify({ egress: entry })}\n`);
     const engine = await SandboxManager.open({
       dataDir: options.dataDir,
+      supervise: options.superviseSandboxes === true,
       egress: {
         operatorDeny: options.operatorDeny,
         hosts: options.egressHosts,

@@ -14,6 +14,7 @@ interface ServeFlags {
   deny?: string[];
   mountRoot?: string[];
   egressIdleTimeout?: number;
+  supervise?: boolean;
 }
 
 /** `--mount-root NAME=PATH` flags as a map; a flag without `=` or a name given twice is refused. */
@@ -48,6 +49,7 @@ export function serveCommand(context: CliContext): Command {
     .option('--warm-pool <n>', 'sandboxes kept started ahead for creates with no network and no mounts', numberOption('--warm-pool'), 2)
     .option('--mount-root <name=path>', 'a host directory tenants may mount read-only, by name, once their key is granted it (repeatable)', collect)
     .option('--egress-idle-timeout <ms>', 'close a sandbox connection through the egress proxy after this long with no bytes either way (default 300000)', numberOption('--egress-idle-timeout'))
+    .option('--supervise', 'namespace sandboxes outlive a crash of the server: a supervisor per sandbox holds it, the next start reattaches (a clean stop still ends them)')
     .option('--deny <domain-or-cidr>', 'operator deny list: no sandbox reaches it, whatever its allow list (repeatable; a domain covers its subdomains; also $CAPSULE_EGRESS_DENY, comma-separated)', collect)
     .addHelpText(
       'after',
@@ -68,6 +70,7 @@ export function serveCommand(context: CliContext): Command {
         operatorDeny: [...(flags.deny ?? []), ...(context.env.CAPSULE_EGRESS_DENY ?? '').split(',').map((e) => e.trim()).filter((e) => e !== '')],
         logger: { level: flags.logLevel, stream: context.stderr },
         mountRoots: parseMountRoots(flags.mountRoot ?? []),
+        superviseSandboxes: flags.supervise === true,
         ...(flags.egressIdleTimeout === undefined ? {} : { egressTimeouts: { idleTimeoutMs: flags.egressIdleTimeout } }),
       });
       context.stdout.write(`URL: ${server.url}\n`);
