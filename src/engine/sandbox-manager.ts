@@ -23,7 +23,7 @@ import { SandboxTable, snapshot, type LiveSandbox } from './sandbox-table.js';
 import { startTemplate, withTemplate } from './template-start.js';
 import { HostOnlyCatalog, type TemplateCatalog } from './templates.js';
 import { TtlTimers } from './ttl.js';
-import type { CreateSandboxCommand, EngineCollectOptions, ListSandboxesQuery, ProcessHandle, SandboxEngine, SandboxFiles, StartProcessCommand } from './types.js';
+import type { CreateSandboxCommand, EngineCloseOptions, EngineCollectOptions, ListSandboxesQuery, ProcessHandle, SandboxEngine, SandboxFiles, StartProcessCommand } from './types.js';
 import { UsageSampler } from './usage-sampler.js';
 import { WarmPool } from './warm-pool.js';
 
@@ -86,6 +86,8 @@ export class SandboxManager implements SandboxEngine {
   private readonly interpreters = new Interpreters();
   private readonly usageSampler: UsageSampler;
   private closed = false;
+  /** Let go at close (keepSandboxes): still running under their supervisors, not ours to end. */
+  private readonly leftRunning = new Set<string>();
   private readonly pools = new Map<string, WarmPool>();
 
   private constructor(
@@ -300,10 +302,22 @@ export class SandboxManager implements SandboxEngine {
   }
 
   /** Destroys every live sandbox; records say why. */
-  async close(): Promise<void> {
+  async close(options: EngineCloseOptions = {}): Promise<void> {
     this.closed = true;
     await Promise.all([...this.pools.values()].map((pool) => pool.close()));
-    const live = this.table.all().filter((e) => isLiveState(e.info.state));
+    const left: string[] = [];
+    if (options.keepSandboxes === true) {
+      for (const entry of this.table.all()) {
+        if (entry.info.state !== 'running' || entry.ending || !entry.sandbox?.detach?.()) continue;
+        // The record stays running; the next start reattaches to its supervisor.
+        this.ttl.clear(entry);
+        this.usageSampler.untrack(entry.info.sandboxId);
+        this.leftRunning.add(entry.info.sandboxId);
+        left.push(entry.info.sandboxId);
+      }
+      options.onLeftRunning?.(left);
+    }
+    const live = this.table.all().filter((e) => isLiveState(e.info.state) && !this.leftRunning.has(e.info.sandboxId));
     await Promise.all(live.map((e) => this.end(e, 'killed', 'server shut down')));
     await Promise.all(this.table.all().flatMap((e) => (e.ending ? [e.ending] : [])));
     this.usageSampler.close();
@@ -436,7 +450,7 @@ export class SandboxManager implements SandboxEngine {
   private attach(entry: LiveSandbox, sandbox: BackendSandbox): void {
     entry.sandbox = sandbox;
     void sandbox.lost.then(async () => {
-      if (!isLiveState(entry.info.state)) return;
+      if (!isLiveState(entry.info.state) || this.leftRunning.has(entry.info.sandboxId)) return;
       this.onEvent({ type: 'sandbox.crashed', sandbox: snapshot(entry) });
       // Before the end's destroy, which would make the reason its own.
       const why = sandbox.lostReason ? `crashed: ${await Promise.race([sandbox.lostReason(), lostReasonLate()])}` : undefined;

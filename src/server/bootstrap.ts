@@ -77,7 +77,8 @@ export interface RunningServer {
   apiKeySource: 'env' | 'generated' | 'existing';
   app: CapsuleApp;
   db: SqliteDatabase;
-  close(): Promise<void>;
+  /** With `keepSandboxes`, supervised sandboxes keep running (see SandboxEngine.close). */
+  close(options?: { keepSandboxes?: boolean; onLeftRunning?: (sandboxIds: string[]) => void }): Promise<void>;
 }
 
 /**
@@ -146,10 +147,16 @@ export async function startServer(options: StartServerOptions): Promise<RunningS
       apiKeySource: source,
       app,
       db,
-      close: () =>
+      close: (closeOptions = {}) =>
         (closing ??= (async () => {
           try {
-            await app.close();
+            await app.close({
+              keepSandboxes: closeOptions.keepSandboxes,
+              onLeftRunning: (ids) => {
+                if (ids.length > 0) app.app.log.warn({ sandboxIds: ids }, `left ${ids.length} sandboxes running under their supervisors`);
+                closeOptions.onLeftRunning?.(ids);
+              },
+            });
             await observability.close();
             app.app.log.info({ auditHead: audit.head() }, 'capsule server stopped');
           } finally {

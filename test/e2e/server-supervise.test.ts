@@ -30,8 +30,8 @@ interface Served {
   stderr: () => string;
 }
 
-async function serve(): Promise<Served> {
-  const args = [BIN, 'serve', '--port', '0', '--data-dir', dataDir, '--log-level', 'warn', '--warm-pool', '0', '--supervise'];
+async function serve(...extra: string[]): Promise<Served> {
+  const args = [BIN, 'serve', '--port', '0', '--data-dir', dataDir, '--log-level', 'warn', '--warm-pool', '0', '--supervise', ...extra];
   const child = spawn(process.execPath, args, { env: { ...process.env, CAPSULE_API_KEY: apiKey } });
   children.push(child);
   let stdout = '';
@@ -123,7 +123,7 @@ afterAll(async () => {
 });
 
 describe('capsule serve --supervise: sandboxes outlive the server', () => {
-  it.skipIf(!isBuilt)('keeps processes running through a SIGKILL of the server and reattaches to them by pid (needs npm run build)', async () => {
+  it.skipIf(!isBuilt)('keeps processes running through a SIGKILL and a SIGTERM stop of the server and reattaches to them by pid (needs npm run build)', async () => {
     const first = await serve();
     const call = api(first.url);
     const a = await call<{ sandboxId: string }>('POST', '/v1/sandboxes', { metadata: { sup: 'a' } });
@@ -172,17 +172,29 @@ describe('capsule serve --supervise: sandboxes outlive the server', () => {
     expect(input.status).toBe(204);
     expect(await stdoutOf(second.url, id, shell.body.pid)).toContain('pty-42');
 
-    // A clean stop still ends every sandbox and supervisor.
+    // A SIGTERM stop leaves it running, says so, and the next start reattaches again.
     second.child.kill('SIGTERM');
     await exited(second.child);
     expect(second.child.exitCode, second.stderr()).toBe(0);
+    expect(second.stderr()).toContain(`capsule: left 1 sandbox running (the next start reattaches): ${id}`);
+    expect(alive(supervisor)).toBe(true);
+    const countAtStop = Number(readFileSync(countFile, 'utf8'));
+    await waitFor(() => Promise.resolve(Number(readFileSync(countFile, 'utf8')) > countAtStop ? true : undefined), { what: 'counting after a SIGTERM stop' });
+    const third = await serve('--stop-sandboxes');
+    const relisted = await api(third.url)<{ processes: { pid: number; running: boolean }[] }>('GET', `/v1/sandboxes/${id}/processes`);
+    expect(relisted.body.processes.find((p) => p.pid === counter.body.pid)).toMatchObject({ running: true });
+
+    // --stop-sandboxes: a stop ends every sandbox and supervisor, as without --supervise.
+    third.child.kill('SIGTERM');
+    await exited(third.child);
+    expect(third.child.exitCode, third.stderr()).toBe(0);
     expect(alive(supervisor)).toBe(false);
     expect(await listSandboxCgroups(host.cgroupPrefix)).toEqual([]);
     expect(readdirSync(join(dataDir, 'run'))).toEqual([]);
   });
 
   it.skipIf(!isBuilt)('ends a sandbox whose supervisor or agent dies with the reason, and only that one', async () => {
-    const served = await serve();
+    const served = await serve('--stop-sandboxes');
     const call = api(served.url);
     const ids: string[] = [];
     for (let i = 0; i < 3; i++) {

@@ -15,6 +15,7 @@ interface ServeFlags {
   mountRoot?: string[];
   egressIdleTimeout?: number;
   supervise?: boolean;
+  stopSandboxes?: boolean;
 }
 
 /** `--mount-root NAME=PATH` flags as a map; a flag without `=` or a name given twice is refused. */
@@ -36,7 +37,8 @@ function parseMountRoots(flags: readonly string[]): Record<string, string> {
 
 /**
  * `capsule serve`: the HTTP API. Prints `URL:` and `API key:` lines on stdout; JSON logs go to
- * stderr. SIGTERM or SIGINT stops it gracefully (sandboxes are killed, records kept).
+ * stderr. SIGTERM or SIGINT stops it gracefully (sandboxes are killed, records kept; with
+ * --supervise they keep running unless --stop-sandboxes).
  */
 export function serveCommand(context: CliContext): Command {
   return new Command('serve')
@@ -49,7 +51,8 @@ export function serveCommand(context: CliContext): Command {
     .option('--warm-pool <n>', 'sandboxes kept started ahead for creates with no network and no mounts', numberOption('--warm-pool'), 2)
     .option('--mount-root <name=path>', 'a host directory tenants may mount read-only, by name, once their key is granted it (repeatable)', collect)
     .option('--egress-idle-timeout <ms>', 'close a sandbox connection through the egress proxy after this long with no bytes either way (default 300000)', numberOption('--egress-idle-timeout'))
-    .option('--supervise', 'namespace sandboxes outlive a crash of the server: a supervisor per sandbox holds it, the next start reattaches (a clean stop still ends them)')
+    .option('--supervise', 'namespace sandboxes outlive the server: a supervisor per sandbox holds it, the next start reattaches; a stop leaves them running')
+    .option('--stop-sandboxes', 'with --supervise: SIGTERM/SIGINT still kill every sandbox (the behaviour without --supervise)')
     .option('--deny <domain-or-cidr>', 'operator deny list: no sandbox reaches it, whatever its allow list (repeatable; a domain covers its subdomains; also $CAPSULE_EGRESS_DENY, comma-separated)', collect)
     .addHelpText(
       'after',
@@ -93,6 +96,12 @@ export function serveCommand(context: CliContext): Command {
         process.on('SIGTERM', stop);
         process.on('SIGINT', stop);
       });
-      await server.close();
+      const keepSandboxes = flags.supervise === true && flags.stopSandboxes !== true;
+      await server.close({
+        keepSandboxes,
+        onLeftRunning: (ids) => {
+          if (ids.length > 0) context.stderr.write(`capsule: left ${ids.length} sandbox${ids.length === 1 ? '' : 'es'} running (the next start reattaches): ${ids.join(' ')}\n`);
+        },
+      });
     });
 }
