@@ -8,6 +8,11 @@
  *
  * It must stay tiny when idle: no timers, no allocation unless a frame arrives or a child
  * writes, buffers live in BSS so untouched pages cost nothing.
+ *
+ * The host is a supervisor (capsule-launch --supervise) that outlives the Capsule server: a new
+ * server asks LIST for the processes running (and the last ones that ended), each with the label
+ * the host gave it at START, and takes them over. QUIT ends the sandbox's work; end of file on
+ * stdin (the supervisor is gone) does too.
  */
 #define _GNU_SOURCE
 #include <dirent.h>
@@ -37,6 +42,8 @@
 #define EXIT_PROTOCOL 70 /* EX_SOFTWARE: the host broke the protocol */
 #define SHUTDOWN_REAP_MS 2000
 #define DEFAULT_PATH "/usr/local/bin:/usr/bin:/bin"
+#define MAX_LABEL 16384 /* the host's own record of a process, echoed by LIST */
+#define ENDED_KEPT 32   /* ended processes LIST still reports, newest last */
 
 #include "agent-relay.h"
 #include "agent-users.h"
@@ -51,7 +58,21 @@ struct proc {
   int close_after;     /* CLOSE_STDIN arrived while input was still queued */
   unsigned char *pending; /* input the child has not accepted yet: pending[pending_off..len) */
   size_t pending_off, pending_len, pending_cap;
+  unsigned char *label;   /* opaque bytes from START's 'l' record; NULL when none */
+  uint32_t label_len;
 };
+
+/* A process that ended: what LIST says of it until ENDED_KEPT newer ones ended. */
+struct ended {
+  uint32_t id;
+  pid_t pid;
+  unsigned char flags, kind;
+  uint32_t value;
+  unsigned char *label;
+  uint32_t label_len;
+};
+static struct ended ended_ring[ENDED_KEPT];
+static size_t ended_next, ended_count;
 
 static struct proc **procs;
 static size_t nprocs, procs_cap;
@@ -231,6 +252,8 @@ struct start_req {
   struct agent_user who;   /* resolved before vfork */
   int stdin_pipe, is_pty;
   unsigned short cols, rows;
+  const unsigned char *label; /* points into the START payload */
+  uint32_t label_len;
 };
 
 static void child_main(int status_fd, const struct start_req *r, int in_r, int out_w, int err_w, int slave) {
@@ -336,6 +359,12 @@ static const char *parse_start(const unsigned char *pl, uint32_t len, struct sta
     const unsigned char *v = pl + off + 5;
     off += 5 + rl;
     if (tag == 'i') { r->stdin_pipe = rl >= 1 && v[0] == 1; continue; }
+    if (tag == 'l') {
+      if (rl > MAX_LABEL) return "label record exceeds 16 KiB";
+      r->label = v;
+      r->label_len = rl;
+      continue;
+    }
     if (tag == 't') {
       if (rl != 4) return "pty record must be 4 bytes";
       r->is_pty = 1;
@@ -457,6 +486,10 @@ static void handle_start(uint32_t id, const unsigned char *pl, uint32_t len) {
   }
   p->id = id; p->pid = pid; p->out_fd = out_r; p->err_fd = err_r; p->in_fd = in_w;
   p->is_pty = r.is_pty;
+  if (r.label_len > 0 && (p->label = malloc(r.label_len)) != NULL) {
+    memcpy(p->label, r.label, r.label_len);
+    p->label_len = r.label_len;
+  }
   out_r = err_r = in_w = -1;
   (void)set_nonblock(p->out_fd);
   if (p->err_fd >= 0) (void)set_nonblock(p->err_fd);
@@ -552,6 +585,12 @@ static void finish(size_t idx, int status) {
   ex[0] = WIFSIGNALED(status) ? 1 : 0;
   put_u32(ex + 1, (uint32_t)(WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status)));
   send_frame('X', p->id, ex, 5, NULL, 0);
+  struct ended *e = &ended_ring[ended_next];
+  free(e->label);
+  *e = (struct ended){.id = p->id, .pid = p->pid, .flags = (unsigned char)(p->is_pty ? 1 : 0), .kind = ex[0],
+                      .value = get_u32(ex + 1), .label = p->label, .label_len = p->label_len};
+  ended_next = (ended_next + 1) % ENDED_KEPT;
+  if (ended_count < ENDED_KEPT) ended_count++;
   free(p->pending);
   free(p);
   procs[idx] = procs[--nprocs];
@@ -590,14 +629,66 @@ static void shutdown_agent(int code) {
   exit(code);
 }
 
+/* ---- LIST: the processes a new host takes over ----
+ * Reply 'G' frames with the request's id; payload: u8 more (another 'G' follows), then records
+ * of u8 state (0 running, 1 ended), u32 id, u32 pid, u8 flags (1 pty, 2 stdin open), u8 exit
+ * kind, u32 exit value (ended only; 0 otherwise), u32 label length, label. Running first, then
+ * the ended ones oldest first. */
+
+#define LIST_RECORD_BYTES 19
+
+static unsigned char *list_buf;
+static size_t list_len;
+
+static void list_flush(uint32_t id, int more) {
+  list_buf[0] = (unsigned char)more;
+  send_frame('G', id, list_buf, list_len, NULL, 0);
+  list_len = 1;
+}
+
+static void list_add(uint32_t id, unsigned char state, uint32_t pid_id, pid_t pid, unsigned char flags, unsigned char kind,
+                     uint32_t value, const unsigned char *label, uint32_t label_len) {
+  if (list_len + LIST_RECORD_BYTES + label_len > MAX_PAYLOAD) list_flush(id, 1);
+  unsigned char *r = list_buf + list_len;
+  r[0] = state;
+  put_u32(r + 1, pid_id);
+  put_u32(r + 5, (uint32_t)pid);
+  r[9] = flags;
+  r[10] = kind;
+  put_u32(r + 11, value);
+  put_u32(r + 15, label_len);
+  if (label_len > 0) memcpy(r + LIST_RECORD_BYTES, label, label_len);
+  list_len += LIST_RECORD_BYTES + label_len;
+}
+
+static void handle_list(uint32_t id) {
+  list_buf = malloc(MAX_PAYLOAD); /* above the mmap threshold: handed back on free */
+  if (list_buf == NULL) { diag("capsule-agent: out of memory for LIST"); return; }
+  list_len = 1;
+  for (size_t i = 0; i < nprocs; i++) {
+    struct proc *p = procs[i];
+    unsigned char flags = (unsigned char)((p->is_pty ? 1 : 0) | (p->in_fd >= 0 && !p->close_after ? 2 : 0));
+    list_add(id, 0, p->id, p->pid, flags, 0, 0, p->label, p->label_len);
+  }
+  for (size_t k = 0; k < ended_count; k++) {
+    struct ended *e = &ended_ring[(ended_next + ENDED_KEPT - ended_count + k) % ENDED_KEPT];
+    list_add(id, 1, e->id, e->pid, e->flags, e->kind, e->value, e->label, e->label_len);
+  }
+  list_flush(id, 0);
+  free(list_buf);
+  list_buf = NULL;
+}
+
 /* ---- host commands ---- */
 
 static void handle_frame(unsigned char type, uint32_t id, const unsigned char *pl, uint32_t len) {
   if (relay_frame(type, id, pl, len)) return;
-  struct proc *p = type == 'S' || type == 'H' ? NULL : find_proc(id);
+  struct proc *p = type == 'S' || type == 'H' || type == 'G' || type == 'Q' ? NULL : find_proc(id);
   switch (type) {
   case 'S': handle_start(id, pl, len); return;
   case 'H': send_frame('H', id, NULL, 0, NULL, 0); return;
+  case 'G': handle_list(id); return;
+  case 'Q': shutdown_agent(0); return;
   case 'I': if (p != NULL) queue_input(p, pl, len); return;
   case 'C':
     if (p == NULL) return;

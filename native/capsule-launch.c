@@ -38,8 +38,14 @@
  * Usage: capsule-launch [--cgroup2-dir DIR] [--cgroup-procs FILE]... [--netns FILE] [--rlimit NAME=SOFT[:HARD]]...
  *                       [--fd N:PATH]... [--forbid DIR] [--mount I:FD:KIND ROOT SUBPATH]...
  *                       [--userns BASE:COUNT[:FD]] [--stage DIR] [--attach FD:ro|rw[:idmap] TARGET]...
- *                       [--uid N --gid N] -- PROGRAM ARGS...
+ *                       [--uid N --gid N] [--supervise SOCKET --spool FILE [--spool-bytes N] [--pidfile FILE]]
+ *                       -- PROGRAM ARGS...
  * KIND is d (directory) or f (regular file); SUBPATH is relative, "." for the root itself.
+ * With --supervise (launch-supervise.c) the launcher is a daemon that outlives the host: its own
+ * session, no death signal, the agent's stdio on pipes it relays to one client at a time over the
+ * unix socket SOCKET, spooling to FILE meanwhile. It prints "ready" on stdout once the socket
+ * listens, then lets go of stdin and stdout.
+ *
  * Exit status 125 with a message on stderr when a step fails (the target never starts); a refused
  * mount says "capsule-launch: mount I refused (CODE): why".
  */
@@ -55,11 +61,13 @@
 #include <sys/prctl.h>
 #include <stdint.h>
 #include <sys/resource.h>
+#include <sys/signalfd.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "launch-mounts.h"
+#include "launch-supervise.h"
 
 static void die(const char *what, const char *arg) {
     fprintf(stderr, "capsule-launch: %s %s: %s\n", what, arg ? arg : "", strerror(errno));
@@ -224,6 +232,7 @@ int main(int argc, char **argv) {
     if (cgroups == NULL || rlimits == NULL || fds == NULL || mounts == NULL || attaches == NULL) die("calloc", NULL);
     const char *netns = NULL, *cgroup2 = NULL, *forbid = NULL, *stage = NULL;
     long uid = -1, gid = -1;
+    struct supervise_options supervise_opts = {.spool_bytes = 16ull * 1024 * 1024};
     unsigned long userns_base = 0, userns_count = 0;
     int userns_keep = -1;
     int i = 1;
@@ -276,6 +285,10 @@ int main(int argc, char **argv) {
             if (n < 2 || userns_count == 0 || userns_count > 65536 || (n == 3 && userns_keep < 3)) usage("--userns wants BASE:COUNT[:FD]");
             if (n == 2) userns_keep = -1;
         }
+        else if (strcmp(opt, "--supervise") == 0) supervise_opts.socket_path = value;
+        else if (strcmp(opt, "--spool") == 0) supervise_opts.spool_path = value;
+        else if (strcmp(opt, "--spool-bytes") == 0) supervise_opts.spool_bytes = (unsigned long long)parse_long(value, "bad --spool-bytes");
+        else if (strcmp(opt, "--pidfile") == 0) supervise_opts.pid_path = value;
         else if (strcmp(opt, "--uid") == 0) uid = parse_long(value, "bad uid");
         else if (strcmp(opt, "--gid") == 0) gid = parse_long(value, "bad gid");
         else usage("unknown option");
@@ -283,12 +296,48 @@ int main(int argc, char **argv) {
     if (i >= argc) usage("no program to run");
 
     if (prctl(PR_SET_CHILD_SUBREAPER, 1) != 0) die("prctl subreaper", NULL);
-    pid_t host = getppid();
-    if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0) die("prctl", NULL);
-    if (getppid() != host) exit(125); /* the host died before the death signal was armed */
+    int supervising = supervise_opts.socket_path != NULL;
+    int listen_fd = -1, sigfd = -1, agent_in[2] = {-1, -1}, agent_out[2] = {-1, -1};
+    sigset_t chld;
+    sigemptyset(&chld);
+    sigaddset(&chld, SIGCHLD);
+    if (supervising) {
+        /* A daemon of its own: no death signal tied to the host, a session of its own. */
+        if (supervise_opts.spool_path == NULL) usage("--supervise wants --spool FILE");
+        (void)setsid();
+        listen_fd = supervise_listen(supervise_opts.socket_path);
+        if (listen_fd < 0) die("listen on", supervise_opts.socket_path);
+        if (pipe2(agent_in, O_CLOEXEC) != 0 || pipe2(agent_out, O_CLOEXEC) != 0) die("pipe", NULL);
+        sigprocmask(SIG_BLOCK, &chld, NULL);
+        sigfd = signalfd(-1, &chld, SFD_CLOEXEC | SFD_NONBLOCK);
+        if (sigfd < 0) die("signalfd", NULL);
+    } else {
+        pid_t host = getppid();
+        if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0) die("prctl", NULL);
+        if (getppid() != host) exit(125); /* the host died before the death signal was armed */
+    }
 
     pid_t child = fork_into(cgroup2);
     if (child < 0) die("fork into cgroup", cgroup2);
+    if (child > 0 && supervising) {
+        close(agent_in[0]);
+        close(agent_out[1]);
+        signal(SIGPIPE, SIG_IGN); /* a client gone mid-write is an error, not our death */
+        if (supervise_opts.pid_path != NULL) {
+            FILE *pidfile = fopen(supervise_opts.pid_path, "we");
+            if (pidfile == NULL || fprintf(pidfile, "%d\n", (int)getpid()) < 0 || fclose(pidfile) != 0) die("write pidfile", supervise_opts.pid_path);
+        }
+        /* Tell the host it may connect, then hold nothing of it but stderr (its log file). */
+        if (write(STDOUT_FILENO, "ready\n", 6) != 6) die("write ready", NULL);
+        int null_fd = open("/dev/null", O_RDWR | O_CLOEXEC);
+        if (null_fd >= 0) {
+            dup2(null_fd, STDIN_FILENO);
+            dup2(null_fd, STDOUT_FILENO);
+            close(null_fd);
+        }
+        if (chdir("/") != 0) die("chdir", "/");
+        supervise(&supervise_opts, listen_fd, agent_in[1], agent_out[0], sigfd, child);
+    }
     if (child > 0) {
         /* The agent's pipes belong to the sandbox: the host must see EOF when the agent dies. */
         int null_fd = open("/dev/null", O_RDWR | O_CLOEXEC);
@@ -298,6 +347,12 @@ int main(int argc, char **argv) {
             close(null_fd);
         }
         return wait_all(child);
+    }
+    if (supervising) {
+        sigprocmask(SIG_UNBLOCK, &chld, NULL);
+        if (dup2(agent_in[0], STDIN_FILENO) < 0 || dup2(agent_out[1], STDOUT_FILENO) < 0) die("dup2", "agent pipes");
+        int ours[] = {listen_fd, sigfd, agent_in[0], agent_in[1], agent_out[0], agent_out[1]};
+        for (size_t k = 0; k < sizeof ours / sizeof ours[0]; k++) close(ours[k]);
     }
 
     for (size_t k = 0; k < ncgroups; k++) write_pid(cgroups[k]);

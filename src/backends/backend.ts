@@ -70,6 +70,13 @@ export interface BackendSandbox {
   setNetworkPolicy?(policy: NetworkPolicy): Promise<void>;
   /** Kills every process and removes every host resource. Safe to call twice. */
   destroy(): Promise<void>;
+  /** Why the sandbox stopped on its own (`agent exited 137`, `supervisor gone`), once `lost` resolved. */
+  lostReason?(): Promise<string>;
+  /**
+   * Lets go of a sandbox held by a supervisor that outlives this process: it keeps running and a
+   * later Capsule process reattaches (`Backend.reattach`). False when this sandbox cannot.
+   */
+  detach?(): boolean;
   /**
    * Re-limits a warm (pooled, never used) sandbox for a spec that `Backend.poolKey` gave the same
    * key: cgroup limits and the disk quota change in place, and `spec` becomes the new one.
@@ -151,9 +158,15 @@ export interface Backend {
   create(spec: SandboxSpec, options: CreateOptions): Promise<BackendSandbox>;
   /**
    * At start-up: removes every sandbox's processes and cgroups left by a previous Capsule process
-   * (they cannot be attached to again), and the workspaces of ids not in `liveIds`.
+   * except those in `reattached` (taken over by `reattach`), and the workspaces of ids not in `liveIds`.
    */
-  reconcile(liveIds: ReadonlySet<string>): Promise<ReconcileReport>;
+  reconcile(liveIds: ReadonlySet<string>, reattached?: ReadonlySet<string>): Promise<ReconcileReport>;
+  /**
+   * At start-up, before `reconcile`: takes over a running sandbox whose supervisor outlived the
+   * previous Capsule process (same processes, output kept meanwhile replayed). Undefined when
+   * there is none to take over; `reconcile` then removes what is left of it.
+   */
+  reattach?(id: string, spec: SandboxSpec): Promise<BackendSandbox | undefined>;
   /**
    * Takes over a sandbox that a previous Capsule process paused with a result saying
    * `survivesRestart` (gVisor: its checkpoint on disk), still paused; `resume()` continues it.

@@ -40,6 +40,11 @@ export interface EngineHostOptions {
   backends?: Backend[];
   /** Networking of the default backends; ignored when `backends` is given. */
   egress?: EgressOptions;
+  /**
+   * Namespace sandboxes are held by supervisors that outlive the server (NamespaceBackendOptions
+   * .supervise); ignored when `backends` is given. @default false
+   */
+  supervise?: boolean;
 }
 
 /**
@@ -50,7 +55,8 @@ export function openEngineHost(options: EngineHostOptions): { host: HostEnvironm
   const host = options.host ?? new HostEnvironment({ dataDir: options.dataDir, volumeBytes: options.volumeBytes });
   if (options.backends) return { host, backends: options.backends };
   const egress = options.egress;
-  if (!egress) return { host, backends: createBackends(host) };
+  const supervise = options.supervise === true ? { supervise: true } : {};
+  if (!egress) return { host, backends: createBackends(host, { namespace: supervise }) };
   const network = new EgressNetwork({
     host,
     operatorDeny: egress.operatorDeny,
@@ -62,7 +68,7 @@ export function openEngineHost(options: EngineHostOptions): { host: HostEnvironm
   });
   if (egress.onEvent) network.proxy.onEvent(egress.onEvent);
   // The broker the proxy serves is the one whose grants the engine checks at create.
-  return { host, backends: createBackends(host, { namespace: { network } }), broker: network.broker };
+  return { host, backends: createBackends(host, { namespace: { network, ...supervise } }), broker: network.broker };
 }
 
 /**

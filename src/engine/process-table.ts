@@ -53,11 +53,8 @@ export class ProcessTable {
     const started = new Promise<void>((resolve) => (resolveStarted = resolve));
     let settle: ((result: Promise<ExecResult>) => void) | undefined;
     const settled = new Promise<ExecResult>((resolve) => (settle = (r) => resolve(r)));
-    const managed = new ManagedProcess(
-      { argv: [...command.argv], cwd: command.cwd ?? spec.cwd, tag: command.tag, startedAt: new Date(now()).toISOString() },
-      spec.limits,
-      settled,
-    );
+    const meta = { argv: [...command.argv], cwd: command.cwd ?? spec.cwd, tag: command.tag, startedAt: new Date(now()).toISOString() };
+    const managed = new ManagedProcess(meta, spec.limits, settled);
     const observed = (): ObservedProcess => ({ tenantId: info.tenantId, sandboxId: info.sandboxId, backend: info.backend, pid: managed.pid });
     const user = userFor(spec.template, command.user ?? spec.user);
     const result = superviseExec(
@@ -69,6 +66,8 @@ export class ProcessTable {
         stdin: command.stdin ?? false,
         ...(command.pty ? { pty: command.pty } : {}),
         ...(user !== undefined ? { user } : {}),
+        // Kept by the agent: a server that reattaches after a restart lists the process as it was.
+        label: JSON.stringify(meta),
       },
       {
         timeoutMs: command.timeoutMs ?? spec.limits.wallClockMs,
@@ -130,7 +129,7 @@ export class ProcessTable {
       warnings: [],
       ...(exit.lost ? { error: { code: 'SANDBOX_CRASHED', message: `sandbox ${info.sandboxId} stopped while the process ran` } } : {}),
     }));
-    const managed = new ManagedProcess({ argv: ['(restored)'], cwd: spec.cwd, startedAt: new Date(started).toISOString() }, spec.limits, result);
+    const managed = new ManagedProcess(labelled(agent.label, { argv: ['(restored)'], cwd: spec.cwd, startedAt: new Date(started).toISOString() }), spec.limits, result);
     managed.started(agent, log);
     agent.onStdout((chunk) => managed.output('stdout', chunk));
     agent.onStderr((chunk) => managed.output('stderr', chunk));
@@ -159,5 +158,19 @@ export class ProcessTable {
       if (this.processes.size <= MAX_ENDED_PROCESSES) break;
       if (!process.info.running) this.processes.delete(pid);
     }
+  }
+}
+
+type ProcessMeta = Omit<ProcessInfo, 'pid' | 'running'>;
+
+/** What the label the process was started with says of it (ProcessTable.start), else `fallback`. */
+function labelled(label: string | undefined, fallback: ProcessMeta): ProcessMeta {
+  if (label === undefined || label === '') return fallback;
+  try {
+    const meta = JSON.parse(label) as Partial<ProcessMeta>;
+    if (!Array.isArray(meta.argv) || typeof meta.cwd !== 'string' || typeof meta.startedAt !== 'string') return fallback;
+    return { argv: meta.argv.map(String), cwd: meta.cwd, startedAt: meta.startedAt, ...(typeof meta.tag === 'string' ? { tag: meta.tag } : {}) };
+  } catch {
+    return fallback; // a label from another kind of host: the process is still taken over
   }
 }

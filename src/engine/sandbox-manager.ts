@@ -27,7 +27,7 @@ import { SandboxTable, snapshot, type LiveSandbox } from './sandbox-table.js';
 import { startTemplate, withTemplate } from './template-start.js';
 import { HostOnlyCatalog, type TemplateCatalog } from './templates.js';
 import { TtlTimers } from './ttl.js';
-import type { CreateSandboxCommand, EngineCollectOptions, ListSandboxesQuery, ProcessHandle, SandboxEngine, SandboxFiles, StartProcessCommand } from './types.js';
+import type { CreateSandboxCommand, EngineCloseOptions, EngineCollectOptions, ListSandboxesQuery, ProcessHandle, SandboxEngine, SandboxFiles, StartProcessCommand } from './types.js';
 import { UsageSampler } from './usage-sampler.js';
 import { WarmPool } from './warm-pool.js';
 import { ProcessLogs } from './process-logs.js';
@@ -107,6 +107,8 @@ export class SandboxManager implements SandboxEngine {
   private readonly workspaceBudget: WorkspaceBudget | undefined;
   private readonly capacity: WorkspaceCapacity;
   private closed = false;
+  /** Let go at close (keepSandboxes): still running under their supervisors, not ours to end. */
+  private readonly leftRunning = new Set<string>();
   private readonly pools = new Map<string, WarmPool>();
 
   private constructor(
@@ -360,10 +362,22 @@ export class SandboxManager implements SandboxEngine {
   }
 
   /** Destroys every live sandbox; records say why. */
-  async close(): Promise<void> {
+  async close(options: EngineCloseOptions = {}): Promise<void> {
     this.closed = true;
     await Promise.all([...this.pools.values()].map((pool) => pool.close()));
-    const live = this.table.all().filter((e) => isLiveState(e.info.state));
+    const left: string[] = [];
+    if (options.keepSandboxes === true) {
+      for (const entry of this.table.all()) {
+        if (entry.info.state !== 'running' || entry.ending || !entry.sandbox?.detach?.()) continue;
+        // The record stays running; the next start reattaches to its supervisor.
+        this.ttl.clear(entry);
+        this.usageSampler.untrack(entry.info.sandboxId);
+        this.leftRunning.add(entry.info.sandboxId);
+        left.push(entry.info.sandboxId);
+      }
+      options.onLeftRunning?.(left);
+    }
+    const live = this.table.all().filter((e) => isLiveState(e.info.state) && !this.leftRunning.has(e.info.sandboxId));
     await Promise.all(live.map((e) => this.end(e, 'killed', 'server shut down')));
     await Promise.all(this.table.all().flatMap((e) => (e.ending ? [e.ending] : [])));
     this.usageSampler.close();
@@ -405,8 +419,38 @@ export class SandboxManager implements SandboxEngine {
   private async reconcile(): Promise<void> {
     const live = this.options.store?.listLive() ?? [];
     const liveIds = new Set(live.map((r) => r.sandboxId));
-    for (const backend of this.backends.values()) await backend.reconcile(liveIds);
-    for (const record of live) await this.recover(record);
+    // Sandboxes whose supervisor outlived the previous server: taken over as they run.
+    const reattached = new Map<string, BackendSandbox>();
+    for (const record of live) {
+      const sandbox = await this.tryReattach(record);
+      if (sandbox) reattached.set(record.sandboxId, sandbox);
+    }
+    const kept = new Set(reattached.keys());
+    for (const backend of this.backends.values()) await backend.reconcile(liveIds, kept);
+    for (const record of live) {
+      const sandbox = reattached.get(record.sandboxId);
+      if (sandbox) this.resumeReattached(record, sandbox);
+      else await this.recover(record);
+    }
+  }
+
+  private async tryReattach(record: SandboxInfo): Promise<BackendSandbox | undefined> {
+    if (record.state !== 'running' || Date.parse(record.expiresAt) <= this.now()) return undefined;
+    const backend = this.backends.get(record.spec.backend);
+    try {
+      return await backend?.reattach?.(record.sandboxId, record.spec);
+    } catch {
+      return undefined; // recovered as before: a new sandbox on its workspace
+    }
+  }
+
+  /** A running sandbox taken over from its supervisor: its processes, with what they wrote meanwhile. */
+  private resumeReattached(record: SandboxInfo, sandbox: BackendSandbox): void {
+    const entry = this.newEntry({ ...record });
+    this.attach(entry, sandbox);
+    for (const agent of sandbox.processes?.() ?? []) entry.processes.adopt(entry.info, agent);
+    this.markRunning(entry, this.now());
+    this.onEvent({ type: 'sandbox.recovered', sandbox: snapshot(entry) });
   }
 
   /**
@@ -473,10 +517,13 @@ export class SandboxManager implements SandboxEngine {
 
   private attach(entry: LiveSandbox, sandbox: BackendSandbox): void {
     entry.sandbox = sandbox;
-    void sandbox.lost.then(() => {
-      if (!isLiveState(entry.info.state)) return;
+    void sandbox.lost.then(async () => {
+      if (!isLiveState(entry.info.state) || this.leftRunning.has(entry.info.sandboxId)) return;
       this.onEvent({ type: 'sandbox.crashed', sandbox: snapshot(entry) });
-      return this.end(entry, 'failed', 'crashed: the sandbox stopped on its own (its init or agent exited)');
+      // Before the end's destroy, which would make the reason its own.
+      const why = sandbox.lostReason ? `crashed: ${await Promise.race([sandbox.lostReason(), lostReasonLate()])}` : undefined;
+      if (!isLiveState(entry.info.state)) return;
+      return this.end(entry, 'failed', why ?? 'crashed: the sandbox stopped on its own (its init or agent exited)');
     });
   }
 
@@ -562,4 +609,9 @@ function once(fn: () => void): () => void {
     done = true;
     fn();
   };
+}
+
+/** A lost reason that takes longer than this (a supervisor that does not go) is not waited for. */
+function lostReasonLate(): Promise<string> {
+  return new Promise((resolve) => setTimeout(() => resolve('the sandbox stopped on its own (its init or agent exited)'), 6000).unref());
 }

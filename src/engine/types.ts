@@ -127,5 +127,15 @@ export interface SandboxEngine {
   usage(tenantId: string, sandboxId: string): Promise<UsageSample[]>;
   /** Copies a directory of a running sandbox into the artifact store (the sandbox frozen meanwhile). */
   collectArtifacts(tenantId: string, sandboxId: string, options: EngineCollectOptions): Promise<Collection>;
-  close(): Promise<void>;
+  /**
+   * Stops the engine. Every live sandbox is killed, except with `keepSandboxes`: running ones held
+   * by a supervisor (`capsule serve --supervise`) are let go and keep running for the next start,
+   * which reattaches; their ids go to `onLeftRunning`.
+   */
+  close(options?: EngineCloseOptions): Promise<void>;
+}
+
+export interface EngineCloseOptions {
+  keepSandboxes?: boolean;
+  onLeftRunning?: (sandboxIds: string[]) => void;
 }

@@ -3,7 +3,7 @@ import type { Duplex, Readable } from 'node:stream';
 import Fastify, { type FastifyInstance, type FastifyServerOptions } from 'fastify';
 import { z } from 'zod';
 import { SandboxError } from '../errors/index.js';
-import type { SandboxEngine } from '../engine/types.js';
+import type { EngineCloseOptions, SandboxEngine } from '../engine/types.js';
 import { ApiKeyStore, atomically, AuditLog, OperationStore, SqliteSandboxRecords, type SqliteDatabase } from '../store/index.js';
 import { registerE2bFacade } from './e2b/index.js';
 import { EnvdTokens } from './e2b/access.js';
@@ -217,11 +217,11 @@ export class CapsuleApp {
    * Graceful stop: new requests get 503, the engine kills its sandboxes (foreground streams end
    * with their exit), then streams that never end by themselves (watch, reattach) are ended.
    */
-  close(options: { forceAfterMs?: number } = {}): Promise<void> {
+  close(options: { forceAfterMs?: number } & EngineCloseOptions = {}): Promise<void> {
     this.closing ??= (async () => {
       const appClosed = this.app.close();
       try {
-        await this.services.engine.close();
+        await this.services.engine.close({ keepSandboxes: options.keepSandboxes, onLeftRunning: options.onLeftRunning });
       } finally {
         this.closeController.abort();
         // Responses end once their streams have sent their last line; then keep-alive

@@ -85,6 +85,12 @@ export interface StartServerOptions {
   defaultTemplate?: string;
   /** Where the built web console is. @default dist/console under the package root */
   uiDir?: string;
+  /**
+   * Namespace sandboxes outlive a crash of the server (`capsule serve --supervise`): each is held
+   * by a supervisor daemon, and the next start reattaches to it with its processes and the output
+   * they wrote meanwhile. A clean stop still ends them. @default false
+   */
+  superviseSandboxes?: boolean;
 }
 
 export interface RunningServer {
@@ -105,7 +111,8 @@ export interface RunningServer {
   newConsoleUrl(): string | undefined;
   app: CapsuleApp;
   db: SqliteDatabase;
-  close(): Promise<void>;
+  /** With `keepSandboxes`, supervised sandboxes keep running (see SandboxEngine.close). */
+  close(options?: { keepSandboxes?: boolean; onLeftRunning?: (sandboxIds: string[]) => void }): Promise<void>;
 }
 
 /**
@@ -146,6 +153,7 @@ export async function startServer(options: StartServerOptions): Promise<RunningS
       dataDir: options.dataDir,
       host,
       templates: new StoredTemplates(templates, options.defaultTemplate),
+      supervise: options.superviseSandboxes === true,
       egress: {
         operatorDeny: options.operatorDeny,
         hosts: options.egressHosts,
@@ -211,10 +219,16 @@ export async function startServer(options: StartServerOptions): Promise<RunningS
       newConsoleUrl,
       app,
       db,
-      close: () =>
+      close: (closeOptions = {}) =>
         (closing ??= (async () => {
           try {
-            await app.close();
+            await app.close({
+              keepSandboxes: closeOptions.keepSandboxes,
+              onLeftRunning: (ids) => {
+                if (ids.length > 0) app.app.log.warn({ sandboxIds: ids }, `left ${ids.length} sandboxes running under their supervisors`);
+                closeOptions.onLeftRunning?.(ids);
+              },
+            });
             await observability.close();
             app.app.log.info({ auditHead: audit.head() }, 'capsule server stopped');
           } finally {

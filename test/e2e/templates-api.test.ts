@@ -49,7 +49,7 @@ describe('templates over the API, two tenants', () => {
   it('builds a Dockerfile with an inline context, streams its log, runs it from both SDKs, and keeps it from the other tenant', async () => {
     const log: BuildLogEntry[] = [];
     const built = await Template.build({ name: 'app', source: { kind: 'dockerfile', dockerfile: APP_DOCKERFILE, files: APP_FILES } }, { ...as(alice), onLog: (entry) => log.push(entry) });
-    expect(built).toMatchObject({ name: 'app', tags: ['latest'], public: false, source: 'dockerfile', parent: { kind: 'template', name: `${TEST_DEBIAN}:latest` } });
+    expect(built).toMatchObject({ name: 'app', tags: ['latest'], public: false, source: 'dockerfile', parent: { kind: 'template', name: TEST_DEBIAN } });
     expect(built.config.env.GREETING).toBe('hi');
     // Step by step, live: the RUN step's own line is among them.
     expect(log.some((entry) => entry.message.includes('RUN cp /opt/hello.txt'))).toBe(true);
@@ -86,7 +86,7 @@ describe('templates over the API, two tenants', () => {
     expect(build.status).toBe('ready');
     expect(build.steps.filter((s) => s.step !== 'base').every((s) => s.cached)).toBe(true);
 
-    expect(await Template.delete('app', as(alice))).toEqual(['app:latest']);
+    expect(await Template.delete('app', as(alice))).toEqual([again.id]);
     await expect(Template.get('app', as(alice))).rejects.toBeInstanceOf(TemplateNotFoundError);
   });
 

@@ -16,6 +16,8 @@ export interface Leaks {
   network: string[];
   /** Template builds' pending layers, leases and temp dirs (a finished or failed build removes its own). */
   templates: string[];
+  /** Sandbox supervisors (capsule-launch --supervise) of this instance: files in `<dataDir>/run`, and live ones. */
+  supervisors: string[];
 }
 
 /**
@@ -34,13 +36,30 @@ export async function findLeaks(dataDir: string): Promise<Leaks> {
     .map((line) => line.split(' ')[4] ?? '')
     .filter((target) => target.startsWith(join(dataDir, '/')) && target !== host.volume.mountPoint);
   const runsc = [...(await runscContainers(dataDir)), ...(await gvisorBundles(dataDir))];
-  return { cgroups, processes, workspaces, mounts, runsc, network: await networkLeaks(host), templates: await templateLeaks(dataDir, host.volume.mountPoint) };
+  return { cgroups, processes, workspaces, mounts, runsc, network: await networkLeaks(host), templates: await templateLeaks(dataDir, host.volume.mountPoint), supervisors: await supervisorLeaks(dataDir) };
 }
 
 /** What a template build leaves only while it runs: pending layers, leases, build temp dirs. */
 async function templateLeaks(dataDir: string, volume: string): Promise<string[]> {
   const list = async (dir: string, what: string) => (await readdir(dir).catch(() => [] as string[])).map((name) => `${what} ${name}`);
   return [...(await list(join(volume, 'layers-pending'), 'pending layer')), ...(await list(join(volume, 'layer-leases'), 'lease')), ...(await list(join(dataDir, 'build-tmp'), 'build temp'))];
+}
+
+/**
+ * Supervisors are daemons (their own session, reparented to init): not descendants of the test.
+ * Found by their files under `<dataDir>/run` and by their command line naming that directory.
+ */
+export async function supervisorLeaks(dataDir: string): Promise<string[]> {
+  const run = join(dataDir, 'run');
+  const found = (await readdir(run).catch(() => [] as string[])).map((name) => `file run/${name}`);
+  for (const entry of await readdir('/proc')) {
+    if (!/^\d+$/.test(entry)) continue;
+    const cmdline = await readFile(`/proc/${entry}/cmdline`, 'utf8').catch(() => '');
+    const args = cmdline.split('\0');
+    const at = args.indexOf('--supervise');
+    if (at >= 0 && args[at + 1]?.startsWith(`${run}/`)) found.push(`supervisor ${entry} ${args[at + 1]}`);
+  }
+  return found;
 }
 
 /** Sandbox namespaces and veths of this instance; a pool's ready namespaces (state "idle") are not leaks. */

@@ -8,7 +8,9 @@ import {
   FrameDecoder,
   FrameType,
   MAX_PAYLOAD_BYTES,
+  decodeDropped,
   decodeExit,
+  decodeListReply,
   decodeStartFailed,
   decodeStarted,
   encodeFrame,
@@ -16,6 +18,7 @@ import {
   encodeSignal,
   encodeStart,
   type Frame,
+  type ListedProcess,
 } from './protocol.js';
 import { RelayTable, type AgentRelay } from './relay.js';
 
@@ -32,6 +35,8 @@ export interface AgentStartOptions {
   pty?: { cols: number; rows: number };
   /** Run as this user of the sandbox (a sandbox from a template only); see StartRequest.user. */
   user?: string;
+  /** The host's own record of the process, kept by the agent for a later client (StartRequest.label). */
+  label?: string;
 }
 
 export interface AgentExit {
@@ -47,6 +52,8 @@ export interface AgentProcess {
   readonly id: number;
   /** The pid as seen inside the sandbox. */
   readonly pid: number;
+  /** The label it was started with (AgentStartOptions.label), also after a reattach. */
+  readonly label?: string;
   /** Resolves once, after all output was delivered; never rejects. */
   readonly exited: Promise<AgentExit>;
   /** Output arriving before the first listener is kept and handed to that listener. */
@@ -88,6 +95,7 @@ class OutputChannel {
 
 class RunningProcess implements AgentProcess {
   pid = 0;
+  label: string | undefined;
   readonly exited: Promise<AgentExit>;
   readonly stdout = new OutputChannel();
   readonly stderr = new OutputChannel();
@@ -209,7 +217,23 @@ export interface AgentClientOptions {
    * handles for them are made here (see `processes()`); output they wrote meanwhile is gone.
    */
   adopt?: readonly AgentProcessRecord[];
+  /**
+   * The agent is held by a supervisor (capsule-launch --supervise) that outlives this client: it
+   * ended its stream once; `close()` sends QUIT to end the sandbox's work, `detach()` leaves it
+   * running. @default false
+   */
+  supervised?: boolean;
+  /**
+   * Take over a supervised agent that an earlier client (an earlier Capsule process) started:
+   * no READY comes; the client asks LIST, makes handles for what runs (and what ended while no
+   * client listened), then replays the frames the supervisor spooled meanwhile. `ready`
+   * resolves once that is done. @default false
+   */
+  reattach?: boolean;
 }
+
+/** The id of the LIST a reattaching client sends; process ids never reach it. */
+const REATTACH_LIST_ID = 0xfffffff0;
 
 /** What one client passes to the next one that talks to the same agent over new pipes. */
 export interface AgentHandOver {
@@ -245,6 +269,13 @@ export class AgentClient {
   private isHandingOver = false;
   private nextProcessId = 1;
   private nextPingId = 1;
+  /** While reattaching: frames that arrived before the LIST answer ended, and that answer. */
+  private held: Frame[] | null = null;
+  private listed: ListedProcess[] = [];
+  private readonly tookOver: RunningProcess[] = [];
+  private readonly supervised: boolean;
+  /** Output bytes the supervisor dropped while no client listened (its spool was full). */
+  droppedBytes = 0;
   private markReady!: () => void;
   private failReady!: (error: SandboxError) => void;
 
@@ -258,6 +289,7 @@ export class AgentClient {
     // An agent that served another client (a restored checkpoint) may hold that client's relays:
     // they end before this one opens any, so no frame of theirs is taken for one of ours.
     if (options.handOver || options.adopt || options.firstProcessId !== undefined) this.send(FrameType.RelayClose, 0, Buffer.from([0]));
+    this.supervised = options.supervised === true || options.reattach === true;
     for (const proc of options.handOver?.processes ?? []) {
       if (!(proc instanceof RunningProcess) || proc.hasExited) continue;
       proc.rebind((type, id, data) => this.send(type, id, data));
@@ -284,6 +316,10 @@ export class AgentClient {
     fromAgent.on('error', (error: Error) => this.lose(crashed(`reading from the agent failed: ${error.message}`, error)));
     // EPIPE when the agent is gone; its output ending says the same thing, whichever comes first.
     toAgent.on('error', (error: Error) => this.lose(crashed(`writing to the agent failed: ${error.message}`, error)));
+    if (options.reattach === true) {
+      this.held = [];
+      this.toAgent.write(encodeFrame(FrameType.List, REATTACH_LIST_ID));
+    }
   }
 
   private pauseOutput(id: number, paused: boolean): void {
@@ -318,6 +354,7 @@ export class AgentClient {
         this.send(type, frameId, data),
       );
       proc.pauseOutput = (paused) => this.pauseOutput(id, paused);
+      proc.label = options.label;
       this.starting.set(id, { proc, argv0, resolve, reject });
       this.send(FrameType.Start, id, payload);
     });
@@ -365,6 +402,14 @@ export class AgentClient {
     return { nextProcessId: this.nextProcessId, processes, records: processes.map((p) => p.record()) };
   }
 
+  /**
+   * After a reattach: every process the agent listed, the running ones and those that ended while
+   * no client listened (their output and exit replayed from the supervisor's spool).
+   */
+  reattached(): AgentProcess[] {
+    return [...this.tookOver];
+  }
+
   /** Processes this client tracks that have not exited (started here, handed over or adopted). */
   processes(): AgentProcess[] {
     return [...this.running.values()];
@@ -373,6 +418,19 @@ export class AgentClient {
   /** Ends the agent's stdin: the agent kills every process tree, reports their exits and exits. */
   close(): void {
     if (this.isClosed) return;
+    // A supervised agent outlives its stream: ask it to end its work first.
+    if (this.supervised && this.lostReason === null) this.toAgent.write(encodeFrame(FrameType.Quit, 0));
+    this.isClosed = true;
+    this.toAgent.end();
+  }
+
+  /**
+   * Lets go of a supervised agent that keeps running (the server stops, the sandbox does not):
+   * its processes stay open for `handOver()`, nothing ends in the sandbox.
+   */
+  detach(): void {
+    if (this.isClosed) return;
+    this.isHandingOver = true;
     this.isClosed = true;
     this.toAgent.end();
   }
@@ -390,15 +448,53 @@ export class AgentClient {
   private receive(chunk: Buffer): void {
     if (this.lostReason !== null) return;
     try {
-      for (const frame of this.decoder.push(chunk)) this.dispatch(frame);
+      for (const frame of this.decoder.push(chunk)) {
+        if (this.held !== null) this.hold(frame);
+        else this.dispatch(frame);
+      }
     } catch (error) {
       this.lose(crashed(`the agent broke the protocol: ${(error as Error).message}`, error));
       this.toAgent.end(); // the agent kills its children once its stdin ends
     }
   }
 
+  /** While reattaching: keep frames until the LIST answer is whole, then take over and replay. */
+  private hold(frame: Frame): void {
+    if (frame.type !== FrameType.ListReply || frame.id !== REATTACH_LIST_ID) {
+      this.held?.push(frame);
+      return;
+    }
+    const { more, processes } = decodeListReply(frame.payload);
+    this.listed.push(...processes);
+    if (more) return;
+    const held = this.held ?? [];
+    this.held = null;
+    for (const listed of this.listed) {
+      const proc = new RunningProcess(listed.id, `pid ${listed.pid}`, listed.isPty, listed.hasStdin, (type, id, data) => this.send(type, id, data));
+      proc.pid = listed.pid;
+      proc.label = listed.label;
+      this.running.set(listed.id, proc);
+      this.tookOver.push(proc);
+      this.nextProcessId = Math.max(this.nextProcessId, listed.id + 1);
+    }
+    // What the supervisor spooled: output and exits written while no client listened.
+    for (const frame of held) this.dispatch(frame);
+    // Ended before this client came: the exit the agent remembers, if no spooled EXIT said it.
+    for (const listed of this.listed) {
+      const proc = this.running.get(listed.id);
+      if (listed.exit === undefined || proc === undefined) continue;
+      this.running.delete(listed.id);
+      proc.finish(toExit(listed.exit));
+    }
+    this.listed = [];
+    this.markReady();
+  }
+
   private dispatch({ type, id, payload }: Frame): void {
     switch (type) {
+      case FrameType.Dropped:
+        this.droppedBytes += decodeDropped(payload);
+        return;
       case FrameType.Ready:
         this.markReady();
         return;

@@ -7,6 +7,8 @@ import { SandboxError } from '../../errors/index.js';
 export const HEADER_BYTES = 9;
 /** The agent exits on a larger frame; the client treats one from the agent as a broken agent. */
 export const MAX_PAYLOAD_BYTES = 1024 * 1024;
+/** The agent refuses a START whose label is larger (native/capsule-agent.c MAX_LABEL). */
+export const MAX_LABEL_BYTES = 16 * 1024;
 
 /** Frame types, as the ASCII byte on the wire. */
 export const FrameType = {
@@ -21,6 +23,8 @@ export const FrameType = {
   RelayData: 0x44, // 'D'
   RelayWindow: 0x57, // 'W'
   RelayClose: 0x5a, // 'Z'
+  List: 0x47, // 'G': the agent answers with LIST_REPLY frames (same byte)
+  Quit: 0x51, // 'Q': end every process and the agent (a supervised agent outlives its client)
   // agent → host
   Ready: 0x59, // 'Y'
   Started: 0x54, // 'T'
@@ -34,6 +38,9 @@ export const FrameType = {
   RelayFromAgent: 0x64, // 'd'
   RelayAck: 0x77, // 'w'
   RelayClosed: 0x7a, // 'z'
+  ListReply: 0x47, // 'G'
+  /** From the supervisor (native/launch-supervise.c), never the agent: u64 output bytes it dropped. */
+  Dropped: 0x44, // 'D'
 } as const;
 
 /**
@@ -138,6 +145,8 @@ export interface StartRequest {
    * inside (a sandbox from a template) can. @default the agent's own user
    */
   user?: string;
+  /** Opaque to the agent (at most 16 KiB): LIST says it back, so a new host knows what it started. */
+  label?: string;
 }
 
 function invalid(message: string, details: Record<string, unknown>): SandboxError {
@@ -190,6 +199,11 @@ export function encodeStart(request: StartRequest): Buffer {
       throw invalid(`user ${JSON.stringify(user)} is not a user name, uid or uid:gid`, { field: 'user' });
     }
     records.push(record('u', Buffer.from(user)));
+  }
+  if (request.label !== undefined) {
+    const label = Buffer.from(request.label);
+    // Past the agent's bound the label is left off: it only improves what a later host shows.
+    if (label.length <= MAX_LABEL_BYTES) records.push(record('l', label));
   }
   const payload = Buffer.concat(records);
   if (payload.length > MAX_PAYLOAD_BYTES) {
@@ -267,4 +281,43 @@ export function decodeRelayClosed(payload: Buffer): { eof: true } | { eof: false
 export function decodeU32(payload: Buffer, what: string): number {
   needBytes(payload, 4, what);
   return payload.readUInt32BE(0);
+}
+
+/** One process in a LIST answer: running, or one of the last that ended with how it ended. */
+export interface ListedProcess {
+  id: number;
+  pid: number;
+  isPty: boolean;
+  hasStdin: boolean;
+  exit?: { kind: 'exited' | 'signaled'; value: number };
+  label: string;
+}
+
+/** A LIST_REPLY frame: its processes and whether another frame of the same answer follows. */
+export function decodeListReply(payload: Buffer): { more: boolean; processes: ListedProcess[] } {
+  needBytes(payload, 1, 'LIST_REPLY');
+  const processes: ListedProcess[] = [];
+  let offset = 1;
+  while (offset < payload.length) {
+    needBytes(payload.subarray(offset), 19, 'LIST_REPLY record');
+    const labelBytes = payload.readUInt32BE(offset + 15);
+    needBytes(payload.subarray(offset + 19), labelBytes, 'LIST_REPLY label');
+    const flags = payload.readUInt8(offset + 9);
+    const ended = payload.readUInt8(offset) === 1;
+    processes.push({
+      id: payload.readUInt32BE(offset + 1),
+      pid: payload.readUInt32BE(offset + 5),
+      isPty: (flags & 1) !== 0,
+      hasStdin: (flags & 2) !== 0,
+      ...(ended ? { exit: { kind: payload.readUInt8(offset + 10) === 1 ? ('signaled' as const) : ('exited' as const), value: payload.readInt32BE(offset + 11) } } : {}),
+      label: payload.subarray(offset + 19, offset + 19 + labelBytes).toString('utf8'),
+    });
+    offset += 19 + labelBytes;
+  }
+  return { more: payload.readUInt8(0) === 1, processes };
+}
+
+export function decodeDropped(payload: Buffer): number {
+  needBytes(payload, 8, 'DROPPED');
+  return Number(payload.readBigUInt64BE(0));
 }

@@ -89,7 +89,7 @@ export class GvisorBackend implements Backend {
     return this.open(spec, id, { mode: 'paused', reuseWorkspace: true, mounts: options.mounts });
   }
 
-  async reconcile(liveIds: ReadonlySet<string>): Promise<ReconcileReport> {
+  async reconcile(liveIds: ReadonlySet<string>, reattached: ReadonlySet<string> = new Set()): Promise<ReconcileReport> {
     await this.host.ensure();
     // Without runsc on this host no container of ours can exist; the files can still go.
     const runsc = await this.ready().then((r) => r.runsc, () => undefined);
@@ -106,6 +106,8 @@ export class GvisorBackend implements Backend {
     // A container of a previous process has lost its stdio pipes: nobody can talk to its agent.
     for (const id of (await runsc?.list()) ?? []) await attempt(`runsc:${id}`, () => runsc!.deleteForce(id));
     for (const name of await listSandboxCgroups(this.host.cgroupPrefix)) {
+      // Both backends share the cgroup prefix: a sandbox another backend took over is not ours to remove.
+      if (reattached.has(name.slice(this.host.cgroupPrefix.length))) continue;
       await attempt(`cgroup:${name.slice(this.host.cgroupPrefix.length)}`, () => SandboxCgroup.attach(name).remove());
     }
     for (const id of await this.layout.listBundles()) {

@@ -1,8 +1,10 @@
-import { spawn, type ChildProcess } from 'node:child_process';
 import { readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { createHash } from 'node:crypto';
-import { AgentClient, type AgentProcess, type AgentRelay } from '../agent/index.js';
+import type { AgentRelay } from '../agent/index.js';
+import type { AgentClient, AgentProcess } from '../agent/index.js';
+import { pipedHolder, reattachHolder, supervisedHolder, type AgentHolder } from './agent-holder.host.js';
+import { listSupervised, logTail, removeSupervisor, supervisorFiles } from './supervisor.host.js';
 import { SandboxError } from '../../errors/index.js';
 import { SandboxCgroup, listSandboxCgroups } from '../../host/cgroups.host.js';
 import type { HostEnvironment, HostPaths } from '../../host/host-env.host.js';
@@ -20,7 +22,6 @@ import { hostMountsOf, launchMountArgs, mountRefusal } from '../host-mounts.js';
 const UID_BASE = 3_000_000;
 const UID_RANGE = 1_000_000;
 const AGENT_READY_TIMEOUT_MS = 10_000;
-const STDERR_TAIL_BYTES = 4096;
 
 const CAPABILITIES: readonly Capability[] = [
   'limits.cpus', 'limits.memory', 'limits.pids', 'limits.disk', 'limits.fileSize',
@@ -31,6 +32,12 @@ export interface NamespaceBackendOptions {
   host: HostEnvironment;
   /** Networking for specs that grant some (netns pool, egress proxy, broker). @default made on first use */
   network?: EgressNetwork;
+  /**
+   * Each sandbox is held by a supervisor daemon (capsule-launch --supervise) instead of this
+   * process: it keeps running when the server dies, and a new server reattaches to it
+   * (`reattach`). @default false (sandboxes die with the server)
+   */
+  supervise?: boolean;
 }
 
 /**
@@ -42,10 +49,12 @@ export class NamespaceBackend implements Backend {
   private readonly host: HostEnvironment;
   private readonly uidsInUse = new Set<number>();
   private network: EgressNetwork | undefined;
+  private readonly supervise: boolean;
 
   constructor(options: NamespaceBackendOptions) {
     this.host = options.host;
     this.network = options.network;
+    this.supervise = options.supervise === true;
   }
 
   /** Stops this backend's networking (proxy, pool, host rules); sandboxes must be destroyed first. */
@@ -103,7 +112,7 @@ export class NamespaceBackend implements Backend {
       if (egress) cleanup.push(() => egress.detach(options.id));
       options.signal?.throwIfAborted();
       const starting = NamespaceSandbox.start({
-        id: options.id, spec, paths, uid, cgroup, workspaceDir, network, egress, mounts,
+        id: options.id, spec, paths, uid, cgroup, workspaceDir, network, egress, mounts, supervise: this.supervise,
         rootDir: fromTemplate ? volume.rootPath(options.id) : undefined,
         diskUsed: () => this.host.volume.usedBytes(options.id),
         setDiskLimit: (bytes) => this.host.volume.setLimit(options.id, bytes),
@@ -124,12 +133,55 @@ export class NamespaceBackend implements Backend {
     }
   }
 
-  async reconcile(liveIds: ReadonlySet<string>): Promise<ReconcileReport> {
+  /**
+   * Takes over a sandbox whose supervisor outlived the previous server: the same cgroup,
+   * workspace and processes. Undefined when no supervisor of it answers (it is then gone, or
+   * left for `reconcile`). Sandboxes with a network are not taken over yet (their egress
+   * attachment lives in the server): they are recovered as before.
+   */
+  async reattach(id: string, spec: SandboxSpec): Promise<BackendSandbox | undefined> {
+    if (spec.network.mode !== 'none') return undefined;
+    const paths = await this.host.ensure();
+    const holder = await reattachHolder(paths.dataDir, id);
+    if (holder === undefined) return undefined;
+    const volume = this.host.volume;
+    const fromTemplate = await volume.isRoot(id);
+    const uid = fromTemplate ? this.host.uidRanges.allocate(id) : this.allocateUid(id);
+    return NamespaceSandbox.take(
+      {
+        id, spec, paths, uid, cgroup: SandboxCgroup.attach(`${this.host.cgroupPrefix}${id}`),
+        workspaceDir: fromTemplate ? join(volume.rootPath(id), 'workspace') : volume.path(id),
+        network: undefined, egress: undefined, mounts: [], supervise: true,
+        rootDir: fromTemplate ? volume.rootPath(id) : undefined,
+        diskUsed: () => volume.usedBytes(id),
+        setDiskLimit: (bytes) => volume.setLimit(id, bytes),
+        release: async () => {
+          if (fromTemplate) this.host.uidRanges.release(id);
+          else this.uidsInUse.delete(uid);
+          await volume.delete(id);
+        },
+      },
+      holder,
+    );
+  }
+
+  async reconcile(liveIds: ReadonlySet<string>, reattached: ReadonlySet<string> = new Set()): Promise<ReconcileReport> {
     await this.host.ensure();
     const removed: string[] = [];
     const failures: string[] = [];
+    // Supervisors nobody reattached to: their sandboxes are not ours any more.
+    for (const id of await listSupervised(this.host.dataDir)) {
+      if (reattached.has(id)) continue;
+      try {
+        await removeSupervisor(this.host.dataDir, id);
+        removed.push(`supervisor:${id}`);
+      } catch (error) {
+        failures.push(`supervisor ${id}: ${(error as Error).message}`);
+      }
+    }
     for (const name of await listSandboxCgroups(this.host.cgroupPrefix)) {
       const id = name.slice(this.host.cgroupPrefix.length);
+      if (reattached.has(id)) continue;
       try {
         await SandboxCgroup.attach(name).remove();
         removed.push(`cgroup:${id}`);
@@ -183,6 +235,8 @@ interface StartOptions {
   network: NetworkAttachment | undefined;
   egress: EgressNetwork | undefined;
   release: () => Promise<void>;
+  /** Held by a supervisor daemon that outlives this server (NamespaceBackendOptions.supervise). */
+  supervise: boolean;
 }
 
 class NamespaceSandbox implements BackendSandbox {
@@ -192,23 +246,21 @@ class NamespaceSandbox implements BackendSandbox {
   readonly workspaceDir: string;
   readonly lost: Promise<void>;
   private readonly cgroup: SandboxCgroup;
-  private readonly child: ChildProcess;
+  private readonly holder: AgentHolder;
   private readonly agent: AgentClient;
   private readonly release: () => Promise<void>;
   private readonly diskUsed: () => Promise<number | undefined>;
   private readonly setDiskLimit: (bytes: number) => Promise<void>;
   private readonly network: NetworkAttachment | undefined;
   private readonly egress: EgressNetwork | undefined;
-  private readonly childExited: Promise<void>;
   /**
    * From a template: the agent runs as root in the sandbox's user namespace, and a request that
    * names no user (the file helper, an interpreter) runs as the sandbox's user.
    */
   private readonly fromTemplate: boolean;
-  private stderrTail = '';
   private destroying: Promise<void> | undefined;
 
-  private constructor(options: StartOptions, child: ChildProcess, agent: AgentClient) {
+  private constructor(options: StartOptions, holder: AgentHolder) {
     this.id = options.id;
     this.spec = options.spec;
     this.workspaceDir = options.workspaceDir;
@@ -218,14 +270,15 @@ class NamespaceSandbox implements BackendSandbox {
     this.setDiskLimit = options.setDiskLimit;
     this.network = options.network;
     this.egress = options.egress;
-    this.child = child;
-    this.agent = agent;
-    this.childExited = new Promise((resolve) => child.once('close', () => resolve()));
+    this.holder = holder;
+    this.agent = holder.agent;
     this.fromTemplate = options.rootDir !== undefined;
-    this.lost = new Promise((resolve) => agent.onLost(() => resolve()));
-    child.stderr?.on('data', (chunk: Buffer) => {
-      this.stderrTail = (this.stderrTail + chunk.toString('utf8')).slice(-STDERR_TAIL_BYTES);
-    });
+    this.lost = new Promise((resolve) => holder.agent.onLost(() => resolve()));
+  }
+
+  /** A sandbox an earlier server started, from its supervisor (NamespaceBackend.reattach). */
+  static take(options: StartOptions, holder: AgentHolder): NamespaceSandbox {
+    return new NamespaceSandbox(options, holder);
   }
 
   static async start(options: StartOptions): Promise<NamespaceSandbox> {
@@ -265,12 +318,23 @@ class NamespaceSandbox implements BackendSandbox {
       '--uid', String(uid), '--gid', String(uid),
       '--', paths.bwrap, ...bwrapArgs,
     ];
-    const child = spawn(paths.launcher, launchArgs, { stdio: ['pipe', 'pipe', 'pipe'], env: {} });
-    const agent = new AgentClient(child.stdin, child.stdout);
-    const sandbox = new NamespaceSandbox(options, child, agent);
-    const spawnError = new Promise<never>((_, reject) =>
-      child.once('error', (error) => reject(new SandboxError('HOST_NOT_READY', `cannot start sandbox: ${error.message}`, { cause: error }))),
-    );
+    let holder: AgentHolder;
+    let spawnError: Promise<never> = new Promise<never>(() => undefined);
+    if (options.supervise) {
+      try {
+        holder = await supervisedHolder(paths.launcher, launchArgs, paths.dataDir, options.id);
+      } catch (error) {
+        throw startFailure(options, error, await supervisorLog(paths.dataDir, options.id));
+      }
+    } else {
+      const piped = pipedHolder(paths.launcher, launchArgs);
+      holder = piped;
+      spawnError = piped.spawnError.catch((error: Error) => {
+        throw new SandboxError('HOST_NOT_READY', `cannot start sandbox: ${error.message}`, { cause: error });
+      });
+    }
+    const sandbox = new NamespaceSandbox(options, holder);
+    const agent = holder.agent;
     let timer: NodeJS.Timeout | undefined;
     const timeout = new Promise<never>((_, reject) => {
       timer = setTimeout(() => reject(new SandboxError('TIMEOUT', `sandbox ${options.id} did not start within ${AGENT_READY_TIMEOUT_MS} ms`)), AGENT_READY_TIMEOUT_MS);
@@ -278,14 +342,9 @@ class NamespaceSandbox implements BackendSandbox {
     try {
       await Promise.race([agent.ready, spawnError, timeout]);
     } catch (error) {
+      const why = await holder.stderrTail();
       await sandbox.destroy().catch(() => undefined);
-      const why = sandbox.stderrTail.trim();
-      const refused = mountRefusal(why, spec);
-      if (refused) throw refused;
-      throw new SandboxError('HOST_NOT_READY', `sandbox ${options.id} failed to start${why ? `: ${why}` : ''}`, {
-        cause: error,
-        hint: 'Check that bubblewrap works for unprivileged users on this host (scripts/setup.sh verifies it).',
-      });
+      throw startFailure(options, error, why);
     } finally {
       clearTimeout(timer);
     }
@@ -376,17 +435,54 @@ class NamespaceSandbox implements BackendSandbox {
     return this.destroying;
   }
 
+  /** The processes a reattach took over (running, or ended while no server listened). */
+  processes(): readonly AgentProcess[] {
+    return this.agent.reattached();
+  }
+
+  /** Why it stopped on its own (`agent exited 137`, `supervisor gone`), once `lost` resolved. */
+  lostReason(): Promise<string> {
+    return this.holder.lostReason();
+  }
+
+  /**
+   * Lets go of the sandbox, which keeps running under its supervisor for the next server; false
+   * (nothing done) when it is not supervised.
+   */
+  detach(): boolean {
+    if (this.destroying) return false;
+    return this.holder.detach();
+  }
+
   private async teardown(): Promise<void> {
     const failures: string[] = [];
     this.agent.close();
     await this.cgroup.remove().catch((error: Error) => failures.push(error.message));
-    if (this.child.exitCode === null && this.child.signalCode === null) this.child.kill('SIGKILL');
-    await this.childExited;
+    this.holder.kill();
+    await this.holder.gone;
     await this.release().catch((error: Error) => failures.push(error.message));
     if (failures.length > 0) {
       throw new SandboxError('INTERNAL', `cleanup of sandbox ${this.id} failed: ${failures.join('; ')}`);
     }
   }
+}
+
+async function supervisorLog(dataDir: string, id: string): Promise<string> {
+  const files = supervisorFiles(dataDir, id);
+  const tail = await logTail(files);
+  await removeSupervisor(dataDir, id);
+  return tail;
+}
+
+/** A start that failed, with what the launcher, bwrap or the agent said (a refused mount has its code). */
+function startFailure(options: StartOptions, error: unknown, why: string): SandboxError {
+  return (
+    mountRefusal(why, options.spec) ??
+    new SandboxError('HOST_NOT_READY', `sandbox ${options.id} failed to start${why ? `: ${why}` : ''}`, {
+      cause: error,
+      hint: 'Check that bubblewrap works for unprivileged users on this host (scripts/setup.sh verifies it).',
+    })
+  );
 }
 
 /**

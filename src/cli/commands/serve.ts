@@ -19,6 +19,8 @@ interface ServeFlags {
   diskOvercommit?: number;
   volumeSize?: number;
   publicDomain?: string;
+  supervise?: boolean;
+  stopSandboxes?: boolean;
 }
 
 /** `--mount-root NAME=PATH` flags as a map; a flag without `=` or a name given twice is refused. */
@@ -40,7 +42,8 @@ function parseMountRoots(flags: readonly string[]): Record<string, string> {
 
 /**
  * `capsule serve`: the HTTP API. Prints `URL:` and `API key:` lines on stdout; JSON logs go to
- * stderr. SIGTERM or SIGINT stops it gracefully (sandboxes are killed, records kept).
+ * stderr. SIGTERM or SIGINT stops it gracefully (sandboxes are killed, records kept; with
+ * --supervise they keep running unless --stop-sandboxes).
  */
 export function serveCommand(context: CliContext): Command {
   return new Command('serve')
@@ -58,6 +61,8 @@ export function serveCommand(context: CliContext): Command {
     .option('--disk-overcommit <ratio>', 'how far the disk limits of live sandboxes may exceed what the workspace volume holds (default 1: never)', numberOption('--disk-overcommit'))
     .option('--volume-size <size>', 'size of the workspace volume image when it is first made (default 32GiB)', bytesOption('--volume-size'))
     .option('--public-domain <domain>', 'port P of sandbox ID is also served at http://P-ID.DOMAIN/ (point wildcard DNS *.DOMAIN at this server)')
+    .option('--supervise', 'namespace sandboxes outlive the server: a supervisor per sandbox holds it, the next start reattaches; a stop leaves them running')
+    .option('--stop-sandboxes', 'with --supervise: SIGTERM/SIGINT still kill every sandbox (the behaviour without --supervise)')
     .option('--deny <domain-or-cidr>', 'operator deny list: no sandbox reaches it, whatever its allow list (repeatable; a domain covers its subdomains; also $CAPSULE_EGRESS_DENY, comma-separated)', collect)
     .addHelpText(
       'after',
@@ -82,6 +87,7 @@ export function serveCommand(context: CliContext): Command {
         logger: { level: flags.logLevel, stream: context.stderr },
         mountRoots: parseMountRoots(flags.mountRoot ?? []),
         ...(flags.defaultTemplate === undefined ? {} : { defaultTemplate: flags.defaultTemplate }),
+        superviseSandboxes: flags.supervise === true,
         ...(flags.egressIdleTimeout === undefined ? {} : { egressTimeouts: { idleTimeoutMs: flags.egressIdleTimeout } }),
         extensions: [registerMcpHttp],
         ...(flags.publicDomain !== undefined && { publicDomain: flags.publicDomain }),
@@ -108,6 +114,12 @@ export function serveCommand(context: CliContext): Command {
         process.on('SIGTERM', stop);
         process.on('SIGINT', stop);
       });
-      await server.close();
+      const keepSandboxes = flags.supervise === true && flags.stopSandboxes !== true;
+      await server.close({
+        keepSandboxes,
+        onLeftRunning: (ids) => {
+          if (ids.length > 0) context.stderr.write(`capsule: left ${ids.length} sandbox${ids.length === 1 ? '' : 'es'} running (the next start reattaches): ${ids.join(' ')}\n`);
+        },
+      });
     });
 }
