@@ -115,6 +115,12 @@ export interface CreateOptions {
    */
   template?: { layerDir: string };
   /**
+   * A sandbox of the host template made from a snapshot: its workspace starts as a writable
+   * copy-on-write snapshot of this read-only subvolume (the source's workspace), owned by the new
+   * sandbox's uid.
+   */
+  workspaceFrom?: string;
+  /**
    * The tenant the sandbox belongs to: the credential broker serves it only the handles the
    * operator granted to this tenant. @default 'default' (the operator's own, e.g. one-shot runs)
    */

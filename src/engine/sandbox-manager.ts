@@ -1,14 +1,14 @@
 import { join } from 'node:path';
 import { SandboxError } from '../errors/index.js';
-import { DEFAULT_MAXIMA, parseSpec, type BackendName, type NetworkPolicyInput, type OperatorMaxima, type SandboxSpec } from '../spec/index.js';
+import { DEFAULT_MAXIMA, parseSpec, type BackendName, type NetworkPolicyInput, type OperatorMaxima, type SandboxSpec, type SandboxSpecInput } from '../spec/index.js';
 import type { Backend, BackendSandbox } from '../backends/backend.js';
 import type { HostMount } from '../host/mount-roots.host.js';
 import type { HostEnvironment } from '../host/host-env.host.js';
 import { checkMountRoots, type MountRoots } from '../host/mount-roots.host.js';
 import { CredentialBroker } from '../host/egress/broker.js';
-import { MemoryRecordStore, type SandboxRecordStore } from '../store/index.js';
+import { MemoryRecordStore, MemorySnapshotRecords, type SandboxRecordStore, type SnapshotRecordStore } from '../store/index.js';
 import type { ArtifactStore } from '../store/artifacts/index.js';
-import { isLiveState, type ProcessInfo, type SandboxInfo, type UsageSample } from '../wire/index.js';
+import { isLiveState, type ForkResult, type ProcessInfo, type SandboxInfo, type SnapshotInfo, type UsageSample } from '../wire/index.js';
 import { collectArtifacts, type Collection } from './artifacts.js';
 import { assertEnforceable } from './capabilities.js';
 import { openEngineHost, type EngineHostOptions } from './engine-host.js';
@@ -21,14 +21,18 @@ import { pauseSandbox, resumeSandbox } from './pausing.js';
 import { ProcessTable } from './process-table.js';
 import { SandboxTable, snapshot, type LiveSandbox } from './sandbox-table.js';
 import { startTemplate, withTemplate } from './template-start.js';
-import { HostOnlyCatalog, type TemplateCatalog } from './templates.js';
+import { HostOnlyCatalog, type TemplateCatalog, type TemplateImage } from './templates.js';
+import { Snapshots, type TakeSnapshotOptions } from './snapshots.js';
+import { forkAll } from './fork.js';
 import { TtlTimers } from './ttl.js';
-import type { CreateSandboxCommand, EngineCollectOptions, ListSandboxesQuery, ProcessHandle, SandboxEngine, SandboxFiles, StartProcessCommand } from './types.js';
+import type { CreateSandboxCommand, EngineCollectOptions, ForkOptions, ListSandboxesQuery, ProcessHandle, SandboxEngine, SandboxFiles, StartProcessCommand } from './types.js';
 import { UsageSampler } from './usage-sampler.js';
 import { WarmPool } from './warm-pool.js';
 
 export interface SandboxManagerOptions extends EngineHostOptions {
   store?: SandboxRecordStore;
+  /** Snapshot records (their data is on the workspace volume). @default in memory */
+  snapshotStore?: SnapshotRecordStore;
   maxima?: OperatorMaxima;
   /** Clock for TTLs. @default Date.now */
   now?: () => number;
@@ -87,6 +91,7 @@ export class SandboxManager implements SandboxEngine {
   private readonly usageSampler: UsageSampler;
   private closed = false;
   private readonly pools = new Map<string, WarmPool>();
+  private readonly snapshotsOf: Snapshots | undefined;
 
   private constructor(
     private readonly options: SandboxManagerOptions,
@@ -104,6 +109,7 @@ export class SandboxManager implements SandboxEngine {
     this.ttl = new TtlTimers(this.now, (entry) => this.expire(entry));
     this.templates = options.templates ?? new HostOnlyCatalog();
     this.grants = options.handleGrants ?? new CredentialBroker({ dir: join(options.dataDir, 'broker') });
+    this.snapshotsOf = host ? new Snapshots(host.volume, options.snapshotStore ?? new MemorySnapshotRecords(), this.now) : undefined;
   }
 
   /**
@@ -132,15 +138,16 @@ export class SandboxManager implements SandboxEngine {
 
   async create(command: CreateSandboxCommand): Promise<SandboxInfo> {
     this.assertOpen();
-    const input = command.spec ?? {};
-    const image = await this.templates.resolve(command.tenantId, input.template ?? this.templates.defaultRef);
+    const from = command.spec?.snapshot !== undefined ? this.snapshots.find(command.tenantId, command.spec.snapshot) : undefined;
+    const input = from ? fromSnapshotInput(command.spec ?? {}, from) : (command.spec ?? {});
+    const image = from ? this.snapshotImage(from) : await this.templates.resolve(command.tenantId, input.template ?? this.templates.defaultRef);
     const spec = parseSpec(withTemplate(input, image), this.maxima);
     const backend = this.backend(spec.backend);
     assertEnforceable(spec, await backend.probe());
     await this.assertGranted(command.tenantId, spec.network.handles);
     // Before anything is made: a refused mount leaves no record and no host resource.
     const mounts = await this.mountsFor(spec, command.grants?.mountRoots ?? []);
-    const warm = await this.pools.get(spec.template ?? '')?.take(spec);
+    const warm = from ? undefined : await this.pools.get(spec.template ?? '')?.take(spec);
     const now = this.now();
     const entry = this.newEntry({
       sandboxId: warm?.id ?? newSandboxId(),
@@ -151,11 +158,13 @@ export class SandboxManager implements SandboxEngine {
       metadata: { ...(command.metadata ?? {}) },
       createdAt: new Date(now).toISOString(),
       expiresAt: new Date(now + spec.ttlMs).toISOString(),
+      ...(from ? { origin: { snapshotId: from.snapshotId } } : {}),
     });
     this.table.save(entry);
     try {
       const template = image.layerDir !== undefined ? { layerDir: image.layerDir } : undefined;
-      const create = { id: entry.info.sandboxId, signal: command.signal, mounts, tenantId: command.tenantId, ...(template ? { template } : {}) };
+      const workspaceFrom = from?.disk === 'workspace' ? { workspaceFrom: this.snapshots.diskOf(from) } : {};
+      const create = { id: entry.info.sandboxId, signal: command.signal, mounts, tenantId: command.tenantId, ...(template ? { template } : {}), ...workspaceFrom };
       this.attach(entry, warm ?? (await backend.create(spec, create)));
       await startTemplate(entry, image, command.signal);
     } catch (error) {
@@ -169,6 +178,53 @@ export class SandboxManager implements SandboxEngine {
     this.markRunning(entry, Date.parse(entry.info.createdAt));
     this.onEvent({ type: 'sandbox.created', sandbox: snapshot(entry), poolWarm: warm !== undefined });
     return snapshot(entry);
+  }
+
+  // ---- snapshots and forks
+
+  /** A snapshot of a running or paused sandbox (root and workspace at one instant). */
+  async snapshot(tenantId: string, sandboxId: string, options: TakeSnapshotOptions = {}): Promise<SnapshotInfo> {
+    this.assertOpen();
+    const entry = this.table.findLive(tenantId, sandboxId);
+    if (!entry.sandbox || entry.info.state === 'starting') {
+      throw new SandboxError('SANDBOX_NOT_RUNNING', `sandbox ${sandboxId} is ${entry.info.state}`, { details: { sandboxId }, hint: 'Wait until it is running.' });
+    }
+    return this.snapshots.take(entry as LiveSandbox & { sandbox: BackendSandbox }, options);
+  }
+
+  getSnapshot(tenantId: string, snapshotId: string): SnapshotInfo {
+    return this.snapshots.find(tenantId, snapshotId);
+  }
+
+  listSnapshots(tenantId: string): SnapshotInfo[] {
+    return this.snapshots.list(tenantId);
+  }
+
+  /** Deletes a snapshot and its data; refused (CONFLICT) while a live sandbox was made from it. */
+  async deleteSnapshot(tenantId: string, snapshotId: string): Promise<void> {
+    const dependents = this.table
+      .all()
+      .filter((e) => isLiveState(e.info.state) && e.info.origin?.snapshotId === snapshotId)
+      .map((e) => e.info.sandboxId);
+    await this.snapshots.delete(tenantId, snapshotId, dependents);
+  }
+
+  /**
+   * N sandboxes from one snapshot of the source, taken once: each fork is reported on its own
+   * (its sandbox or its error); the source runs on, unharmed.
+   */
+  async fork(tenantId: string, sandboxId: string, options: ForkOptions): Promise<ForkResult> {
+    const taken = await this.snapshot(tenantId, sandboxId, { name: `fork of ${sandboxId}` });
+    const forks = await forkAll(options.count, (index) =>
+      this.create({
+        tenantId,
+        spec: { snapshot: taken.snapshotId },
+        metadata: { ...(options.metadata ?? {}), forkOf: sandboxId, forkIndex: String(index) },
+        ...(options.signal ? { signal: options.signal } : {}),
+        ...(options.grants ? { grants: options.grants } : {}),
+      }),
+    );
+    return { snapshot: taken, forks };
   }
 
   get(tenantId: string, sandboxId: string): SandboxInfo {
@@ -347,6 +403,17 @@ export class SandboxManager implements SandboxEngine {
     const liveIds = new Set(live.map((r) => r.sandboxId));
     for (const backend of this.backends.values()) await backend.reconcile(liveIds);
     for (const record of live) await this.recover(record);
+    await this.snapshotsOf?.reconcile();
+  }
+
+  private get snapshots(): Snapshots {
+    if (!this.snapshotsOf) throw new SandboxError('UNIMPLEMENTED', 'this engine has no host volume for snapshots');
+    return this.snapshotsOf;
+  }
+
+  /** A snapshot as the image a sandbox is made from: its disk, with no start command to run again. */
+  private snapshotImage(from: SnapshotInfo): TemplateImage {
+    return { ref: from.template, env: {}, ...(from.disk === 'root' ? { layerDir: this.snapshots.diskOf(from) } : {}) };
   }
 
   /**
@@ -461,4 +528,28 @@ export class SandboxManager implements SandboxEngine {
   private assertOpen(): void {
     if (this.closed) throw new SandboxError('SANDBOX_NOT_RUNNING', 'the engine is shutting down');
   }
+}
+
+/**
+ * The spec of a sandbox made from a snapshot: the source's environment, working directory, user,
+ * backend and TTL policy under what the caller asked; the template is the snapshot's own.
+ */
+function fromSnapshotInput(input: SandboxSpecInput, from: SnapshotInfo): SandboxSpecInput {
+  if (input.template !== undefined && input.template !== from.template) {
+    throw new SandboxError('INVALID_SPEC', `snapshot ${from.snapshotId} is of template ${from.template}, not ${input.template}`, {
+      details: { field: 'template', template: input.template, snapshotTemplate: from.template },
+      hint: 'Leave spec.template out when creating from a snapshot: the snapshot\'s template is used.',
+    });
+  }
+  const source = from.spec;
+  return {
+    backend: source.backend,
+    env: source.env,
+    cwd: source.cwd,
+    ...(source.user !== undefined ? { user: source.user } : {}),
+    ttlMs: source.ttlMs,
+    onTimeout: source.onTimeout,
+    ...input,
+    template: from.template,
+  };
 }

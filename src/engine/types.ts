@@ -1,6 +1,6 @@
 import type { Readable } from 'node:stream';
 import type { NetworkPolicyInput, OperatorMaxima, SandboxSpecInput } from '../spec/index.js';
-import type { ExecResult, FileEntry, ProcessInfo, SandboxInfo, SandboxState, UsageSample, Warning, WatchEvent } from '../wire/index.js';
+import type { ExecResult, FileEntry, ForkResult, ProcessInfo, SandboxInfo, SandboxState, SnapshotInfo, UsageSample, Warning, WatchEvent } from '../wire/index.js';
 import type { Collection, CollectOptions } from './artifacts.js';
 import type { InterpreterService } from './interpreter/index.js';
 
@@ -21,6 +21,15 @@ export interface CreateSandboxCommand {
    * `spec.mounts` ('all' for the operator's own key). @default no roots
    */
   grants?: { mountRoots: readonly string[] | 'all' };
+}
+
+export interface ForkOptions {
+  count: number;
+  /** Added to each fork's metadata (beside `forkOf` and `forkIndex`). */
+  metadata?: Record<string, string>;
+  signal?: AbortSignal;
+  /** As for create: the caller's mount roots, which the source's mounts need again. */
+  grants?: CreateSandboxCommand['grants'];
 }
 
 export interface ListSandboxesQuery {
@@ -108,5 +117,13 @@ export interface SandboxEngine {
   usage(tenantId: string, sandboxId: string): Promise<UsageSample[]>;
   /** Copies a directory of a running sandbox into the artifact store (the sandbox frozen meanwhile). */
   collectArtifacts(tenantId: string, sandboxId: string, options: EngineCollectOptions): Promise<Collection>;
+  /** A snapshot of a running or paused sandbox: root and workspace at one instant (frozen for it). */
+  snapshot(tenantId: string, sandboxId: string, options?: { name?: string; mode?: 'filesystem' | 'full' }): Promise<SnapshotInfo>;
+  getSnapshot(tenantId: string, snapshotId: string): SnapshotInfo;
+  listSnapshots(tenantId: string): SnapshotInfo[];
+  /** Deletes a snapshot and its data; CONFLICT while a live sandbox was made from it. */
+  deleteSnapshot(tenantId: string, snapshotId: string): Promise<void>;
+  /** N sandboxes from one snapshot of the source, each reported on its own. */
+  fork(tenantId: string, sandboxId: string, options: ForkOptions): Promise<ForkResult>;
   close(): Promise<void>;
 }

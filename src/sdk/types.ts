@@ -14,6 +14,7 @@ export type {
   SandboxInfo,
   SandboxPage,
   SandboxState,
+  SnapshotInfo,
   Usage,
   Warning,
   WatchEvent,

@@ -13,6 +13,7 @@ import { defineRoute, registerRoute, type AnyRoute } from './route.js';
 import { fileRoutes } from './routes/files.js';
 import { networkRoutes } from './routes/network.js';
 import { pauseRoutes } from './routes/pause.js';
+import { snapshotRoutes } from './routes/snapshots.js';
 import { artifactRoutes } from './routes/artifacts.js';
 import { codeRoutes } from './routes/code.js';
 import { metricsRoutes, recordRequests } from './routes/metrics.js';
@@ -106,6 +107,7 @@ export class CapsuleApp {
     this.routes = [
       ...sandboxRoutes(this.services),
       ...pauseRoutes(this.services),
+      ...snapshotRoutes(this.services),
       ...networkRoutes(this.services),
       ...processRoutes(this.services),
       ...codeRoutes(this.services),

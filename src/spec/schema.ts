@@ -174,6 +174,11 @@ export const SandboxSpecSchema = z.strictObject({
    * the template. @default the template's user (`user`, uid 1000, on the host template)
    */
   user: z.string().regex(USER_REF, 'must be a user name, a uid or uid:gid').optional(),
+  /**
+   * Start from one of the tenant's snapshots (`snap_...`): its root and workspace, copy-on-write,
+   * with its template, and its backend unless the spec names one. @default none
+   */
+  snapshot: z.string().regex(/^snap_[a-z2-7]{20}$/, 'must be a snapshot id (snap_...)').optional(),
   limits: LimitsSchema.default(LimitsSchema.parse({})),
   network: NetworkPolicySchema.default(NetworkPolicySchema.parse({})),
   /** The complete environment of processes; nothing of the host's is inherited. @default {} */

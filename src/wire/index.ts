@@ -9,3 +9,4 @@ export * from './usage.js';
 export * from './code.js';
 export * from './operators.js';
 export * from './errors.js';
+export * from './snapshots.js';

@@ -14,6 +14,8 @@ export interface Leaks {
   runsc: string[];
   /** Network namespaces and host veths of this instance, except namespaces a pool holds ready and the anchor. */
   network: string[];
+  /** Snapshots, volumes, clones and read-only views on the volume (tests delete what they make). */
+  stored: string[];
 }
 
 /**
@@ -32,7 +34,11 @@ export async function findLeaks(dataDir: string): Promise<Leaks> {
     .map((line) => line.split(' ')[4] ?? '')
     .filter((target) => target.startsWith(join(dataDir, '/')) && target !== host.volume.mountPoint);
   const runsc = [...(await runscContainers(dataDir)), ...(await gvisorBundles(dataDir))];
-  return { cgroups, processes, workspaces, mounts, runsc, network: await networkLeaks(host) };
+  const stored: string[] = [];
+  for (const dir of ['snapshots', 'volumes', 'clones', 'scratch']) {
+    for (const entry of await readdir(join(host.volume.mountPoint, dir)).catch(() => [] as string[])) stored.push(`${dir}/${entry}`);
+  }
+  return { cgroups, processes, workspaces, mounts, runsc, network: await networkLeaks(host), stored };
 }
 
 /** Sandbox namespaces and veths of this instance; a pool's ready namespaces (state "idle") are not leaks. */

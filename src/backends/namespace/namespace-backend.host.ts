@@ -96,7 +96,9 @@ export class NamespaceBackend implements Backend {
         ? await volume.adopt(options.id, spec.limits.diskBytes, uid)
         : template
           ? (await volume.createRoot(options.id, template.layerDir)).workspace
-          : await volume.createWithoutLimit(options.id, uid);
+          : options.workspaceFrom !== undefined
+            ? await volume.createWorkspaceFrom(options.id, options.workspaceFrom, uid)
+            : await volume.createWithoutLimit(options.id, uid);
       cleanup.push(() => volume.delete(options.id));
       const egress = spec.network.mode === 'none' ? undefined : this.egress();
       const network = await egress?.attach(options.id, spec.network, options.tenantId);

@@ -1,0 +1,60 @@
+import { z } from 'zod';
+import { SandboxSpecSchema } from '../spec/index.js';
+import { SandboxInfoSchema } from './sandbox.js';
+
+/** Snapshot ids: `snap_` and 20 lowercase base-32 characters (safe in paths and URLs). */
+export const SNAPSHOT_ID_PATTERN = /^snap_[a-z2-7]{20}$/;
+
+export const SNAPSHOT_MODES = ['filesystem', 'full'] as const;
+
+/** A read-only copy of a sandbox's root and workspace, owned by one tenant. */
+export const SnapshotInfoSchema = z.object({
+  snapshotId: z.string(),
+  tenantId: z.string(),
+  name: z.string().optional(),
+  mode: z.enum(SNAPSHOT_MODES),
+  /** Lineage: the sandbox it was taken of, the snapshot that sandbox came from, its template. */
+  sandboxId: z.string(),
+  parentSnapshotId: z.string().optional(),
+  template: z.string(),
+  backend: z.string(),
+  /** `root`: a template sandbox's whole root (its /workspace inside); `workspace`: the host template's workspace. */
+  disk: z.enum(['root', 'workspace']),
+  /** Bytes the snapshot holds (its quota group's referenced bytes), when the kernel said. */
+  sizeBytes: z.number().int().nonnegative().optional(),
+  createdAt: z.string(),
+  /** The source sandbox's spec: a sandbox made from the snapshot starts with it unless told otherwise. */
+  spec: SandboxSpecSchema,
+});
+export type SnapshotInfo = z.infer<typeof SnapshotInfoSchema>;
+
+export const SnapshotIdParams = z.strictObject({ snapshotId: z.string().regex(SNAPSHOT_ID_PATTERN, 'must be a snapshot id (snap_...)') });
+
+export const SnapshotName = z.string().min(1).max(128).regex(/^[^\0/]+$/, 'must not contain "/" or NUL');
+
+export const CreateSnapshotBody = z.strictObject({
+  name: SnapshotName.optional(),
+  mode: z.enum(SNAPSHOT_MODES).optional().meta({ description: '`filesystem` (default): root and workspace, the sandbox frozen for the instant. `full`: processes and memory too, where the backend can.' }),
+});
+
+export const SnapshotListSchema = z.object({ snapshots: z.array(SnapshotInfoSchema) });
+
+export const MAX_FORKS = 100;
+
+export const ForkBody = z.strictObject({
+  count: z.number().int().min(1).max(MAX_FORKS),
+  metadata: z.record(z.string(), z.string()).optional(),
+});
+
+/** One fork: its sandbox, or why it could not be made. */
+export const ForkEntrySchema = z.union([
+  z.object({ sandbox: SandboxInfoSchema }),
+  z.object({ error: z.object({ code: z.string(), message: z.string() }) }),
+]);
+
+export const ForkResultSchema = z.object({
+  /** The one snapshot every fork was made from (their origin for `changes`). */
+  snapshot: SnapshotInfoSchema,
+  forks: z.array(ForkEntrySchema),
+});
+export type ForkResult = z.infer<typeof ForkResultSchema>;
