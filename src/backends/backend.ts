@@ -20,6 +20,7 @@ export const CAPABILITIES = [
   'network.internet',
   'pause.freeze',
   'pause.keepMemoryOnDisk',
+  'volumes',
 ] as const;
 export type Capability = (typeof CAPABILITIES)[number];
 
@@ -120,6 +121,8 @@ export interface CreateOptions {
    * sandbox's uid.
    */
   workspaceFrom?: string;
+  /** The host directories of `spec.volumes`, in its order (the engine resolved them per tenant). */
+  volumes?: readonly string[];
   /**
    * The tenant the sandbox belongs to: the credential broker serves it only the handles the
    * operator granted to this tenant. @default 'default' (the operator's own, e.g. one-shot runs)

@@ -6,9 +6,9 @@ import type { HostMount } from '../host/mount-roots.host.js';
 import type { HostEnvironment } from '../host/host-env.host.js';
 import { checkMountRoots, type MountRoots } from '../host/mount-roots.host.js';
 import { CredentialBroker } from '../host/egress/broker.js';
-import { MemoryRecordStore, MemorySnapshotRecords, type SandboxRecordStore, type SnapshotRecordStore } from '../store/index.js';
+import { MemoryRecordStore, MemorySnapshotRecords, MemoryVolumeRecords, type SandboxRecordStore, type SnapshotRecordStore, type VolumeRecordStore } from '../store/index.js';
 import type { ArtifactStore } from '../store/artifacts/index.js';
-import { isLiveState, type ForkResult, type ProcessInfo, type SandboxInfo, type SnapshotInfo, type UsageSample } from '../wire/index.js';
+import { isLiveState, type ForkResult, type ProcessInfo, type SandboxInfo, type SnapshotInfo, type UsageSample, type VolumeInfo } from '../wire/index.js';
 import { collectArtifacts, type Collection } from './artifacts.js';
 import { assertEnforceable } from './capabilities.js';
 import { openEngineHost, type EngineHostOptions } from './engine-host.js';
@@ -24,6 +24,7 @@ import { startTemplate, withTemplate } from './template-start.js';
 import { HostOnlyCatalog, type TemplateCatalog, type TemplateImage } from './templates.js';
 import { Snapshots, type TakeSnapshotOptions } from './snapshots.js';
 import { forkAll } from './fork.js';
+import { Volumes } from './volumes.js';
 import { TtlTimers } from './ttl.js';
 import type { CreateSandboxCommand, EngineCollectOptions, ForkOptions, ListSandboxesQuery, ProcessHandle, SandboxEngine, SandboxFiles, StartProcessCommand } from './types.js';
 import { UsageSampler } from './usage-sampler.js';
@@ -33,6 +34,8 @@ export interface SandboxManagerOptions extends EngineHostOptions {
   store?: SandboxRecordStore;
   /** Snapshot records (their data is on the workspace volume). @default in memory */
   snapshotStore?: SnapshotRecordStore;
+  /** Volume records (their data is on the workspace volume). @default in memory */
+  volumeStore?: VolumeRecordStore;
   maxima?: OperatorMaxima;
   /** Clock for TTLs. @default Date.now */
   now?: () => number;
@@ -92,6 +95,7 @@ export class SandboxManager implements SandboxEngine {
   private closed = false;
   private readonly pools = new Map<string, WarmPool>();
   private readonly snapshotsOf: Snapshots | undefined;
+  private readonly volumesOf: Volumes | undefined;
 
   private constructor(
     private readonly options: SandboxManagerOptions,
@@ -110,6 +114,7 @@ export class SandboxManager implements SandboxEngine {
     this.templates = options.templates ?? new HostOnlyCatalog();
     this.grants = options.handleGrants ?? new CredentialBroker({ dir: join(options.dataDir, 'broker') });
     this.snapshotsOf = host ? new Snapshots(host.volume, options.snapshotStore ?? new MemorySnapshotRecords(), this.now) : undefined;
+    this.volumesOf = this.snapshotsOf ? new Volumes(this.snapshotsOf.disks, options.volumeStore ?? new MemoryVolumeRecords(), this.now) : undefined;
   }
 
   /**
@@ -148,6 +153,8 @@ export class SandboxManager implements SandboxEngine {
     // Before anything is made: a refused mount leaves no record and no host resource.
     const mounts = await this.mountsFor(spec, command.grants?.mountRoots ?? []);
     const warm = from ? undefined : await this.pools.get(spec.template ?? '')?.take(spec);
+    // Resolved and recorded with no await between: two creates cannot both take a volume's writer slot.
+    const volumes = spec.volumes.length > 0 ? this.volumes.resolve(command.tenantId, spec, this.liveInfos()) : [];
     const now = this.now();
     const entry = this.newEntry({
       sandboxId: warm?.id ?? newSandboxId(),
@@ -164,7 +171,7 @@ export class SandboxManager implements SandboxEngine {
     try {
       const template = image.layerDir !== undefined ? { layerDir: image.layerDir } : undefined;
       const workspaceFrom = from?.disk === 'workspace' ? { workspaceFrom: this.snapshots.diskOf(from) } : {};
-      const create = { id: entry.info.sandboxId, signal: command.signal, mounts, tenantId: command.tenantId, ...(template ? { template } : {}), ...workspaceFrom };
+      const create = { id: entry.info.sandboxId, signal: command.signal, mounts, volumes, tenantId: command.tenantId, ...(template ? { template } : {}), ...workspaceFrom };
       this.attach(entry, warm ?? (await backend.create(spec, create)));
       await startTemplate(entry, image, command.signal);
     } catch (error) {
@@ -225,6 +232,38 @@ export class SandboxManager implements SandboxEngine {
       }),
     );
     return { snapshot: taken, forks };
+  }
+
+  // ---- volumes
+
+  createVolume(tenantId: string, input: { name: string; sizeBytes: number; shared?: boolean }): Promise<VolumeInfo> {
+    this.assertOpen();
+    return this.volumes.create(tenantId, input);
+  }
+
+  getVolume(tenantId: string, name: string): Promise<VolumeInfo> {
+    return this.volumes.describe(tenantId, name);
+  }
+
+  listVolumes(tenantId: string): Promise<VolumeInfo[]> {
+    return this.volumes.list(tenantId);
+  }
+
+  /** Deletes a volume and its data; CONFLICT while a live sandbox mounts it. */
+  deleteVolume(tenantId: string, name: string): Promise<void> {
+    return this.volumes.delete(tenantId, name, this.liveInfos());
+  }
+
+  private liveInfos(): SandboxInfo[] {
+    return this.table
+      .all()
+      .map((e) => e.info)
+      .filter((i) => isLiveState(i.state));
+  }
+
+  private get volumes(): Volumes {
+    if (!this.volumesOf) throw new SandboxError('UNIMPLEMENTED', 'this engine has no host volume for volumes');
+    return this.volumesOf;
   }
 
   get(tenantId: string, sandboxId: string): SandboxInfo {
@@ -404,6 +443,7 @@ export class SandboxManager implements SandboxEngine {
     for (const backend of this.backends.values()) await backend.reconcile(liveIds);
     for (const record of live) await this.recover(record);
     await this.snapshotsOf?.reconcile();
+    await this.volumesOf?.reconcile();
   }
 
   private get snapshots(): Snapshots {
@@ -435,7 +475,8 @@ export class SandboxManager implements SandboxEngine {
         this.table.save(entry);
         this.ttl.schedule(entry);
       } else {
-        this.attach(entry, await backend.create(record.spec, { id: record.sandboxId, reuseWorkspace: true, mounts, tenantId: record.tenantId }));
+        const volumes = record.spec.volumes.length > 0 ? this.volumes.resolve(record.tenantId, record.spec, []) : [];
+        this.attach(entry, await backend.create(record.spec, { id: record.sandboxId, reuseWorkspace: true, mounts, volumes, tenantId: record.tenantId }));
         delete entry.info.pause;
         this.markRunning(entry, this.now());
       }

@@ -1,6 +1,6 @@
 import type { Readable } from 'node:stream';
 import type { NetworkPolicyInput, OperatorMaxima, SandboxSpecInput } from '../spec/index.js';
-import type { ExecResult, FileEntry, ForkResult, ProcessInfo, SandboxInfo, SandboxState, SnapshotInfo, UsageSample, Warning, WatchEvent } from '../wire/index.js';
+import type { ExecResult, FileEntry, ForkResult, ProcessInfo, SandboxInfo, SandboxState, SnapshotInfo, UsageSample, VolumeInfo, Warning, WatchEvent } from '../wire/index.js';
 import type { Collection, CollectOptions } from './artifacts.js';
 import type { InterpreterService } from './interpreter/index.js';
 
@@ -125,5 +125,11 @@ export interface SandboxEngine {
   deleteSnapshot(tenantId: string, snapshotId: string): Promise<void>;
   /** N sandboxes from one snapshot of the source, each reported on its own. */
   fork(tenantId: string, sandboxId: string, options: ForkOptions): Promise<ForkResult>;
+  /** A named volume of the tenant (ALREADY_EXISTS for a name it has). */
+  createVolume(tenantId: string, input: { name: string; sizeBytes: number; shared?: boolean }): Promise<VolumeInfo>;
+  getVolume(tenantId: string, name: string): Promise<VolumeInfo>;
+  listVolumes(tenantId: string): Promise<VolumeInfo[]>;
+  /** Deletes a volume and its data; CONFLICT while a live sandbox mounts it. */
+  deleteVolume(tenantId: string, name: string): Promise<void>;
   close(): Promise<void>;
 }

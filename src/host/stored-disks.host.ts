@@ -113,6 +113,8 @@ export class StoredDisks {
 
   /** Bytes a volume holds as its quota counts them, or undefined when not readable. */
   async volumeUsedBytes(volumeId: string): Promise<number | undefined> {
+    // Quota groups are counted at transaction commit: commit now so recent writes show.
+    await runCommand(['btrfs', 'filesystem', 'sync', this.volume.mountPoint]);
     const qgroup = await this.qgroupDir(this.volumePath(volumeId));
     if (qgroup === undefined) return undefined;
     return Number((await readFile(join(qgroup, 'referenced'), 'utf8')).trim());
@@ -176,4 +178,17 @@ export class StoredDisks {
 /** Deletes a subvolume if it is there (read-only ones too). */
 async function deleteSubvolume(path: string): Promise<void> {
   if (await pathExists(path)) await runCommand(['btrfs', 'subvolume', 'delete', path]);
+}
+
+/**
+ * Gives a volume's files to a host-template sandbox's single uid while it writes them (its files
+ * are stored as STORED_USER_ID, which template sandboxes see through an idmapped mount).
+ */
+export async function lendVolume(dir: string, uid: number): Promise<void> {
+  await runCommand(['chown', '-R', '--no-dereference', `${uid}:${uid}`, dir]);
+}
+
+/** Gives a lent volume's files back to the stored user. */
+export async function returnVolume(dir: string): Promise<void> {
+  if (await pathExists(dir)) await runCommand(['chown', '-R', '--no-dereference', `${STORED_USER_ID}:${STORED_USER_ID}`, dir]);
 }

@@ -4,6 +4,7 @@
  */
 export { Sandbox, type CreateOptions, type ForkEntry, type ForkOutcome, type ListOptions } from './sandbox.js';
 export { Snapshots } from './snapshots.js';
+export { Volumes } from './volumes.js';
 export { Contexts, type ContextInfo, type CreateContextOptions, type Execution, type ExecutionError, type InterpreterLanguage, type Result, type RunCodeOptions } from './code.js';
 export { Commands, CommandHandle, type ConnectOptions, type OutputCallbacks, type RunOptions } from './commands.js';
 export {

@@ -16,6 +16,7 @@ export type {
   SandboxState,
   SnapshotInfo,
   Usage,
+  VolumeInfo,
   Warning,
   WatchEvent,
   WireProcessEvent,

@@ -157,6 +157,19 @@ export const MountSchema = z.strictObject({
   readOnly: z.literal(true).default(true),
 });
 
+/** Volume names: lowercase letters, digits, ".", "_", "-"; unique per tenant. */
+export const VOLUME_NAME = /^[a-z0-9][a-z0-9._-]{0,62}$/;
+
+/** A named volume of the tenant (`/v1/volumes`), mounted at `path`, writable unless `readOnly`. */
+export const VolumeMountSchema = z.strictObject({
+  name: z.string().regex(VOLUME_NAME, 'must be a volume name (lowercase letters, digits, "._-")'),
+  path: absolutePath.max(4096).superRefine((path, ctx) => {
+    const problem = sandboxPathProblem(path);
+    if (problem) ctx.addIssue({ code: 'custom', message: problem });
+  }),
+  readOnly: z.boolean().default(false),
+});
+
 export const BACKENDS = ['namespace', 'gvisor'] as const;
 
 /** A sandbox is created from exactly this. With no options it is the least capable sandbox. */
@@ -195,6 +208,18 @@ export const SandboxSpecSchema = z.strictObject({
         seen.add(mount.sandboxPath);
       });
     }),
+  /** The tenant's named volumes, mounted at their paths (they outlive the sandbox). @default [] */
+  volumes: z
+    .array(VolumeMountSchema)
+    .max(8)
+    .default([])
+    .superRefine((volumes, ctx) => {
+      const seen = new Set<string>();
+      volumes.forEach((volume, index) => {
+        if (seen.has(volume.path)) ctx.addIssue({ code: 'custom', path: [index, 'path'], message: 'two volumes at the same path' });
+        seen.add(volume.path);
+      });
+    }),
   /** Working directory of processes. @default '/workspace' */
   cwd: absolutePath.default('/workspace'),
   /** Time to live of a durable sandbox. @default 300000 */
@@ -212,4 +237,5 @@ export type Limits = z.output<typeof LimitsSchema>;
 export type NetworkPolicy = z.output<typeof NetworkPolicySchema>;
 export type NetworkPolicyInput = z.input<typeof NetworkPolicySchema>;
 export type Mount = z.output<typeof MountSchema>;
+export type VolumeMount = z.output<typeof VolumeMountSchema>;
 export type BackendName = (typeof BACKENDS)[number];

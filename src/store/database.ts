@@ -72,6 +72,15 @@ const MIGRATIONS: string[] = [
      info        TEXT NOT NULL
    );
    CREATE INDEX snapshots_tenant_created ON snapshots (tenant_id, created_at, snapshot_id);`,
+  // Named volumes per tenant (their data: <dataDir>/volume/volumes/<id>).
+  `CREATE TABLE volumes (
+     volume_id  TEXT PRIMARY KEY,
+     tenant_id  TEXT NOT NULL,
+     name       TEXT NOT NULL,
+     created_at TEXT NOT NULL,
+     info       TEXT NOT NULL,
+     UNIQUE (tenant_id, name)
+   );`,
 ];
 
 export interface OpenDatabaseOptions {

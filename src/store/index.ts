@@ -6,3 +6,4 @@ export { OperationStore, OPERATION_TTL_MS, type OperationRecord, type StoredResp
 export { AuditLog, verifyAuditChain, recordHash, sha256Hex, GENESIS_HASH, type AuditEntry, type AuditRecord, type VerifyResult } from './audit-log.js';
 export { canonicalJson } from './canonical-json.js';
 export { MemorySnapshotRecords, SqliteSnapshotRecords, type SnapshotRecordStore } from './snapshot-records.js';
+export { MemoryVolumeRecords, SqliteVolumeRecords, type VolumeRecordStore } from './volume-records.js';

@@ -1,5 +1,5 @@
 import { z } from 'zod';
-import { SandboxSpecSchema } from '../spec/index.js';
+import { SandboxSpecSchema, VOLUME_NAME } from '../spec/index.js';
 import { SandboxInfoSchema } from './sandbox.js';
 
 /** Snapshot ids: `snap_` and 20 lowercase base-32 characters (safe in paths and URLs). */
@@ -58,3 +58,30 @@ export const ForkResultSchema = z.object({
   forks: z.array(ForkEntrySchema),
 });
 export type ForkResult = z.infer<typeof ForkResultSchema>;
+
+// ---- volumes
+
+/** A named volume of a tenant: a quota'd directory that outlives sandboxes and server restarts. */
+export const VolumeInfoSchema = z.object({
+  volumeId: z.string(),
+  tenantId: z.string(),
+  name: z.string(),
+  /** Its size limit (a btrfs quota group). */
+  sizeBytes: z.number().int().positive(),
+  /** Whether more than one sandbox may mount it writable at once. */
+  shared: z.boolean(),
+  /** Bytes it holds now, when the kernel said. */
+  usedBytes: z.number().int().nonnegative().optional(),
+  createdAt: z.string(),
+});
+export type VolumeInfo = z.infer<typeof VolumeInfoSchema>;
+
+export const VolumeNameParams = z.strictObject({ name: z.string().regex(VOLUME_NAME, 'must be a volume name') });
+
+export const CreateVolumeBody = z.strictObject({
+  name: z.string().regex(VOLUME_NAME, 'must be a volume name (lowercase letters, digits, "._-", at most 63)'),
+  sizeBytes: z.number().int().min(1024 * 1024).max(2 ** 50),
+  shared: z.boolean().optional().meta({ description: 'Let several sandboxes mount it writable at once (default: one writer at a time).' }),
+});
+
+export const VolumeListSchema = z.object({ volumes: z.array(VolumeInfoSchema) });
