@@ -8,7 +8,7 @@ import { checkMountRoots, type MountRoots } from '../host/mount-roots.host.js';
 import { CredentialBroker } from '../host/egress/broker.js';
 import { MemoryRecordStore, MemorySnapshotRecords, MemoryVolumeRecords, type SandboxRecordStore, type SnapshotRecordStore, type VolumeRecordStore } from '../store/index.js';
 import type { ArtifactStore } from '../store/artifacts/index.js';
-import { isLiveState, type ForkResult, type ProcessInfo, type SandboxInfo, type SnapshotInfo, type UsageSample, type VolumeInfo } from '../wire/index.js';
+import { isLiveState, type ForkResult, type ProcessInfo, type SandboxInfo, type SnapshotInfo, type UsageSample, type VolumeInfo, type ApplyResult, type Changes } from '../wire/index.js';
 import { collectArtifacts, type Collection } from './artifacts.js';
 import { assertEnforceable } from './capabilities.js';
 import { openEngineHost, type EngineHostOptions } from './engine-host.js';
@@ -21,10 +21,11 @@ import { pauseSandbox, resumeSandbox } from './pausing.js';
 import { ProcessTable } from './process-table.js';
 import { SandboxTable, snapshot, type LiveSandbox } from './sandbox-table.js';
 import { startTemplate, withTemplate } from './template-start.js';
-import { HostOnlyCatalog, type TemplateCatalog, type TemplateImage } from './templates.js';
+import { hasTemplateRoot, HostOnlyCatalog, type TemplateCatalog, type TemplateImage } from './templates.js';
 import { Snapshots, type TakeSnapshotOptions } from './snapshots.js';
 import { forkAll } from './fork.js';
 import { Volumes } from './volumes.js';
+import { applyChanges, listChanges, type ChangesContext } from './changes/changes.js';
 import { TtlTimers } from './ttl.js';
 import type { CreateSandboxCommand, EngineCollectOptions, ForkOptions, ListSandboxesQuery, ProcessHandle, SandboxEngine, SandboxFiles, StartProcessCommand } from './types.js';
 import { UsageSampler } from './usage-sampler.js';
@@ -232,6 +233,45 @@ export class SandboxManager implements SandboxEngine {
       }),
     );
     return { snapshot: taken, forks };
+  }
+
+  // ---- changes
+
+  /** Added, modified and deleted paths against where the sandbox came from (or `since`). */
+  async changes(tenantId: string, sandboxId: string, options: { since?: string } = {}): Promise<Changes> {
+    return listChanges(this.changesContext(), this.findStill(tenantId, sandboxId), options.since);
+  }
+
+  /** Applies a fork's changes to this sandbox, its parent; CONFLICT with the paths both changed. */
+  async applyChanges(tenantId: string, sandboxId: string, options: { from: string }): Promise<ApplyResult> {
+    const parent = this.table.findRunning(tenantId, sandboxId);
+    const fork = this.findStill(tenantId, options.from);
+    const files = this.files(tenantId, sandboxId);
+    const run = async (argv: string[]) => {
+      const handle = await parent.processes.start(parent.info, parent.sandbox, { argv, tag: 'apply', ...(hasTemplateRoot(parent.info.spec.template) ? { user: 'root' } : {}) });
+      const result = await handle.result;
+      if (result.exitCode !== 0) {
+        throw new SandboxError('EXEC_FAILED', `applying changes: ${argv.join(' ')} failed: ${result.stderr.trim().slice(-300) || `exit ${result.exitCode}`}`, {
+          details: { argv },
+          hint: 'The parent sandbox refused a change (permissions, a full disk); fix it there and apply again.',
+        });
+      }
+    };
+    return applyChanges(this.changesContext(), parent, fork, { files, run });
+  }
+
+  /** A sandbox whose disk can be read: running or paused, with its backend sandbox. */
+  private findStill(tenantId: string, sandboxId: string): LiveSandbox & { sandbox: BackendSandbox } {
+    const entry = this.table.findLive(tenantId, sandboxId);
+    if (!entry.sandbox || entry.info.state === 'starting') {
+      throw new SandboxError('SANDBOX_NOT_RUNNING', `sandbox ${sandboxId} is ${entry.info.state}`, { details: { sandboxId }, hint: 'Wait until it is running.' });
+    }
+    return entry as LiveSandbox & { sandbox: BackendSandbox };
+  }
+
+  private changesContext(): ChangesContext {
+    if (!this.host) throw new SandboxError('UNIMPLEMENTED', 'this engine has no host volume for changes');
+    return { snapshots: this.snapshots, volume: this.host.volume, templates: this.templates };
   }
 
   // ---- volumes

@@ -1,6 +1,6 @@
 import type { Readable } from 'node:stream';
 import type { NetworkPolicyInput, OperatorMaxima, SandboxSpecInput } from '../spec/index.js';
-import type { ExecResult, FileEntry, ForkResult, ProcessInfo, SandboxInfo, SandboxState, SnapshotInfo, UsageSample, VolumeInfo, Warning, WatchEvent } from '../wire/index.js';
+import type { ExecResult, FileEntry, ForkResult, ProcessInfo, SandboxInfo, SandboxState, SnapshotInfo, UsageSample, VolumeInfo, Warning, WatchEvent, ApplyResult, Changes } from '../wire/index.js';
 import type { Collection, CollectOptions } from './artifacts.js';
 import type { InterpreterService } from './interpreter/index.js';
 
@@ -125,6 +125,10 @@ export interface SandboxEngine {
   deleteSnapshot(tenantId: string, snapshotId: string): Promise<void>;
   /** N sandboxes from one snapshot of the source, each reported on its own. */
   fork(tenantId: string, sandboxId: string, options: ForkOptions): Promise<ForkResult>;
+  /** Added, modified and deleted paths against the snapshot or template the sandbox came from (or `since`). */
+  changes(tenantId: string, sandboxId: string, options?: { since?: string }): Promise<Changes>;
+  /** Applies the changes of `from`, a fork of this sandbox; CONFLICT with the paths both changed. */
+  applyChanges(tenantId: string, sandboxId: string, options: { from: string }): Promise<ApplyResult>;
   /** A named volume of the tenant (ALREADY_EXISTS for a name it has). */
   createVolume(tenantId: string, input: { name: string; sizeBytes: number; shared?: boolean }): Promise<VolumeInfo>;
   getVolume(tenantId: string, name: string): Promise<VolumeInfo>;

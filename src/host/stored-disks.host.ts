@@ -149,10 +149,16 @@ export class StoredDisks {
    * A read-only snapshot of a live disk for as long as `use` runs (a diff needs both sides
    * read-only); deleted afterwards whatever happens.
    */
-  async withReadOnlyView<T>(sourceDir: string, use: (view: string) => Promise<T>): Promise<T> {
+  async withReadOnlyView<T>(sourceDir: string, use: (view: string) => Promise<T>, still?: { freeze(): Promise<void>; thaw(): Promise<void> }): Promise<T> {
     await mkdir(this.at('scratch'), { recursive: true, mode: 0o700 });
     const view = this.at('scratch', randomBytes(8).toString('hex'));
-    await runCommand(['btrfs', 'subvolume', 'snapshot', '-r', sourceDir, view]);
+    // `still` holds the disk's writers for the instant of the snapshot (a sandbox's cgroup).
+    await still?.freeze();
+    try {
+      await runCommand(['btrfs', 'subvolume', 'snapshot', '-r', sourceDir, view]);
+    } finally {
+      await still?.thaw();
+    }
     try {
       return await use(view);
     } finally {

@@ -5,7 +5,7 @@ import { resolveConfig, type ConnectionOptions } from './config.js';
 import { Files } from './files.js';
 import { callOptions, HttpClient } from './http.js';
 import { errorFromStreamEvent, type CapsuleError } from './errors.js';
-import type { CallOptions, NetworkPolicyInput, SandboxInfo, SandboxPage, SandboxSpecInput, SandboxState, SnapshotInfo } from './types.js';
+import type { ApplyResult, CallOptions, Changes, NetworkPolicyInput, SandboxInfo, SandboxPage, SandboxSpecInput, SandboxState, SnapshotInfo } from './types.js';
 
 export interface CreateOptions extends ConnectionOptions {
   /** Free-form labels to find the sandbox by later (`Sandbox.list({ metadata })`). */
@@ -176,6 +176,17 @@ export class Sandbox {
       snapshot: reply.snapshot,
       forks: reply.forks.map((entry) => ('sandbox' in entry ? { sandbox: new Sandbox(this.http, entry.sandbox) } : { error: errorFromStreamEvent(entry.error) })),
     };
+  }
+
+  /** What changed against the snapshot or template this sandbox came from (or `since` a snapshot). */
+  async changes(options: CallOptions & { since?: string } = {}): Promise<Changes> {
+    return this.http.json<Changes>({ method: 'GET', path: `${this.path}/changes`, query: { since: options.since }, ...callOptions(options) });
+  }
+
+  /** Applies the changes of `fork` (a fork of this sandbox); `ConflictError` with `details.paths` when both changed them. */
+  async applyChanges(fork: Sandbox | string, options: CallOptions = {}): Promise<ApplyResult> {
+    const from = typeof fork === 'string' ? fork : fork.sandboxId;
+    return this.http.json<ApplyResult>({ method: 'POST', path: `${this.path}/changes/apply`, json: { from }, ...callOptions(options) });
   }
 
   /** CPU, memory and disk use over time: a sample every 5 s (the last 120) plus one taken now. */

@@ -3,6 +3,9 @@
  * schema is loaded), which the server validates and documents with the same schemas.
  */
 export type {
+  ApplyResult,
+  Change,
+  Changes,
   ExecReply,
   ExecResult,
   FileEntry,

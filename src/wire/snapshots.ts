@@ -1,6 +1,7 @@
 import { z } from 'zod';
 import { SandboxSpecSchema, VOLUME_NAME } from '../spec/index.js';
 import { SandboxInfoSchema } from './sandbox.js';
+import { SANDBOX_ID_PATTERN } from './common.js';
 
 /** Snapshot ids: `snap_` and 20 lowercase base-32 characters (safe in paths and URLs). */
 export const SNAPSHOT_ID_PATTERN = /^snap_[a-z2-7]{20}$/;
@@ -85,3 +86,42 @@ export const CreateVolumeBody = z.strictObject({
 });
 
 export const VolumeListSchema = z.object({ volumes: z.array(VolumeInfoSchema) });
+
+// ---- changes
+
+export const ChangeSchema = z.object({
+  /** As the sandbox sees it (`/workspace/...`, or anywhere in a template sandbox's root). */
+  path: z.string(),
+  kind: z.enum(['added', 'modified', 'deleted']),
+  type: z.enum(['file', 'dir', 'symlink', 'other']),
+  /** Of the new entry; of the old one for a deleted entry. */
+  sizeBytes: z.number().int().nonnegative(),
+  /** sha256 of the new content (files added or modified). */
+  sha256: z.string().optional(),
+  /** Permission bits of the new entry. */
+  mode: z.number().int(),
+  /** A symlink's target. */
+  target: z.string().optional(),
+});
+export type Change = z.infer<typeof ChangeSchema>;
+
+export const ChangesSchema = z.object({
+  sandboxId: z.string(),
+  /** What the changes are measured against: a snapshot, a template, or nothing (an empty workspace). */
+  origin: z.object({ snapshotId: z.string().optional(), template: z.string().optional() }),
+  changes: z.array(ChangeSchema),
+  /** More paths changed than one answer lists (MAX_CHANGES): the list is incomplete. */
+  truncated: z.boolean(),
+});
+export type Changes = z.infer<typeof ChangesSchema>;
+
+export const MAX_CHANGES = 10_000;
+
+export const ChangesQuery = z.strictObject({ since: z.string().regex(SNAPSHOT_ID_PATTERN, 'must be a snapshot id').optional() });
+
+export const ApplyChangesBody = z.strictObject({
+  from: z.string().regex(SANDBOX_ID_PATTERN, 'must be a sandbox id').meta({ description: 'A fork of this sandbox: its changes since the fork are applied here.' }),
+});
+
+export const ApplyResultSchema = z.object({ applied: z.array(ChangeSchema), from: z.string(), snapshotId: z.string() });
+export type ApplyResult = z.infer<typeof ApplyResultSchema>;

@@ -1,5 +1,5 @@
 import { defineRoute, type AnyRoute } from '../route.js';
-import { CreateSnapshotBody, ErrorBodySchema, ForkBody, ForkResultSchema, SandboxIdParams, SnapshotIdParams, SnapshotInfoSchema, SnapshotListSchema } from '../../wire/index.js';
+import { ApplyChangesBody, ApplyResultSchema, ChangesQuery, ChangesSchema, CreateSnapshotBody, ErrorBodySchema, ForkBody, ForkResultSchema, SandboxIdParams, SnapshotIdParams, SnapshotInfoSchema, SnapshotListSchema } from '../../wire/index.js';
 import { requireSandbox, type ServerServices } from '../services.js';
 import { mountGrantOf } from '../auth.js';
 
@@ -61,6 +61,46 @@ export function snapshotRoutes(services: ServerServices): AnyRoute[] {
         } finally {
           for (const release of releases) release();
         }
+      },
+    }),
+    defineRoute({
+      name: 'sandboxes.changes',
+      method: 'GET',
+      url: '/v1/sandboxes/:sandboxId/changes',
+      summary: 'Added, modified and deleted paths (sizes, sha256) against the snapshot or template the sandbox came from, or `since` a snapshot',
+      auth: 'tenant',
+      params: SandboxIdParams,
+      query: ChangesQuery,
+      responses: {
+        200: { description: 'The changes', schema: ChangesSchema },
+        404: error('No such sandbox or snapshot'),
+        409: error('The sandbox is not running or paused'),
+      },
+      async handler({ params, query, principal }) {
+        requireSandbox(services, principal.tenantId, params.sandboxId);
+        const changes = await engine.changes(principal.tenantId, params.sandboxId, query.since !== undefined ? { since: query.since } : {});
+        return { kind: 'json', status: 200, body: changes };
+      },
+    }),
+    defineRoute({
+      name: 'sandboxes.changes.apply',
+      method: 'POST',
+      url: '/v1/sandboxes/:sandboxId/changes/apply',
+      summary: 'Apply the changes of a fork of this sandbox to it; refused (409, with the paths) where this sandbox changed the same paths since the fork',
+      auth: 'tenant',
+      params: SandboxIdParams,
+      body: ApplyChangesBody,
+      responses: {
+        200: { description: 'What was applied', schema: ApplyResultSchema },
+        400: error('`from` is not a fork of this sandbox'),
+        404: error('No such sandbox'),
+        409: error('Both changed the same paths (details.paths), or a sandbox is not running'),
+      },
+      audit: ({ params }) => ({ sandboxId: params.sandboxId }),
+      async handler({ params, body, principal }) {
+        requireSandbox(services, principal.tenantId, params.sandboxId);
+        requireSandbox(services, principal.tenantId, body.from);
+        return { kind: 'json', status: 200, body: await engine.applyChanges(principal.tenantId, params.sandboxId, { from: body.from }) };
       },
     }),
     defineRoute({
