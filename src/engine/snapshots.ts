@@ -84,15 +84,22 @@ export class Snapshots {
       createdAt: new Date(this.now()).toISOString(),
       spec: structuredClone(info.spec),
     };
-    const size = await this.disks.snapshotSizeBytes(snapshotId).catch(() => undefined);
-    if (size !== undefined) record.sizeBytes = size;
     try {
       this.store.upsert(record);
     } catch (error) {
       await this.disks.deleteSnapshot(snapshotId).catch(() => undefined);
       throw error;
     }
+    // Its size is read off the path (two btrfs spawns): GET and list show it once known.
+    // Best effort: a size the kernel does not give, or a store closed meanwhile, leaves it absent.
+    void this.recordSize(record).catch(() => undefined);
     return structuredClone(record);
+  }
+
+  private async recordSize(record: SnapshotInfo): Promise<void> {
+    const size = await this.disks.snapshotSizeBytes(record.snapshotId).catch(() => undefined);
+    const current = size === undefined ? undefined : this.store.get(record.tenantId, record.snapshotId);
+    if (current && size !== undefined) this.store.upsert({ ...current, sizeBytes: size });
   }
 
   /** Where a sandbox made from the snapshot copies its disk from (a read-only subvolume). */

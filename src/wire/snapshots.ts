@@ -21,7 +21,7 @@ export const SnapshotInfoSchema = z.object({
   backend: z.string(),
   /** `root`: a template sandbox's whole root (its /workspace inside); `workspace`: the host template's workspace. */
   disk: z.enum(['root', 'workspace']),
-  /** Bytes the snapshot holds (its quota group's referenced bytes), when the kernel said. */
+  /** Bytes the snapshot holds (its quota group's referenced bytes); counted just after it is taken, absent until then. */
   sizeBytes: z.number().int().nonnegative().optional(),
   createdAt: z.string(),
   /** The source sandbox's spec: a sandbox made from the snapshot starts with it unless told otherwise. */
