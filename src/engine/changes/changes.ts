@@ -49,7 +49,7 @@ async function withView<T>(context: ChangesContext, entry: Running, use: (view: 
 export async function listChanges(context: ChangesContext, entry: Running, since?: string): Promise<Changes> {
   return withView(context, entry, async (view, disk) => {
     const origin = await originOf(context, entry, since, disk);
-    const { changes, truncated } = await diffTrees(origin.dir, view, MAX_CHANGES);
+    const { changes, truncated } = await diffTrees(origin.dir, view, MAX_CHANGES, disk);
     return { sandboxId: entry.info.sandboxId, origin: origin.label, changes: changes.map((c) => toWire(c, disk)), truncated };
   });
 }
@@ -75,9 +75,9 @@ export async function applyChanges(
     });
   }
   const origin = context.snapshots.diskOf(snapshot);
-  const ours = await withView(context, parent, (view) => diffTrees(origin, view, MAX_CHANGES));
+  const ours = await withView(context, parent, (view, disk) => diffTrees(origin, view, MAX_CHANGES, disk));
   return withView(context, fork, async (view, disk) => {
-    const theirs = await diffTrees(origin, view, MAX_CHANGES);
+    const theirs = await diffTrees(origin, view, MAX_CHANGES, disk);
     if (ours.truncated || theirs.truncated) {
       throw new SandboxError('LIMIT_EXCEEDED', `more than ${MAX_CHANGES} paths changed: too many to apply at once`, {
         details: { limit: MAX_CHANGES },

@@ -8,11 +8,16 @@ import { TouchedPaths } from './send-dump.js';
  * read-only subvolume): btrfs send lists the touched paths (work proportional to the change),
  * then each is compared on both sides for type, mode, link target and content (sha256).
  */
-export async function diffTrees(origin: string | undefined, current: string, limit: number): Promise<{ changes: TreeChange[]; truncated: boolean }> {
+export async function diffTrees(origin: string | undefined, current: string, limit: number, disk: 'root' | 'workspace'): Promise<{ changes: TreeChange[]; truncated: boolean }> {
   const touched = new TouchedPaths(limit);
   await streamSendDump(origin, current, (line) => touched.push(line));
-  return { changes: await compareTrees(origin, current, touched.paths), truncated: touched.truncated };
+  // A root's mount points of Capsule's own (its tools) are not the sandbox's changes.
+  const paths = disk === 'root' ? [...touched.paths].filter((p) => !CAPSULE_OWN.some((own) => p === own || p.startsWith(`${own}/`))) : touched.paths;
+  return { changes: await compareTrees(origin, current, paths), truncated: touched.truncated };
 }
+
+/** Paths of a template root that the backends make for their own mounts. */
+const CAPSULE_OWN = ['.capsule'];
 
 /** Where the sandbox sees a path of its disk: a root's paths from `/`, a bare workspace's under /workspace. */
 export function sandboxPathOf(rel: string, disk: 'root' | 'workspace'): string {
