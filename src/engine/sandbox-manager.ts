@@ -1,3 +1,4 @@
+import type { Readable } from 'node:stream';
 import { join } from 'node:path';
 import { SandboxError } from '../errors/index.js';
 import { DEFAULT_MAXIMA, parseSpec, type BackendName, type NetworkPolicyInput, type OperatorMaxima, type SandboxSpec, type SandboxSpecInput } from '../spec/index.js';
@@ -25,7 +26,7 @@ import { hasTemplateRoot, HostOnlyCatalog, type TemplateCatalog, type TemplateIm
 import { Snapshots, type TakeSnapshotOptions } from './snapshots.js';
 import { forkAll } from './fork.js';
 import { Volumes } from './volumes.js';
-import { applyChanges, listChanges, type ChangesContext } from './changes/changes.js';
+import { applyChanges, exportChanges, listChanges, type ChangesContext } from './changes/changes.js';
 import { TtlTimers } from './ttl.js';
 import type { CreateSandboxCommand, EngineCollectOptions, ForkOptions, ListSandboxesQuery, ProcessHandle, SandboxEngine, SandboxFiles, StartProcessCommand } from './types.js';
 import { UsageSampler } from './usage-sampler.js';
@@ -240,6 +241,11 @@ export class SandboxManager implements SandboxEngine {
   /** Added, modified and deleted paths against where the sandbox came from (or `since`). */
   async changes(tenantId: string, sandboxId: string, options: { since?: string } = {}): Promise<Changes> {
     return listChanges(this.changesContext(), this.findStill(tenantId, sandboxId), options.since);
+  }
+
+  /** The added and modified entries as a tar stream. */
+  async exportChanges(tenantId: string, sandboxId: string, options: { since?: string } = {}): Promise<Readable> {
+    return exportChanges(this.changesContext(), this.findStill(tenantId, sandboxId), options.since);
   }
 
   /** Applies a fork's changes to this sandbox, its parent; CONFLICT with the paths both changed. */

@@ -127,6 +127,8 @@ export interface SandboxEngine {
   fork(tenantId: string, sandboxId: string, options: ForkOptions): Promise<ForkResult>;
   /** Added, modified and deleted paths against the snapshot or template the sandbox came from (or `since`). */
   changes(tenantId: string, sandboxId: string, options?: { since?: string }): Promise<Changes>;
+  /** The added and modified entries against the origin (or `since`) as a tar stream. */
+  exportChanges(tenantId: string, sandboxId: string, options?: { since?: string }): Promise<Readable>;
   /** Applies the changes of `from`, a fork of this sandbox; CONFLICT with the paths both changed. */
   applyChanges(tenantId: string, sandboxId: string, options: { from: string }): Promise<ApplyResult>;
   /** A named volume of the tenant (ALREADY_EXISTS for a name it has). */

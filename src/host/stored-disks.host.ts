@@ -166,6 +166,23 @@ export class StoredDisks {
     }
   }
 
+  /**
+   * A read-only snapshot of a live disk that the caller drops (once whatever reads it is done,
+   * e.g. a streamed export); views a crash left are cleared at the next start.
+   */
+  async openView(sourceDir: string, still?: { freeze(): Promise<void>; thaw(): Promise<void> }): Promise<{ view: string; drop: () => Promise<void> }> {
+    await mkdir(this.at('scratch'), { recursive: true, mode: 0o700 });
+    const view = this.at('scratch', randomBytes(8).toString('hex'));
+    await still?.freeze();
+    try {
+      await runCommand(['btrfs', 'subvolume', 'snapshot', '-r', sourceDir, view]);
+    } finally {
+      await still?.thaw();
+    }
+    let dropped: Promise<void> | undefined;
+    return { view, drop: () => (dropped ??= deleteSubvolume(view)) };
+  }
+
   /** Views a crash left behind (nothing uses them after a restart). */
   async clearScratch(): Promise<void> {
     for (const entry of await readdir(this.at('scratch')).catch(() => [] as string[])) await deleteSubvolume(this.at('scratch', entry));

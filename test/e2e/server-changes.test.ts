@@ -1,7 +1,10 @@
 import { createHash } from 'node:crypto';
+import { spawnSync } from 'node:child_process';
+import { mkdtempSync, readFileSync, readlinkSync, rmSync } from 'node:fs';
+import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { ConflictError, Sandbox, Snapshots, type Change, type ConnectionOptions } from '../../src/sdk/index.js';
-import { expectNoLeaks } from '../helpers/sandbox.js';
+import { expectNoLeaks, testDataDir } from '../helpers/sandbox.js';
 import { startTestServer } from './server-helpers.js';
 
 /**
@@ -126,6 +129,33 @@ describe('changes between a sandbox and where it came from', () => {
     } finally {
       await cleanUp(conn);
       await cleanUp(other);
+      await t.server.close();
+    }
+  }, 120_000);
+
+  it('exports the added and modified entries as a tar that tar reads', async () => {
+    const t = await startTestServer();
+    const conn = { url: t.url, apiKey: t.apiKey };
+    const out = mkdtempSync(join(testDataDir(), 'export-'));
+    try {
+      const sandbox = await Sandbox.create({ ttlMs: 60_000 }, conn);
+      await sh(sandbox, 'mkdir -p /workspace/d && printf "%s" "hello tar" > /workspace/d/a.txt && chmod 750 /workspace/d/a.txt && ln -s d/a.txt /workspace/link && head -c 100000 /dev/urandom > /workspace/blob');
+      const response = await t.call('GET', `/v1/sandboxes/${sandbox.sandboxId}/changes/export`);
+      expect(response.status).toBe(200);
+      expect(response.headers.get('content-type')).toBe('application/x-tar');
+      const archive = Buffer.from(await response.arrayBuffer());
+      const extracted = spawnSync('tar', ['-xf', '-', '-C', out], { input: archive });
+      expect(extracted.status, extracted.stderr.toString()).toBe(0);
+      expect(readFileSync(join(out, 'workspace/d/a.txt'), 'utf8')).toBe('hello tar');
+      expect(readlinkSync(join(out, 'workspace/link'))).toBe('d/a.txt');
+      const blob = readFileSync(join(out, 'workspace/blob'));
+      const listed = (await sandbox.changes()).changes.find((c) => c.path === '/workspace/blob')!;
+      expect(createHash('sha256').update(blob).digest('hex')).toBe(listed.sha256);
+      const modes = spawnSync('tar', ['-tvf', '-'], { input: archive }).stdout.toString();
+      expect(modes).toMatch(/-rwxr-x--- .* workspace\/d\/a\.txt/);
+    } finally {
+      rmSync(out, { recursive: true, force: true });
+      await cleanUp(conn);
       await t.server.close();
     }
   }, 120_000);

@@ -1,7 +1,9 @@
 import { SandboxError } from '../../errors/index.js';
 import type { BackendSandbox } from '../../backends/backend.js';
 import type { WorkspaceVolume } from '../../host/volume.host.js';
+import type { Readable } from 'node:stream';
 import { readBeneath, type TreeChange } from '../../host/tree-diff.host.js';
+import { tarStream, type TarEntry } from './tar.js';
 import { MAX_CHANGES, type ApplyResult, type Changes } from '../../wire/index.js';
 import type { LiveSandbox } from '../sandbox-table.js';
 import type { Snapshots } from '../snapshots.js';
@@ -121,4 +123,33 @@ async function applyOne(change: TreeChange, view: string, disk: 'root' | 'worksp
     return io.run(['chmod', mode, path]);
   }
   // Devices, fifos and sockets are not copied.
+}
+
+/**
+ * The sandbox's added and modified entries (files, directories, symlinks) as a tar, read from a
+ * read-only view that lives until the stream ends; deletions are listed by `changes`, not here.
+ */
+export async function exportChanges(context: ChangesContext, entry: Running, since?: string): Promise<Readable> {
+  const disk = await context.volume.diskPath(entry.info.sandboxId);
+  const opened = await context.snapshots.disks.openView(disk.path, entry.info.state === 'running' ? entry.sandbox : undefined);
+  try {
+    const origin = await originOf(context, entry, since, disk.kind);
+    const { changes } = await diffTrees(origin.dir, opened.view, MAX_CHANGES, disk.kind);
+    const entries: TarEntry[] = changes
+      .filter((c) => c.kind !== 'deleted' && c.type !== 'other')
+      .map((c) => ({
+        name: sandboxPathOf(c.path, disk.kind).slice(1),
+        type: c.type as TarEntry['type'],
+        mode: c.mode,
+        size: c.type === 'file' ? c.sizeBytes : 0,
+        ...(c.target !== undefined ? { linkname: c.target } : {}),
+        ...(c.type === 'file' ? { body: () => readBeneath(opened.view, c.path) } : {}),
+      }));
+    const stream = tarStream(entries);
+    stream.once('close', () => void opened.drop().catch(() => undefined));
+    return stream;
+  } catch (error) {
+    await opened.drop();
+    throw error;
+  }
 }

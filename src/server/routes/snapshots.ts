@@ -83,6 +83,21 @@ export function snapshotRoutes(services: ServerServices): AnyRoute[] {
       },
     }),
     defineRoute({
+      name: 'sandboxes.changes.export',
+      method: 'GET',
+      url: '/v1/sandboxes/:sandboxId/changes/export',
+      summary: 'The added and modified files, directories and symlinks as a tar (deletions are in GET .../changes)',
+      auth: 'tenant',
+      params: SandboxIdParams,
+      query: ChangesQuery,
+      responses: { 200: { description: 'A POSIX tar (pax)' }, 404: error('No such sandbox or snapshot'), 409: error('The sandbox is not running or paused') },
+      async handler({ params, query, principal }) {
+        requireSandbox(services, principal.tenantId, params.sandboxId);
+        const stream = await engine.exportChanges(principal.tenantId, params.sandboxId, query.since !== undefined ? { since: query.since } : {});
+        return { kind: 'raw', status: 200, stream, contentType: 'application/x-tar' };
+      },
+    }),
+    defineRoute({
       name: 'sandboxes.changes.apply',
       method: 'POST',
       url: '/v1/sandboxes/:sandboxId/changes/apply',
