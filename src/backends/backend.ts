@@ -20,6 +20,7 @@ export const CAPABILITIES = [
   'network.internet',
   'pause.freeze',
   'pause.keepMemoryOnDisk',
+  'volumes',
 ] as const;
 export type Capability = (typeof CAPABILITIES)[number];
 
@@ -133,6 +134,14 @@ export interface CreateOptions {
    * inside its own user namespace. Absent: the host template (the host's /usr, uid 1000).
    */
   template?: { layerDir: string };
+  /**
+   * A sandbox of the host template made from a snapshot: its workspace starts as a writable
+   * copy-on-write snapshot of this read-only subvolume (the source's workspace), owned by the new
+   * sandbox's uid.
+   */
+  workspaceFrom?: string;
+  /** The host directories of `spec.volumes`, in its order (the engine resolved them per tenant). */
+  volumes?: readonly string[];
   /**
    * The tenant the sandbox belongs to: the credential broker serves it only the handles the
    * operator granted to this tenant. @default 'default' (the operator's own, e.g. one-shot runs)

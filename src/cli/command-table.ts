@@ -34,8 +34,14 @@ export const COMMANDS: readonly CommandEntry[] = [
     term: 'sandbox',
     description: 'Create and drive sandboxes on a Capsule server (capsule serve)',
     load: async (context) => {
-      const [{ sandboxCommand }, { sandboxMetricsCommand }] = await Promise.all([import('./commands/sandbox.js'), import('./commands/artifacts.js')]);
-      return sandboxCommand(context).addCommand(sandboxMetricsCommand(context));
+      const [{ sandboxCommand }, { sandboxMetricsCommand }, { sandboxSnapshotCommands }] = await Promise.all([
+        import('./commands/sandbox.js'),
+        import('./commands/artifacts.js'),
+        import('./commands/snapshots.js'),
+      ]);
+      const group = sandboxCommand(context).addCommand(sandboxMetricsCommand(context));
+      for (const command of sandboxSnapshotCommands(context)) group.addCommand(command);
+      return group;
     },
   },
   {
@@ -67,5 +73,17 @@ export const COMMANDS: readonly CommandEntry[] = [
     term: 'artifacts',
     description: "Collect a sandbox's files into the server's artifact store and fetch them by sha256",
     load: async (context) => (await import('./commands/artifacts.js')).artifactsCommand(context),
+  },
+  {
+    name: 'snapshot',
+    term: 'snapshot',
+    description: 'List and delete snapshots of your sandboxes',
+    load: async (context) => (await import('./commands/snapshots.js')).snapshotCommand(context),
+  },
+  {
+    name: 'volume',
+    term: 'volume',
+    description: 'Named volumes that outlive sandboxes (mount with sandbox create --volume NAME:/path[:ro])',
+    load: async (context) => (await import('./commands/snapshots.js')).volumeCommand(context),
   },
 ];

@@ -45,6 +45,8 @@ export function exitCodeForError(code: string): number {
     case 'PROCESS_NOT_FOUND':
     case 'FILE_NOT_FOUND':
     case 'TEMPLATE_NOT_FOUND':
+    case 'SNAPSHOT_NOT_FOUND':
+    case 'VOLUME_NOT_FOUND':
       return EXIT_NOT_FOUND;
     default:
       return EXIT_INTERNAL;

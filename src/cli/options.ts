@@ -56,3 +56,15 @@ export function parsePairs(flag: string, pairs: string[]): Record<string, string
   }
   return out;
 }
+
+/** `--volume NAME:/path[:ro]` as a spec volume. */
+export function parseVolumeFlag(value: string): { name: string; path: string; readOnly?: boolean } {
+  const match = /^([^:]+):(\/[^:]*)(?::(ro|rw))?$/.exec(value);
+  if (!match) {
+    throw new SandboxError('INVALID_ARGUMENT', `--volume wants NAME:/path or NAME:/path:ro, not "${value}"`, {
+      details: { flag: '--volume', value },
+      hint: 'Name a volume of yours (capsule volume ls) and the absolute path to mount it at, e.g. --volume data:/data:ro.',
+    });
+  }
+  return { name: match[1]!, path: match[2]!, ...(match[3] === 'ro' ? { readOnly: true } : {}) };
+}

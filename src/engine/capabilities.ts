@@ -8,6 +8,7 @@ export function requiredCapabilities(spec: SandboxSpec): Capability[] {
     'limits.cpus', 'limits.memory', 'limits.pids', 'limits.disk', 'limits.fileSize', 'limits.openFiles', 'limits.tmp',
   ];
   if (spec.mounts.length > 0) needed.push('mounts.readOnly');
+  if (spec.volumes.length > 0) needed.push('volumes');
   needed.push(`network.${spec.network.mode}`);
   return needed;
 }

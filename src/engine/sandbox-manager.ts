@@ -1,15 +1,16 @@
+import type { Readable } from 'node:stream';
 import { join } from 'node:path';
 import type { Duplex } from 'node:stream';
 import { SandboxError } from '../errors/index.js';
-import { DEFAULT_MAXIMA, parseSpec, type BackendName, type NetworkPolicyInput, type OperatorMaxima, type SandboxSpec } from '../spec/index.js';
+import { DEFAULT_MAXIMA, parseSpec, type BackendName, type NetworkPolicyInput, type OperatorMaxima, type SandboxSpec, type SandboxSpecInput } from '../spec/index.js';
 import type { Backend, BackendSandbox } from '../backends/backend.js';
 import type { HostMount } from '../host/mount-roots.host.js';
 import type { HostEnvironment } from '../host/host-env.host.js';
 import { checkMountRoots, type MountRoots } from '../host/mount-roots.host.js';
 import { CredentialBroker } from '../host/egress/broker.js';
-import { MemoryRecordStore, type SandboxRecordStore } from '../store/index.js';
+import { MemoryRecordStore, MemorySnapshotRecords, MemoryVolumeRecords, type SandboxRecordStore, type SnapshotRecordStore, type VolumeRecordStore } from '../store/index.js';
 import type { ArtifactStore } from '../store/artifacts/index.js';
-import { isLiveState, type ProcessInfo, type SandboxInfo, type UsageSample } from '../wire/index.js';
+import { isLiveState, type ForkResult, type ProcessInfo, type SandboxInfo, type SnapshotInfo, type UsageSample, type VolumeInfo, type ApplyResult, type Changes } from '../wire/index.js';
 import { collectArtifacts, type Collection } from './artifacts.js';
 import { SandboxStepRunner } from './build-step-runner.js';
 import type { StepRunner } from '../templates/index.js';
@@ -25,9 +26,13 @@ import { pauseSandbox, resumeSandbox } from './pausing.js';
 import { ProcessTable } from './process-table.js';
 import { SandboxTable, snapshot, type LiveSandbox } from './sandbox-table.js';
 import { startTemplate, withTemplate } from './template-start.js';
-import { HostOnlyCatalog, type TemplateCatalog } from './templates.js';
+import { hasTemplateRoot, HostOnlyCatalog, type TemplateCatalog, type TemplateImage } from './templates.js';
+import { Snapshots, type TakeSnapshotOptions } from './snapshots.js';
+import { forkAll } from './fork.js';
+import { Volumes } from './volumes.js';
+import { applyChanges, exportChanges, listChanges, type ChangesContext } from './changes/changes.js';
 import { TtlTimers } from './ttl.js';
-import type { CreateSandboxCommand, EngineCloseOptions, EngineCollectOptions, ListSandboxesQuery, ProcessHandle, SandboxEngine, SandboxFiles, StartProcessCommand } from './types.js';
+import type { CreateSandboxCommand, EngineCloseOptions, EngineCollectOptions, ForkOptions, ListSandboxesQuery, ProcessHandle, SandboxEngine, SandboxFiles, StartProcessCommand } from './types.js';
 import { UsageSampler } from './usage-sampler.js';
 import { WarmPool } from './warm-pool.js';
 import { ProcessLogs } from './process-logs.js';
@@ -35,6 +40,10 @@ import { WorkspaceCapacity, type WorkspaceBudget } from './disk-budget.js';
 
 export interface SandboxManagerOptions extends EngineHostOptions {
   store?: SandboxRecordStore;
+  /** Snapshot records (their data is on the workspace volume). @default in memory */
+  snapshotStore?: SnapshotRecordStore;
+  /** Volume records (their data is on the workspace volume). @default in memory */
+  volumeStore?: VolumeRecordStore;
   maxima?: OperatorMaxima;
   /** Clock for TTLs. @default Date.now */
   now?: () => number;
@@ -110,6 +119,8 @@ export class SandboxManager implements SandboxEngine {
   /** Let go at close (keepSandboxes): still running under their supervisors, not ours to end. */
   private readonly leftRunning = new Set<string>();
   private readonly pools = new Map<string, WarmPool>();
+  private readonly snapshotsOf: Snapshots | undefined;
+  private readonly volumesOf: Volumes | undefined;
 
   private constructor(
     private readonly options: SandboxManagerOptions,
@@ -144,6 +155,8 @@ export class SandboxManager implements SandboxEngine {
       const entry = this.table.get(sandboxId);
       if (entry && !isLiveState(entry.info.state)) this.table.delete(sandboxId);
     };
+    this.snapshotsOf = host ? new Snapshots(host.volume, options.snapshotStore ?? new MemorySnapshotRecords(), this.now) : undefined;
+    this.volumesOf = this.snapshotsOf ? new Volumes(this.snapshotsOf.disks, options.volumeStore ?? new MemoryVolumeRecords(), this.now) : undefined;
   }
 
   /**
@@ -172,8 +185,9 @@ export class SandboxManager implements SandboxEngine {
 
   async create(command: CreateSandboxCommand): Promise<SandboxInfo> {
     this.assertOpen();
-    const input = command.spec ?? {};
-    const image = await this.templates.resolve(command.tenantId, input.template ?? this.templates.defaultRef);
+    const from = command.spec?.snapshot !== undefined ? this.snapshots.find(command.tenantId, command.spec.snapshot) : undefined;
+    const input = from ? fromSnapshotInput(command.spec ?? {}, from) : (command.spec ?? {});
+    const image = from ? this.snapshotImage(from) : await this.templates.resolve(command.tenantId, input.template ?? this.templates.defaultRef);
     const spec = parseSpec(withTemplate(input, image), this.maxima);
     const backend = this.backend(spec.backend);
     assertEnforceable(spec, await backend.probe());
@@ -182,10 +196,14 @@ export class SandboxManager implements SandboxEngine {
     const mounts = await this.mountsFor(spec, command.grants?.mountRoots ?? []);
     const releaseDisk = this.reserveDisk(command, spec, await this.capacity.measure());
     let warm: BackendSandbox | undefined;
+    let volumes: ReturnType<Volumes['resolve']>;
     try {
-      warm = await this.pools.get(spec.template ?? '')?.take(spec);
+      warm = from ? undefined : await this.pools.get(spec.template ?? '')?.take(spec);
+      // Resolved and recorded with no await between: two creates cannot both take a volume's writer slot.
+      volumes = spec.volumes.length > 0 ? this.volumes.resolve(command.tenantId, spec, this.liveInfos()) : [];
     } catch (error) {
       releaseDisk();
+      await warm?.destroy();
       throw error;
     }
     const now = this.now();
@@ -198,13 +216,15 @@ export class SandboxManager implements SandboxEngine {
       metadata: { ...(command.metadata ?? {}) },
       createdAt: new Date(now).toISOString(),
       expiresAt: new Date(now + spec.ttlMs).toISOString(),
+      ...(from ? { origin: { snapshotId: from.snapshotId } } : {}),
     });
     entry.quotaBytes = command.grants?.diskQuotaBytes;
     entry.releaseDisk = releaseDisk;
     this.table.save(entry);
     try {
       const template = image.layerDir !== undefined ? { layerDir: image.layerDir } : undefined;
-      const create = { id: entry.info.sandboxId, signal: command.signal, mounts, tenantId: command.tenantId, ...(template ? { template } : {}) };
+      const workspaceFrom = from?.disk === 'workspace' ? { workspaceFrom: this.snapshots.diskOf(from) } : {};
+      const create = { id: entry.info.sandboxId, signal: command.signal, mounts, volumes, tenantId: command.tenantId, ...(template ? { template } : {}), ...workspaceFrom };
       this.attach(entry, warm ?? (await backend.create(spec, create)));
       await startTemplate(entry, image, command.signal);
     } catch (error) {
@@ -218,6 +238,129 @@ export class SandboxManager implements SandboxEngine {
     this.markRunning(entry, Date.parse(entry.info.createdAt));
     this.onEvent({ type: 'sandbox.created', sandbox: snapshot(entry), poolWarm: warm !== undefined });
     return snapshot(entry);
+  }
+
+  // ---- snapshots and forks
+
+  /** A snapshot of a running or paused sandbox (root and workspace at one instant). */
+  async snapshot(tenantId: string, sandboxId: string, options: TakeSnapshotOptions = {}): Promise<SnapshotInfo> {
+    this.assertOpen();
+    const entry = this.table.findLive(tenantId, sandboxId);
+    if (!entry.sandbox || entry.info.state === 'starting') {
+      throw new SandboxError('SANDBOX_NOT_RUNNING', `sandbox ${sandboxId} is ${entry.info.state}`, { details: { sandboxId }, hint: 'Wait until it is running.' });
+    }
+    return this.snapshots.take(entry as LiveSandbox & { sandbox: BackendSandbox }, options);
+  }
+
+  getSnapshot(tenantId: string, snapshotId: string): SnapshotInfo {
+    return this.snapshots.find(tenantId, snapshotId);
+  }
+
+  listSnapshots(tenantId: string): SnapshotInfo[] {
+    return this.snapshots.list(tenantId);
+  }
+
+  /** Deletes a snapshot and its data; refused (CONFLICT) while a live sandbox was made from it. */
+  async deleteSnapshot(tenantId: string, snapshotId: string): Promise<void> {
+    const dependents = this.table
+      .all()
+      .filter((e) => isLiveState(e.info.state) && e.info.origin?.snapshotId === snapshotId)
+      .map((e) => e.info.sandboxId);
+    await this.snapshots.delete(tenantId, snapshotId, dependents);
+  }
+
+  /**
+   * N sandboxes from one snapshot of the source, taken once: each fork is reported on its own
+   * (its sandbox or its error); the source runs on, unharmed.
+   */
+  async fork(tenantId: string, sandboxId: string, options: ForkOptions): Promise<ForkResult> {
+    const taken = await this.snapshot(tenantId, sandboxId, { name: `fork of ${sandboxId}` });
+    const forks = await forkAll(options.count, (index) =>
+      this.create({
+        tenantId,
+        spec: { snapshot: taken.snapshotId },
+        metadata: { ...(options.metadata ?? {}), forkOf: sandboxId, forkIndex: String(index) },
+        ...(options.signal ? { signal: options.signal } : {}),
+        ...(options.grants ? { grants: options.grants } : {}),
+      }),
+    );
+    return { snapshot: taken, forks };
+  }
+
+  // ---- changes
+
+  /** Added, modified and deleted paths against where the sandbox came from (or `since`). */
+  async changes(tenantId: string, sandboxId: string, options: { since?: string } = {}): Promise<Changes> {
+    return listChanges(this.changesContext(), this.findStill(tenantId, sandboxId), options.since);
+  }
+
+  /** The added and modified entries as a tar stream. */
+  async exportChanges(tenantId: string, sandboxId: string, options: { since?: string } = {}): Promise<Readable> {
+    return exportChanges(this.changesContext(), this.findStill(tenantId, sandboxId), options.since);
+  }
+
+  /** Applies a fork's changes to this sandbox, its parent; CONFLICT with the paths both changed. */
+  async applyChanges(tenantId: string, sandboxId: string, options: { from: string }): Promise<ApplyResult> {
+    const parent = this.table.findRunning(tenantId, sandboxId);
+    const fork = this.findStill(tenantId, options.from);
+    const files = this.files(tenantId, sandboxId);
+    const run = async (argv: string[]) => {
+      const handle = await parent.processes.start(parent.info, parent.sandbox, { argv, tag: 'apply', ...(hasTemplateRoot(parent.info.spec.template) ? { user: 'root' } : {}) });
+      const result = await handle.result;
+      if (result.exitCode !== 0) {
+        throw new SandboxError('EXEC_FAILED', `applying changes: ${argv.join(' ')} failed: ${result.stderr.trim().slice(-300) || `exit ${result.exitCode}`}`, {
+          details: { argv },
+          hint: 'The parent sandbox refused a change (permissions, a full disk); fix it there and apply again.',
+        });
+      }
+    };
+    return applyChanges(this.changesContext(), parent, fork, { files, run });
+  }
+
+  /** A sandbox whose disk can be read: running or paused, with its backend sandbox. */
+  private findStill(tenantId: string, sandboxId: string): LiveSandbox & { sandbox: BackendSandbox } {
+    const entry = this.table.findLive(tenantId, sandboxId);
+    if (!entry.sandbox || entry.info.state === 'starting') {
+      throw new SandboxError('SANDBOX_NOT_RUNNING', `sandbox ${sandboxId} is ${entry.info.state}`, { details: { sandboxId }, hint: 'Wait until it is running.' });
+    }
+    return entry as LiveSandbox & { sandbox: BackendSandbox };
+  }
+
+  private changesContext(): ChangesContext {
+    if (!this.host) throw new SandboxError('UNIMPLEMENTED', 'this engine has no host volume for changes');
+    return { snapshots: this.snapshots, volume: this.host.volume, templates: this.templates };
+  }
+
+  // ---- volumes
+
+  createVolume(tenantId: string, input: { name: string; sizeBytes: number; shared?: boolean }): Promise<VolumeInfo> {
+    this.assertOpen();
+    return this.volumes.create(tenantId, input);
+  }
+
+  getVolume(tenantId: string, name: string): Promise<VolumeInfo> {
+    return this.volumes.describe(tenantId, name);
+  }
+
+  listVolumes(tenantId: string): Promise<VolumeInfo[]> {
+    return this.volumes.list(tenantId);
+  }
+
+  /** Deletes a volume and its data; CONFLICT while a live sandbox mounts it. */
+  deleteVolume(tenantId: string, name: string): Promise<void> {
+    return this.volumes.delete(tenantId, name, this.liveInfos());
+  }
+
+  private liveInfos(): SandboxInfo[] {
+    return this.table
+      .all()
+      .map((e) => e.info)
+      .filter((i) => isLiveState(i.state));
+  }
+
+  private get volumes(): Volumes {
+    if (!this.volumesOf) throw new SandboxError('UNIMPLEMENTED', 'this engine has no host volume for volumes');
+    return this.volumesOf;
   }
 
   get(tenantId: string, sandboxId: string): SandboxInfo {
@@ -432,6 +575,8 @@ export class SandboxManager implements SandboxEngine {
       if (sandbox) this.resumeReattached(record, sandbox);
       else await this.recover(record);
     }
+    await this.snapshotsOf?.reconcile();
+    await this.volumesOf?.reconcile();
   }
 
   private async tryReattach(record: SandboxInfo): Promise<BackendSandbox | undefined> {
@@ -451,6 +596,16 @@ export class SandboxManager implements SandboxEngine {
     for (const agent of sandbox.processes?.() ?? []) entry.processes.adopt(entry.info, agent);
     this.markRunning(entry, this.now());
     this.onEvent({ type: 'sandbox.recovered', sandbox: snapshot(entry) });
+  }
+
+  private get snapshots(): Snapshots {
+    if (!this.snapshotsOf) throw new SandboxError('UNIMPLEMENTED', 'this engine has no host volume for snapshots');
+    return this.snapshotsOf;
+  }
+
+  /** A snapshot as the image a sandbox is made from: its disk, with no start command to run again. */
+  private snapshotImage(from: SnapshotInfo): TemplateImage {
+    return { ref: from.template, env: {}, ...(from.disk === 'root' ? { layerDir: this.snapshots.diskOf(from) } : {}) };
   }
 
   /**
@@ -480,7 +635,8 @@ export class SandboxManager implements SandboxEngine {
         this.table.save(entry);
         this.ttl.schedule(entry);
       } else {
-        this.attach(entry, await backend.create(record.spec, { id: record.sandboxId, reuseWorkspace: true, mounts, tenantId: record.tenantId }));
+        const volumes = record.spec.volumes.length > 0 ? this.volumes.resolve(record.tenantId, record.spec, []) : [];
+        this.attach(entry, await backend.create(record.spec, { id: record.sandboxId, reuseWorkspace: true, mounts, volumes, tenantId: record.tenantId }));
         delete entry.info.pause;
         this.markRunning(entry, this.now());
       }
@@ -614,4 +770,27 @@ function once(fn: () => void): () => void {
 /** A lost reason that takes longer than this (a supervisor that does not go) is not waited for. */
 function lostReasonLate(): Promise<string> {
   return new Promise((resolve) => setTimeout(() => resolve('the sandbox stopped on its own (its init or agent exited)'), 6000).unref());
+}
+/**
+ * The spec of a sandbox made from a snapshot: the source's environment, working directory, user,
+ * backend and TTL policy under what the caller asked; the template is the snapshot's own.
+ */
+function fromSnapshotInput(input: SandboxSpecInput, from: SnapshotInfo): SandboxSpecInput {
+  if (input.template !== undefined && input.template !== from.template) {
+    throw new SandboxError('INVALID_SPEC', `snapshot ${from.snapshotId} is of template ${from.template}, not ${input.template}`, {
+      details: { field: 'template', template: input.template, snapshotTemplate: from.template },
+      hint: 'Leave spec.template out when creating from a snapshot: the snapshot\'s template is used.',
+    });
+  }
+  const source = from.spec;
+  return {
+    backend: source.backend,
+    env: source.env,
+    cwd: source.cwd,
+    ...(source.user !== undefined ? { user: source.user } : {}),
+    ttlMs: source.ttlMs,
+    onTimeout: source.onTimeout,
+    ...input,
+    template: from.template,
+  };
 }

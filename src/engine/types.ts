@@ -1,6 +1,6 @@
 import type { Duplex, Readable } from 'node:stream';
 import type { NetworkPolicyInput, OperatorMaxima, SandboxSpecInput } from '../spec/index.js';
-import type { ExecResult, FileEntry, ProcessInfo, SandboxInfo, SandboxState, UsageSample, Warning, WatchEvent } from '../wire/index.js';
+import type { ExecResult, FileEntry, ForkResult, ProcessInfo, SandboxInfo, SandboxState, SnapshotInfo, UsageSample, VolumeInfo, Warning, WatchEvent, ApplyResult, Changes } from '../wire/index.js';
 import type { Collection, CollectOptions } from './artifacts.js';
 import type { InterpreterService } from './interpreter/index.js';
 
@@ -29,6 +29,15 @@ export interface CreateSandboxCommand {
      */
     diskQuotaBytes?: number;
   };
+}
+
+export interface ForkOptions {
+  count: number;
+  /** Added to each fork's metadata (beside `forkOf` and `forkIndex`). */
+  metadata?: Record<string, string>;
+  signal?: AbortSignal;
+  /** As for create: the caller's mount roots, which the source's mounts need again. */
+  grants?: CreateSandboxCommand['grants'];
 }
 
 export interface ListSandboxesQuery {
@@ -127,6 +136,26 @@ export interface SandboxEngine {
   usage(tenantId: string, sandboxId: string): Promise<UsageSample[]>;
   /** Copies a directory of a running sandbox into the artifact store (the sandbox frozen meanwhile). */
   collectArtifacts(tenantId: string, sandboxId: string, options: EngineCollectOptions): Promise<Collection>;
+  /** A snapshot of a running or paused sandbox: root and workspace at one instant (frozen for it). */
+  snapshot(tenantId: string, sandboxId: string, options?: { name?: string; mode?: 'filesystem' | 'full' }): Promise<SnapshotInfo>;
+  getSnapshot(tenantId: string, snapshotId: string): SnapshotInfo;
+  listSnapshots(tenantId: string): SnapshotInfo[];
+  /** Deletes a snapshot and its data; CONFLICT while a live sandbox was made from it. */
+  deleteSnapshot(tenantId: string, snapshotId: string): Promise<void>;
+  /** N sandboxes from one snapshot of the source, each reported on its own. */
+  fork(tenantId: string, sandboxId: string, options: ForkOptions): Promise<ForkResult>;
+  /** Added, modified and deleted paths against the snapshot or template the sandbox came from (or `since`). */
+  changes(tenantId: string, sandboxId: string, options?: { since?: string }): Promise<Changes>;
+  /** The added and modified entries against the origin (or `since`) as a tar stream. */
+  exportChanges(tenantId: string, sandboxId: string, options?: { since?: string }): Promise<Readable>;
+  /** Applies the changes of `from`, a fork of this sandbox; CONFLICT with the paths both changed. */
+  applyChanges(tenantId: string, sandboxId: string, options: { from: string }): Promise<ApplyResult>;
+  /** A named volume of the tenant (ALREADY_EXISTS for a name it has). */
+  createVolume(tenantId: string, input: { name: string; sizeBytes: number; shared?: boolean }): Promise<VolumeInfo>;
+  getVolume(tenantId: string, name: string): Promise<VolumeInfo>;
+  listVolumes(tenantId: string): Promise<VolumeInfo[]>;
+  /** Deletes a volume and its data; CONFLICT while a live sandbox mounts it. */
+  deleteVolume(tenantId: string, name: string): Promise<void>;
   /**
    * Stops the engine. Every live sandbox is killed, except with `keepSandboxes`: running ones held
    * by a supervisor (`capsule serve --supervise`) are let go and keep running for the next start,

@@ -143,8 +143,11 @@ export class WorkspaceVolume {
     const workspace = join(root, 'workspace');
     try {
       await chmod(root, 0o755);
-      await mkdir(workspace, { recursive: true, mode: 0o755 });
-      await chown(workspace, TEMPLATE_USER_ID, TEMPLATE_USER_ID);
+      // A snapshot of a sandbox has its /workspace already, with the owner the sandbox gave it.
+      if (!(await pathExists(workspace))) {
+        await mkdir(workspace, { recursive: true, mode: 0o755 });
+        await chown(workspace, TEMPLATE_USER_ID, TEMPLATE_USER_ID);
+      }
     } catch (error) {
       await this.delete(id).catch(() => undefined);
       throw error;
@@ -155,6 +158,29 @@ export class WorkspaceVolume {
   /** Whether the sandbox's disk is a root from a template (else a bare workspace). */
   async isRoot(id: string): Promise<boolean> {
     return pathExists(this.rootPath(id));
+  }
+
+  /**
+   * A workspace that starts as a writable copy-on-write snapshot of `sourceDir` (a snapshot of
+   * another sandbox's workspace), given to `uid`: the files keep their content and modes, their
+   * owner becomes the new sandbox's host uid. NO quota yet, as createWithoutLimit.
+   */
+  async createWorkspaceFrom(id: string, sourceDir: string, uid: number): Promise<string> {
+    const path = this.path(id);
+    await runCommand(['btrfs', 'subvolume', 'snapshot', sourceDir, path]);
+    try {
+      await runCommand(['chown', '-R', '--no-dereference', `${uid}:${uid}`, path]);
+      await chmod(path, 0o700);
+    } catch (error) {
+      await this.delete(id).catch(() => undefined);
+      throw error;
+    }
+    return path;
+  }
+
+  /** The subvolume holding the sandbox's files: its root (from a template) or its bare workspace. */
+  async diskPath(id: string): Promise<{ path: string; kind: 'root' | 'workspace' }> {
+    return (await this.isRoot(id)) ? { path: this.rootPath(id), kind: 'root' } : { path: this.path(id), kind: 'workspace' };
   }
 
   /** A new empty workspace owned by `uid`, holding at most `diskBytes`. */

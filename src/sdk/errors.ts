@@ -88,6 +88,8 @@ export const ERROR_CLASSES = {
   NOT_FOUND: NotFoundError,
   SANDBOX_NOT_FOUND: SandboxNotFoundError,
   TEMPLATE_NOT_FOUND: TemplateNotFoundError,
+  SNAPSHOT_NOT_FOUND: NotFoundError,
+  VOLUME_NOT_FOUND: NotFoundError,
   PROCESS_NOT_FOUND: ProcessNotFoundError,
   FILE_NOT_FOUND: FileNotFoundError,
   ALREADY_EXISTS: AlreadyExistsError,

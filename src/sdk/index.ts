@@ -2,7 +2,9 @@
  * Capsule's TypeScript SDK (`capsule/sdk`): a client of `capsule serve` over HTTP. It loads no
  * engine, backend or host code and never spawns a process (test/unit/sdk-imports.test.ts checks).
  */
-export { Sandbox, type CreateOptions, type ListOptions } from './sandbox.js';
+export { Sandbox, type CreateOptions, type ForkEntry, type ForkOutcome, type ListOptions } from './sandbox.js';
+export { Snapshots } from './snapshots.js';
+export { Volumes } from './volumes.js';
 export { Contexts, type ContextInfo, type CreateContextOptions, type Execution, type ExecutionError, type InterpreterLanguage, type Result, type RunCodeOptions } from './code.js';
 export { Commands, CommandHandle, type ConnectOptions, type OutputCallbacks, type RunOptions } from './commands.js';
 export {

@@ -4,7 +4,8 @@ import { Commands } from './commands.js';
 import { resolveConfig, type ConnectionOptions } from './config.js';
 import { Files } from './files.js';
 import { callOptions, HttpClient } from './http.js';
-import type { CallOptions, NetworkPolicyInput, PortUrl, SandboxInfo, SandboxPage, SandboxSpecInput, SandboxState } from './types.js';
+import { errorFromStreamEvent, type CapsuleError } from './errors.js';
+import type { ApplyResult, CallOptions, Changes, NetworkPolicyInput, PortUrl, SandboxInfo, SandboxPage, SandboxSpecInput, SandboxState, SnapshotInfo } from './types.js';
 
 export interface CreateOptions extends ConnectionOptions {
   /** Free-form labels to find the sandbox by later (`Sandbox.list({ metadata })`). */
@@ -22,6 +23,15 @@ export interface ListOptions extends ConnectionOptions {
   cursor?: string;
 }
 
+/** One fork: a sandbox to use, or why it could not be made. */
+export type ForkEntry = { sandbox: Sandbox } | { error: CapsuleError };
+
+export interface ForkOutcome {
+  /** The one snapshot every fork was made from. */
+  snapshot: SnapshotInfo;
+  /** In order, one per fork asked for. */
+  forks: ForkEntry[];
+}
 
 /**
  * A sandbox on a Capsule server. `Sandbox.create()` makes one; `Sandbox.connect(id)` picks up one
@@ -156,6 +166,37 @@ export class Sandbox {
   async portUrl(port: number, options: CallOptions & { expiresInMs?: number } = {}): Promise<PortUrl> {
     const json = { port, ...(options.expiresInMs !== undefined && { expiresInMs: options.expiresInMs }) };
     return this.http.json<PortUrl>({ method: 'POST', path: `${this.path}/port-urls`, json, ...callOptions(options) });
+  }
+
+  /**
+   * A snapshot of this sandbox: root and workspace at one instant (it is frozen for it, its
+   * processes go on). `Sandbox.create({ snapshot: info.snapshotId })` makes a sandbox from it.
+   */
+  async snapshot(options: CallOptions & { name?: string; mode?: 'filesystem' | 'full' } = {}): Promise<SnapshotInfo> {
+    const json = { ...(options.name !== undefined ? { name: options.name } : {}), ...(options.mode ? { mode: options.mode } : {}) };
+    return this.http.json<SnapshotInfo>({ method: 'POST', path: `${this.path}/snapshots`, json, ...callOptions(options) });
+  }
+
+  /** `count` new sandboxes from one snapshot of this one (up to 100); each fork on its own. */
+  async fork(count: number, options: CallOptions & { metadata?: Record<string, string> } = {}): Promise<ForkOutcome> {
+    const json = { count, ...(options.metadata ? { metadata: options.metadata } : {}) };
+    type Wire = { snapshot: SnapshotInfo; forks: ({ sandbox: SandboxInfo } | { error: { code: string; message: string } })[] };
+    const reply = await this.http.json<Wire>({ method: 'POST', path: `${this.path}/fork`, json, ...callOptions(options) });
+    return {
+      snapshot: reply.snapshot,
+      forks: reply.forks.map((entry) => ('sandbox' in entry ? { sandbox: new Sandbox(this.http, entry.sandbox) } : { error: errorFromStreamEvent(entry.error) })),
+    };
+  }
+
+  /** What changed against the snapshot or template this sandbox came from (or `since` a snapshot). */
+  async changes(options: CallOptions & { since?: string } = {}): Promise<Changes> {
+    return this.http.json<Changes>({ method: 'GET', path: `${this.path}/changes`, query: { since: options.since }, ...callOptions(options) });
+  }
+
+  /** Applies the changes of `fork` (a fork of this sandbox); `ConflictError` with `details.paths` when both changed them. */
+  async applyChanges(fork: Sandbox | string, options: CallOptions = {}): Promise<ApplyResult> {
+    const from = typeof fork === 'string' ? fork : fork.sandboxId;
+    return this.http.json<ApplyResult>({ method: 'POST', path: `${this.path}/changes/apply`, json: { from }, ...callOptions(options) });
   }
 
   /** CPU, memory and disk use over time: a sample every 5 s (the last 120) plus one taken now. */

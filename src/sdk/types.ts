@@ -3,6 +3,9 @@
  * schema is loaded), which the server validates and documents with the same schemas.
  */
 export type {
+  ApplyResult,
+  Change,
+  Changes,
   ExecReply,
   ExecResult,
   FileEntry,
@@ -14,7 +17,9 @@ export type {
   SandboxInfo,
   SandboxPage,
   SandboxState,
+  SnapshotInfo,
   Usage,
+  VolumeInfo,
   Warning,
   WatchEvent,
   WireProcessEvent,

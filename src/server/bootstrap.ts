@@ -7,7 +7,7 @@ import { SandboxManager } from '../engine/sandbox-manager.js';
 import type { EngineEvent } from '../engine/events.js';
 import { lockDataDir, type EgressLogEntry, type EgressOptions } from '../engine/engine-host.js';
 import { DEFAULT_MAXIMA, type OperatorMaxima } from '../spec/index.js';
-import { API_KEY_PATTERN, ApiKeyStore, AuditLog, OperationStore, SqliteSandboxRecords, openDatabase, type SqliteDatabase } from '../store/index.js';
+import { API_KEY_PATTERN, ApiKeyStore, AuditLog, OperationStore, SqliteSandboxRecords, SqliteSnapshotRecords, SqliteVolumeRecords, openDatabase, type SqliteDatabase } from '../store/index.js';
 import { CapsuleApp, type CapsuleAppOptions } from './app.js';
 import { TenantDiskQuota } from './disk-quota.js';
 import { Observability } from './observability.js';
@@ -167,6 +167,8 @@ export async function startServer(options: StartServerOptions): Promise<RunningS
         },
       },
       store: feed.observe(records),
+      snapshotStore: new SqliteSnapshotRecords(db),
+      volumeStore: new SqliteVolumeRecords(db),
       maxima: options.maxima,
       warmPool: options.warmPool,
       onEvent: (event) => {

@@ -164,6 +164,19 @@ export const MountSchema = z.strictObject({
   readOnly: z.literal(true).default(true),
 });
 
+/** Volume names: lowercase letters, digits, ".", "_", "-"; unique per tenant. */
+export const VOLUME_NAME = /^[a-z0-9][a-z0-9._-]{0,62}$/;
+
+/** A named volume of the tenant (`/v1/volumes`), mounted at `path`, writable unless `readOnly`. */
+export const VolumeMountSchema = z.strictObject({
+  name: z.string().regex(VOLUME_NAME, 'must be a volume name (lowercase letters, digits, "._-")'),
+  path: absolutePath.max(4096).superRefine((path, ctx) => {
+    const problem = sandboxPathProblem(path);
+    if (problem) ctx.addIssue({ code: 'custom', message: problem });
+  }),
+  readOnly: z.boolean().default(false),
+});
+
 export const BACKENDS = ['namespace', 'gvisor'] as const;
 
 /** A sandbox is created from exactly this. With no options it is the least capable sandbox. */
@@ -181,6 +194,11 @@ export const SandboxSpecSchema = z.strictObject({
    * the template. @default the template's user (`user`, uid 1000, on the host template)
    */
   user: z.string().regex(USER_REF, 'must be a user name, a uid or uid:gid').optional(),
+  /**
+   * Start from one of the tenant's snapshots (`snap_...`): its root and workspace, copy-on-write,
+   * with its template, and its backend unless the spec names one. @default none
+   */
+  snapshot: z.string().regex(/^snap_[a-z2-7]{20}$/, 'must be a snapshot id (snap_...)').optional(),
   limits: LimitsSchema.default(LimitsSchema.parse({})),
   network: NetworkPolicySchema.default(NetworkPolicySchema.parse({})),
   /** The complete environment of processes; nothing of the host's is inherited. @default {} */
@@ -195,6 +213,18 @@ export const SandboxSpecSchema = z.strictObject({
       mounts.forEach((mount, index) => {
         if (seen.has(mount.sandboxPath)) ctx.addIssue({ code: 'custom', path: [index, 'sandboxPath'], message: 'two mounts at the same sandboxPath' });
         seen.add(mount.sandboxPath);
+      });
+    }),
+  /** The tenant's named volumes, mounted at their paths (they outlive the sandbox). @default [] */
+  volumes: z
+    .array(VolumeMountSchema)
+    .max(8)
+    .default([])
+    .superRefine((volumes, ctx) => {
+      const seen = new Set<string>();
+      volumes.forEach((volume, index) => {
+        if (seen.has(volume.path)) ctx.addIssue({ code: 'custom', path: [index, 'path'], message: 'two volumes at the same path' });
+        seen.add(volume.path);
       });
     }),
   /** Working directory of processes. @default '/workspace' */
@@ -214,4 +244,5 @@ export type Limits = z.output<typeof LimitsSchema>;
 export type NetworkPolicy = z.output<typeof NetworkPolicySchema>;
 export type NetworkPolicyInput = z.input<typeof NetworkPolicySchema>;
 export type Mount = z.output<typeof MountSchema>;
+export type VolumeMount = z.output<typeof VolumeMountSchema>;
 export type BackendName = (typeof BACKENDS)[number];

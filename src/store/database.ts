@@ -64,6 +64,23 @@ const MIGRATIONS: string[] = [
    );`,
   // What the operator granted each key: mount roots by name, and a disk quota override.
   `ALTER TABLE api_keys ADD COLUMN grants TEXT NOT NULL DEFAULT '{"mountRoots":[]}';`,
+  // Snapshots of sandboxes (their data: <dataDir>/volume/snapshots/<id>), per tenant.
+  `CREATE TABLE snapshots (
+     snapshot_id TEXT PRIMARY KEY,
+     tenant_id   TEXT NOT NULL,
+     created_at  TEXT NOT NULL,
+     info        TEXT NOT NULL
+   );
+   CREATE INDEX snapshots_tenant_created ON snapshots (tenant_id, created_at, snapshot_id);`,
+  // Named volumes per tenant (their data: <dataDir>/volume/volumes/<id>).
+  `CREATE TABLE volumes (
+     volume_id  TEXT PRIMARY KEY,
+     tenant_id  TEXT NOT NULL,
+     name       TEXT NOT NULL,
+     created_at TEXT NOT NULL,
+     info       TEXT NOT NULL,
+     UNIQUE (tenant_id, name)
+   );`,
 ];
 
 export interface OpenDatabaseOptions {

@@ -5,3 +5,5 @@ export { ApiKeyStore, API_KEY_PATTERN, TENANT_ID_PATTERN, DEFAULT_TENANT, newApi
 export { OperationStore, OPERATION_TTL_MS, type OperationRecord, type StoredResponse } from './operations.js';
 export { AuditLog, verifyAuditChain, recordHash, sha256Hex, GENESIS_HASH, type AuditEntry, type AuditRecord, type VerifyResult } from './audit-log.js';
 export { canonicalJson } from './canonical-json.js';
+export { MemorySnapshotRecords, SqliteSnapshotRecords, type SnapshotRecordStore } from './snapshot-records.js';
+export { MemoryVolumeRecords, SqliteVolumeRecords, type VolumeRecordStore } from './volume-records.js';

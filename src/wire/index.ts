@@ -11,3 +11,4 @@ export * from './operators.js';
 export * from './errors.js';
 export * from './templates.js';
 export * from './console.js';
+export * from './snapshots.js';

@@ -27,6 +27,8 @@ export const SandboxInfoSchema = z.object({
   endReason: z.string().optional(),
   /** Set while paused. */
   pause: PauseInfoSchema.optional(),
+  /** Where its files came from when not a template: the snapshot it was created from. */
+  origin: z.object({ snapshotId: z.string() }).optional(),
 });
 
 export const SandboxPageSchema = z.object({ sandboxes: z.array(SandboxInfoSchema), nextCursor: z.string().nullable() });

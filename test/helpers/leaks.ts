@@ -18,6 +18,8 @@ export interface Leaks {
   templates: string[];
   /** Sandbox supervisors (capsule-launch --supervise) of this instance: files in `<dataDir>/run`, and live ones. */
   supervisors: string[];
+  /** Snapshots, volumes, clones and read-only views on the volume (tests delete what they make). */
+  stored: string[];
 }
 
 /**
@@ -36,7 +38,7 @@ export async function findLeaks(dataDir: string): Promise<Leaks> {
     .map((line) => line.split(' ')[4] ?? '')
     .filter((target) => target.startsWith(join(dataDir, '/')) && target !== host.volume.mountPoint);
   const runsc = [...(await runscContainers(dataDir)), ...(await gvisorBundles(dataDir))];
-  return { cgroups, processes, workspaces, mounts, runsc, network: await networkLeaks(host), templates: await templateLeaks(dataDir, host.volume.mountPoint), supervisors: await supervisorLeaks(dataDir) };
+  return { cgroups, processes, workspaces, mounts, runsc, network: await networkLeaks(host), templates: await templateLeaks(dataDir, host.volume.mountPoint), supervisors: await supervisorLeaks(dataDir), stored: await storedLeaks(host.volume.mountPoint) };
 }
 
 /** What a template build leaves only while it runs: pending layers, leases, build temp dirs. */
@@ -60,6 +62,15 @@ export async function supervisorLeaks(dataDir: string): Promise<string[]> {
     if (at >= 0 && args[at + 1]?.startsWith(`${run}/`)) found.push(`supervisor ${entry} ${args[at + 1]}`);
   }
   return found;
+}
+
+/** Snapshots, volumes, clones and read-only views on the volume (tests delete what they make). */
+async function storedLeaks(volume: string): Promise<string[]> {
+  const stored: string[] = [];
+  for (const dir of ['snapshots', 'volumes', 'clones', 'scratch']) {
+    for (const entry of await readdir(join(volume, dir)).catch(() => [] as string[])) stored.push(`${dir}/${entry}`);
+  }
+  return stored;
 }
 
 /** Sandbox namespaces and veths of this instance; a pool's ready namespaces (state "idle") are not leaks. */

@@ -73,7 +73,7 @@ export class GvisorBackend implements Backend {
 
   async create(spec: SandboxSpec, options: CreateOptions): Promise<BackendSandbox> {
     return this.open(spec, options.id, {
-      mode: 'run', reuseWorkspace: options.reuseWorkspace === true, signal: options.signal, mounts: options.mounts, template: options.template, tenantId: options.tenantId,
+      mode: 'run', reuseWorkspace: options.reuseWorkspace === true, signal: options.signal, mounts: options.mounts, template: options.template, workspaceFrom: options.workspaceFrom, tenantId: options.tenantId,
     });
   }
 
@@ -136,7 +136,7 @@ export class GvisorBackend implements Backend {
     id: string,
     how: {
       mode: 'run' | 'paused'; reuseWorkspace: boolean; signal?: AbortSignal; mounts?: readonly HostMount[]; template?: { layerDir: string };
-      tenantId?: string | undefined;
+      workspaceFrom?: string | undefined; tenantId?: string | undefined;
     },
   ): Promise<BackendSandbox> {
     const mounts = hostMountsOf(spec, how.mounts);
@@ -175,7 +175,9 @@ export class GvisorBackend implements Backend {
           ? volume.adopt(id, spec.limits.diskBytes, uid)
           : how.template
             ? volume.createRoot(id, how.template.layerDir).then((made) => made.workspace)
-            : volume.createWithoutLimit(id, uid),
+            : how.workspaceFrom !== undefined
+              ? volume.createWorkspaceFrom(id, how.workspaceFrom, uid)
+              : volume.createWithoutLimit(id, uid),
         networkMade,
         Promise.resolve(networkMade).then((network) =>
           this.writeBundle(id, spec, { hostUid: uid, cgroupsPath: cgroupName, workspaceDir: volume.path(id), network, paths, mounts, fromTemplate }),

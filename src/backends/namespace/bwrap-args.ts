@@ -16,6 +16,8 @@ export const RESOLV_CONF_FD = 7;
 export const ROOT_FD = 8;
 export const USERNS_FD = 9;
 export const FIRST_MOUNT_FD = 10;
+/** After the at most 16 host mounts: one per volume. */
+export const FIRST_VOLUME_FD = FIRST_MOUNT_FD + 16;
 
 /**
  * What root inside a sandbox from a template may do, in its own user namespace only: own and
@@ -35,6 +37,7 @@ export const STAGE = {
   resolvConf: 'resolv.conf',
   root: 'root',
   mount: (index: number) => `mount-${index}`,
+  volume: (index: number) => `volume-${index}`,
 } as const;
 
 export interface BwrapOptions {
@@ -88,6 +91,7 @@ export function buildBwrapArgs(spec: SandboxSpec, options: BwrapOptions): string
   );
   // Host mounts: the launcher resolved each beneath its root and staged it read-only.
   spec.mounts.forEach((mount, index) => args.push('--ro-bind', staged(STAGE.mount(index)), mount.sandboxPath));
+  spec.volumes.forEach((volume, index) => args.push(volume.readOnly ? '--ro-bind' : '--bind', staged(STAGE.volume(index)), volume.path));
   args.push('--ro-bind', staged(STAGE.tools), TOOLS_DIR);
   // bwrap builds the root and /dev on tmpfs; nothing outside /workspace, /tmp and /dev/shm may
   // be written (each remount is of that one mount: the binds and tmpfs above keep their own).
@@ -117,6 +121,7 @@ function buildTemplateBwrapArgs(spec: SandboxSpec, options: BwrapOptions, userns
   if (options.hasResolvConf) args.push('--ro-bind', staged(STAGE.resolvConf), '/etc/resolv.conf');
   args.push('--perms', '1777', '--size', String(spec.limits.tmpBytes), '--tmpfs', '/tmp');
   spec.mounts.forEach((mount, index) => args.push('--ro-bind', staged(STAGE.mount(index)), mount.sandboxPath));
+  spec.volumes.forEach((volume, index) => args.push(volume.readOnly ? '--ro-bind' : '--bind', staged(STAGE.volume(index)), volume.path));
   args.push('--ro-bind', staged(STAGE.tools), TOOLS_DIR, '--remount-ro', '/dev');
   const command = options.command ?? [AGENT_PATH];
   args.push('--chdir', '/workspace', '--clearenv', '--seccomp', String(options.seccompFd), '--', ...command);

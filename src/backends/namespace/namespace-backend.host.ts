@@ -15,8 +15,10 @@ import type { Backend, BackendProbe, BackendSandbox, Capability, ConnectPortOpti
 import type { HostMount } from '../../host/mount-roots.host.js';
 import { STAGE_DIR } from '../../host/sandbox-layout.js';
 import { RANGE_SIZE } from '../../host/uid-ranges.js';
-import { buildBwrapArgs, ETC_FD, FIRST_MOUNT_FD, RESOLV_CONF_FD, ROOT_FD, SECCOMP_FD, STAGE, TOOLS_FD, USERNS_FD, WORKSPACE_FD } from './bwrap-args.js';
+import { buildBwrapArgs, ETC_FD, FIRST_MOUNT_FD, FIRST_VOLUME_FD, RESOLV_CONF_FD, ROOT_FD, SECCOMP_FD, STAGE, TOOLS_FD, USERNS_FD, WORKSPACE_FD } from './bwrap-args.js';
 import { hostMountsOf, launchMountArgs, mountRefusal } from '../host-mounts.js';
+import { lendVolume, returnVolume } from '../../host/stored-disks.host.js';
+import { volumesOf } from '../volumes.js';
 
 /** Host uids for sandboxes come from this range; each live sandbox has its own. */
 const UID_BASE = 3_000_000;
@@ -25,7 +27,7 @@ const AGENT_READY_TIMEOUT_MS = 10_000;
 
 const CAPABILITIES: readonly Capability[] = [
   'limits.cpus', 'limits.memory', 'limits.pids', 'limits.disk', 'limits.fileSize',
-  'limits.openFiles', 'limits.tmp', 'mounts.readOnly', 'network.none', 'pause.freeze',
+  'limits.openFiles', 'limits.tmp', 'mounts.readOnly', 'network.none', 'pause.freeze', 'volumes',
 ];
 
 export interface NamespaceBackendOptions {
@@ -69,7 +71,7 @@ export class NamespaceBackend implements Backend {
 
   /** Warm sandboxes serve specs with no network and no mounts whose fixed-at-start limits match. */
   poolKey(spec: SandboxSpec): string | undefined {
-    if (spec.network.mode !== 'none' || spec.mounts.length > 0) return undefined;
+    if (spec.network.mode !== 'none' || spec.mounts.length > 0 || spec.volumes.length > 0) return undefined;
     const { tmpBytes, shmBytes, fileSizeBytes, openFiles } = spec.limits;
     // The template and the user are fixed at start (the root, the agent's user namespace).
     return `namespace:tpl=${spec.template ?? 'host'}:user=${spec.user ?? ''}:tmp=${tmpBytes}:shm=${shmBytes}:fsize=${fileSizeBytes}:nofile=${openFiles}`;
@@ -88,6 +90,7 @@ export class NamespaceBackend implements Backend {
 
   async create(spec: SandboxSpec, options: CreateOptions): Promise<BackendSandbox> {
     const mounts = hostMountsOf(spec, options.mounts);
+    const volumes = volumesOf(spec, options.volumes);
     const paths = await this.host.ensure();
     const template = options.template;
     // A sandbox from a template is recovered onto its root as it is (its layer is not needed).
@@ -105,14 +108,22 @@ export class NamespaceBackend implements Backend {
         ? await volume.adopt(options.id, spec.limits.diskBytes, uid)
         : template
           ? (await volume.createRoot(options.id, template.layerDir)).workspace
-          : await volume.createWithoutLimit(options.id, uid);
+          : options.workspaceFrom !== undefined
+            ? await volume.createWorkspaceFrom(options.id, options.workspaceFrom, uid)
+            : await volume.createWithoutLimit(options.id, uid);
       cleanup.push(() => volume.delete(options.id));
+      // The host template's sandbox has one uid: its writable volumes are lent to it until it ends.
+      const lent = fromTemplate ? [] : volumes.filter((_, index) => spec.volumes[index]?.readOnly !== true);
+      for (const dir of lent) {
+        cleanup.push(() => returnVolume(dir));
+        await lendVolume(dir, uid);
+      }
       const egress = spec.network.mode === 'none' ? undefined : this.egress();
       const network = await egress?.attach(options.id, spec.network, options.tenantId);
       if (egress) cleanup.push(() => egress.detach(options.id));
       options.signal?.throwIfAborted();
       const starting = NamespaceSandbox.start({
-        id: options.id, spec, paths, uid, cgroup, workspaceDir, network, egress, mounts, supervise: this.supervise,
+        id: options.id, spec, paths, uid, cgroup, workspaceDir, network, egress, mounts, volumes, supervise: this.supervise,
         rootDir: fromTemplate ? volume.rootPath(options.id) : undefined,
         diskUsed: () => this.host.volume.usedBytes(options.id),
         setDiskLimit: (bytes) => this.host.volume.setLimit(options.id, bytes),
@@ -120,6 +131,7 @@ export class NamespaceBackend implements Backend {
           releaseUid();
           try {
             await egress?.detach(options.id);
+            for (const dir of lent) await returnVolume(dir);
           } finally {
             await this.host.volume.delete(options.id);
           }
@@ -140,7 +152,9 @@ export class NamespaceBackend implements Backend {
    * attachment lives in the server): they are recovered as before.
    */
   async reattach(id: string, spec: SandboxSpec): Promise<BackendSandbox | undefined> {
-    if (spec.network.mode !== 'none') return undefined;
+    // Not yet taken over: a network (its egress attachment lives in the server) or volumes (lent
+    // to the sandbox's uid while it runs). Those are recovered as before.
+    if (spec.network.mode !== 'none' || spec.volumes.length > 0) return undefined;
     const paths = await this.host.ensure();
     const holder = await reattachHolder(paths.dataDir, id);
     if (holder === undefined) return undefined;
@@ -151,7 +165,7 @@ export class NamespaceBackend implements Backend {
       {
         id, spec, paths, uid, cgroup: SandboxCgroup.attach(`${this.host.cgroupPrefix}${id}`),
         workspaceDir: fromTemplate ? join(volume.rootPath(id), 'workspace') : volume.path(id),
-        network: undefined, egress: undefined, mounts: [], supervise: true,
+        network: undefined, egress: undefined, mounts: [], volumes: [], supervise: true,
         rootDir: fromTemplate ? volume.rootPath(id) : undefined,
         diskUsed: () => volume.usedBytes(id),
         setDiskLimit: (bytes) => volume.setLimit(id, bytes),
@@ -230,6 +244,8 @@ interface StartOptions {
   cgroup: SandboxCgroup;
   workspaceDir: string;
   mounts: readonly HostMount[];
+  /** Host directories of `spec.volumes`, in order. */
+  volumes: readonly string[];
   diskUsed: () => Promise<number | undefined>;
   setDiskLimit: (bytes: number) => Promise<void>;
   network: NetworkAttachment | undefined;
@@ -315,6 +331,12 @@ class NamespaceSandbox implements BackendSandbox {
       ...(resolvConf !== undefined ? ['--fd', `${RESOLV_CONF_FD}:${resolvConf}`, '--attach', `${RESOLV_CONF_FD}:ro`, STAGE.resolvConf] : []),
       '--forbid', paths.dataDir,
       ...launchMountArgs(options.mounts, FIRST_MOUNT_FD, STAGE.mount),
+      // Volumes: a template's through the idmapped view (stored with its raw ids), the host
+      // template's as they are (lent to the sandbox's uid while it writes them).
+      ...options.volumes.flatMap((dir, index) => [
+        '--fd', `${FIRST_VOLUME_FD + index}:${dir}`,
+        '--attach', `${FIRST_VOLUME_FD + index}:${spec.volumes[index]?.readOnly ? 'ro' : 'rw'}${rootDir !== undefined ? ':idmap' : ''}`, STAGE.volume(index),
+      ]),
       '--uid', String(uid), '--gid', String(uid),
       '--', paths.bwrap, ...bwrapArgs,
     ];

@@ -3,7 +3,7 @@ import { Command, Option } from 'commander';
 import { AbortedError, Sandbox, resolveConfig, type ConnectionOptions, type ExecResult, type SandboxInfo, type SandboxState } from '../../sdk/index.js';
 import type { CliContext } from '../context.js';
 import { EXIT_COMMAND_NOT_FOUND, EXIT_INTERNAL, LIMIT_EXIT_CODES } from '../exit-codes.js';
-import { collect, durationOption, numberOption, parsePairs } from '../options.js';
+import { collect, durationOption, numberOption, parsePairs, parseVolumeFlag } from '../options.js';
 import { specFromFlags, withSpecOptions, type SpecFlags } from '../spec-flags.js';
 
 /** Flags every client command takes. */
@@ -52,6 +52,8 @@ interface CreateFlags extends ClientFlags, SpecFlags {
   onTimeout?: string;
   metadata?: string[];
   cwd?: string;
+  fromSnapshot?: string;
+  volume?: string[];
 }
 
 interface NetworkFlags extends ClientFlags {
@@ -88,9 +90,15 @@ export function sandboxCommand(context: CliContext): Command {
       .option('--env <KEY=VALUE>', 'environment variable of every process (repeatable)', collect)
       .option('--metadata <key=value>', 'label to find the sandbox by (repeatable)', collect)
       .option('--cwd <dir>', 'working directory of processes (default /workspace)')
+      .option('--from-snapshot <snapshot>', 'start from a snapshot: its root and workspace, its template')
+      .option('--volume <NAME:/path[:ro]>', 'mount a named volume (repeatable)', collect)
       .addHelpText('after', '\nAny other spec field (limits.tmpBytes, mounts, ...) goes in --spec FILE.json; the flags override it.')
       .action(async (flags: CreateFlags) => {
-        const spec = specFromFlags(flags, { ttlMs: flags.timeout, onTimeout: flags.onTimeout, cwd: flags.cwd, limits: { wallClockMs: flags.wallClock } });
+        const spec = specFromFlags(flags, {
+          ttlMs: flags.timeout, onTimeout: flags.onTimeout, cwd: flags.cwd, limits: { wallClockMs: flags.wallClock },
+          snapshot: flags.fromSnapshot,
+          volumes: flags.volume === undefined ? undefined : flags.volume.map(parseVolumeFlag),
+        });
         // The server validates the spec (INVALID_SPEC naming the field), as for any API client.
         const created = await Sandbox.create(spec, { ...connection(flags, context), metadata: parsePairs('--metadata', flags.metadata ?? []) });
         if (flags.json) printJson(context, created.info);

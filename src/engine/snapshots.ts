@@ -1,0 +1,135 @@
+import { SandboxError } from '../errors/index.js';
+import type { BackendSandbox } from '../backends/backend.js';
+import type { WorkspaceVolume } from '../host/volume.host.js';
+import { StoredDisks } from '../host/stored-disks.host.js';
+import type { SnapshotRecordStore } from '../store/snapshot-records.js';
+import type { SnapshotInfo } from '../wire/index.js';
+import { newSandboxId } from './ids.js';
+import type { LiveSandbox } from './sandbox-table.js';
+
+export interface TakeSnapshotOptions {
+  name?: string;
+  mode?: 'filesystem' | 'full';
+}
+
+/**
+ * Snapshots of sandboxes: a read-only btrfs snapshot of the sandbox's disk (its root with
+ * /workspace inside, or the host template's bare workspace) taken while its cgroup is frozen, so
+ * root and workspace are one instant; its processes only see a pause of a few milliseconds. The
+ * record (tenant, lineage, the source's spec) is in the store; the data under `snapshots/<id>`.
+ */
+export class Snapshots {
+  readonly disks: StoredDisks;
+
+  constructor(
+    private readonly volume: WorkspaceVolume,
+    private readonly store: SnapshotRecordStore,
+    private readonly now: () => number,
+  ) {
+    this.disks = new StoredDisks(volume);
+  }
+
+  /** The tenant's snapshot; another tenant's id is SNAPSHOT_NOT_FOUND, as an unknown one. */
+  find(tenantId: string, snapshotId: string): SnapshotInfo {
+    const record = this.store.get(tenantId, snapshotId);
+    if (!record) {
+      throw new SandboxError('SNAPSHOT_NOT_FOUND', `snapshot ${snapshotId} not found`, {
+        details: { snapshotId },
+        hint: 'List your snapshots with `capsule snapshot ls` (GET /v1/snapshots); snapshots of other tenants are not visible.',
+      });
+    }
+    return record;
+  }
+
+  list(tenantId: string): SnapshotInfo[] {
+    return this.store.list(tenantId);
+  }
+
+  /**
+   * Takes a filesystem snapshot of a running or paused sandbox. Running, it is frozen for the
+   * instant of the snapshot and thawed whatever happens; paused, it is still already.
+   */
+  async take(entry: LiveSandbox & { sandbox: BackendSandbox }, options: TakeSnapshotOptions): Promise<SnapshotInfo> {
+    const info = entry.info;
+    if (options.mode === 'full') {
+      throw new SandboxError('BACKEND_CANNOT_ENFORCE', `backend ${info.backend} cannot keep processes and memory in a snapshot on this server`, {
+        details: { sandboxId: info.sandboxId, backend: info.backend, mode: 'full' },
+        hint: 'Take a filesystem snapshot (mode "filesystem"): files of root and workspace are kept, processes start anew in a sandbox made from it.',
+      });
+    }
+    const snapshotId = `snap_${newSandboxId()}`;
+    const disk = await this.volume.diskPath(info.sandboxId);
+    const frozen = info.state === 'running';
+    try {
+      if (frozen) await entry.sandbox.freeze();
+      try {
+        await this.disks.snapshotInto(disk.path, snapshotId);
+      } finally {
+        if (frozen) await entry.sandbox.thaw();
+      }
+    } catch (error) {
+      await this.disks.deleteSnapshot(snapshotId).catch(() => undefined);
+      throw error;
+    }
+    const record: SnapshotInfo = {
+      snapshotId,
+      tenantId: info.tenantId,
+      ...(options.name !== undefined ? { name: options.name } : {}),
+      mode: 'filesystem',
+      sandboxId: info.sandboxId,
+      ...(info.origin ? { parentSnapshotId: info.origin.snapshotId } : {}),
+      template: info.spec.template ?? 'host',
+      backend: info.backend,
+      disk: disk.kind,
+      createdAt: new Date(this.now()).toISOString(),
+      spec: structuredClone(info.spec),
+    };
+    try {
+      this.store.upsert(record);
+    } catch (error) {
+      await this.disks.deleteSnapshot(snapshotId).catch(() => undefined);
+      throw error;
+    }
+    // Its size is read off the path (two btrfs spawns): GET and list show it once known.
+    // Best effort: a size the kernel does not give, or a store closed meanwhile, leaves it absent.
+    void this.recordSize(record).catch(() => undefined);
+    return structuredClone(record);
+  }
+
+  private async recordSize(record: SnapshotInfo): Promise<void> {
+    const size = await this.disks.snapshotSizeBytes(record.snapshotId).catch(() => undefined);
+    const current = size === undefined ? undefined : this.store.get(record.tenantId, record.snapshotId);
+    if (current && size !== undefined) this.store.upsert({ ...current, sizeBytes: size });
+  }
+
+  /** Where a sandbox made from the snapshot copies its disk from (a read-only subvolume). */
+  diskOf(snapshot: SnapshotInfo): string {
+    return this.disks.snapshotDisk(snapshot.snapshotId);
+  }
+
+  /**
+   * Deletes the snapshot and its data. Refused (CONFLICT) while live sandboxes were made from it:
+   * it is what their `changes` are measured against. `dependents` lists them.
+   */
+  async delete(tenantId: string, snapshotId: string, dependents: readonly string[]): Promise<void> {
+    this.find(tenantId, snapshotId);
+    if (dependents.length > 0) {
+      throw new SandboxError('CONFLICT', `snapshot ${snapshotId} is the origin of ${dependents.length} live sandbox${dependents.length === 1 ? '' : 'es'}`, {
+        details: { snapshotId, sandboxes: [...dependents] },
+        hint: 'Kill the sandboxes made from it first (their changes are measured against it), then delete it.',
+      });
+    }
+    await this.disks.deleteSnapshot(snapshotId);
+    this.store.delete(tenantId, snapshotId);
+  }
+
+  /**
+   * At start-up: snapshot data without a record (a crash between the two) is deleted, as are the
+   * read-only views a crash left. Records whose data is gone stay listed with their lineage.
+   */
+  async reconcile(): Promise<void> {
+    const known = new Set(this.store.all().map((r) => r.snapshotId));
+    for (const id of await this.disks.listSnapshots()) if (!known.has(id)) await this.disks.deleteSnapshot(id);
+    await this.disks.clearScratch();
+  }
+}

@@ -1,0 +1,119 @@
+import { SandboxError } from '../errors/index.js';
+import type { SandboxSpec } from '../spec/index.js';
+import type { StoredDisks } from '../host/stored-disks.host.js';
+import type { VolumeRecordStore } from '../store/volume-records.js';
+import type { SandboxInfo, VolumeInfo } from '../wire/index.js';
+import { newSandboxId } from './ids.js';
+import { hasTemplateRoot } from './templates.js';
+
+/**
+ * Named volumes: per tenant, each a btrfs subvolume under `volumes/<id>` bounded by its own quota
+ * group, that outlives sandboxes and server restarts. A sandbox mounts them by name
+ * (`spec.volumes`); one sandbox at a time may write a volume unless it was created `shared`.
+ */
+export class Volumes {
+  constructor(
+    private readonly disks: StoredDisks,
+    private readonly store: VolumeRecordStore,
+    private readonly now: () => number,
+  ) {}
+
+  async create(tenantId: string, input: { name: string; sizeBytes: number; shared?: boolean }): Promise<VolumeInfo> {
+    const info: VolumeInfo = {
+      volumeId: `vol_${newSandboxId()}`,
+      tenantId,
+      name: input.name,
+      sizeBytes: input.sizeBytes,
+      shared: input.shared === true,
+      createdAt: new Date(this.now()).toISOString(),
+    };
+    if (!this.store.insert(info)) {
+      throw new SandboxError('ALREADY_EXISTS', `volume ${input.name} already exists`, {
+        details: { volume: input.name },
+        hint: 'Choose another name, or use the existing volume (`capsule volume ls`).',
+      });
+    }
+    try {
+      await this.disks.createVolume(info.volumeId, info.sizeBytes);
+    } catch (error) {
+      this.store.delete(tenantId, info.name);
+      throw error;
+    }
+    return info;
+  }
+
+  find(tenantId: string, name: string): VolumeInfo {
+    const record = this.store.get(tenantId, name);
+    if (!record) {
+      throw new SandboxError('VOLUME_NOT_FOUND', `volume ${name} not found`, {
+        details: { volume: name },
+        hint: 'List your volumes with `capsule volume ls` (GET /v1/volumes); create one with `capsule volume create NAME --size 1GiB`.',
+      });
+    }
+    return record;
+  }
+
+  /** The volume with what it holds now. */
+  async describe(tenantId: string, name: string): Promise<VolumeInfo> {
+    return this.withUsage(this.find(tenantId, name));
+  }
+
+  async list(tenantId: string): Promise<VolumeInfo[]> {
+    return Promise.all(this.store.list(tenantId).map((info) => this.withUsage(info)));
+  }
+
+  /** Deletes the volume and its data; CONFLICT while a live sandbox mounts it. */
+  async delete(tenantId: string, name: string, live: readonly SandboxInfo[]): Promise<void> {
+    const info = this.find(tenantId, name);
+    const users = live.filter((s) => s.tenantId === tenantId && s.spec.volumes.some((v) => v.name === name)).map((s) => s.sandboxId);
+    if (users.length > 0) {
+      throw new SandboxError('CONFLICT', `volume ${name} is mounted by ${users.length} live sandbox${users.length === 1 ? '' : 'es'}`, {
+        details: { volume: name, sandboxes: users },
+        hint: 'Kill the sandboxes that mount it first, then delete it.',
+      });
+    }
+    await this.disks.deleteVolume(info.volumeId);
+    this.store.delete(tenantId, name);
+  }
+
+  /**
+   * The host directories of the spec's volumes, checked for the tenant: each must exist, and one
+   * mounted writable must not be mounted writable by another live sandbox unless it is shared.
+   */
+  resolve(tenantId: string, spec: SandboxSpec, live: readonly SandboxInfo[]): string[] {
+    return spec.volumes.map((mount, index) => {
+      const info = this.find(tenantId, mount.name);
+      if (!mount.readOnly) {
+        // A host-template sandbox has one uid of its own: the volume is lent to it while it
+        // writes, so two of them cannot write one volume at once even when it is shared.
+        const hostTemplate = !hasTemplateRoot(spec.template);
+        const writer = live.find(
+          (s) =>
+            s.tenantId === tenantId &&
+            s.spec.volumes.some((v) => v.name === mount.name && !v.readOnly) &&
+            (!info.shared || (hostTemplate && !hasTemplateRoot(s.spec.template))),
+        );
+        if (writer) {
+          throw new SandboxError('CONFLICT', `volume ${mount.name} is mounted writable by sandbox ${writer.sandboxId}`, {
+            details: { field: `volumes[${index}]`, volume: mount.name, sandboxId: writer.sandboxId, shared: info.shared },
+            hint: info.shared
+              ? 'Sandboxes of the host template write a volume one at a time (each has its own uid); mount it read-only, or use sandboxes from a template to share writes.'
+              : 'Mount it read-only ("readOnly": true, CLI NAME:/path:ro), end the other sandbox, or create the volume with "shared": true.',
+          });
+        }
+      }
+      return this.disks.volumePath(info.volumeId);
+    });
+  }
+
+  /** At start-up: volume data without a record (a crash between the two) is deleted. */
+  async reconcile(): Promise<void> {
+    const known = new Set(this.store.all().map((r) => r.volumeId));
+    for (const id of await this.disks.listVolumes()) if (!known.has(id)) await this.disks.deleteVolume(id);
+  }
+
+  private async withUsage(info: VolumeInfo): Promise<VolumeInfo> {
+    const used = await this.disks.volumeUsedBytes(info.volumeId).catch(() => undefined);
+    return used === undefined ? info : { ...info, usedBytes: used };
+  }
+}

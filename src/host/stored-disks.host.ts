@@ -1,0 +1,217 @@
+import { chmod, chown, mkdir, readdir, readFile, rm } from 'node:fs/promises';
+import { join } from 'node:path';
+import { randomBytes } from 'node:crypto';
+import { runCommand } from './run-command.host.js';
+import { pathExists } from './fs-util.js';
+import type { WorkspaceVolume } from './volume.host.js';
+
+/** The user every template and volume stores its files as (raw ids, seen through idmapped mounts). */
+export const STORED_USER_ID = 1000;
+
+/**
+ * Disks that outlive sandboxes, on the same btrfs volume as their workspaces and roots (so every
+ * copy is a copy-on-write snapshot that costs milliseconds):
+ *
+ *   snapshots/<snapshotId>/disk              read-only: a sandbox's root (or bare workspace)
+ *   snapshots/<snapshotId>/volumes/<volId>   read-only: volumes the snapshot included
+ *   volumes/<volumeId>                       a named volume, bounded by its own quota group
+ *   clones/<sandboxId>/<n>                   a sandbox's writable copies of a snapshot's volumes
+ *   scratch/<random>                         read-only views of live disks while they are compared
+ *
+ * Sandbox disks (`ws-<id>`, `sb-<id>`) stay at the top, where WorkspaceVolume keeps them.
+ */
+export class StoredDisks {
+  constructor(private readonly volume: WorkspaceVolume) {}
+
+  private at(...parts: string[]): string {
+    return join(this.volume.mountPoint, ...parts);
+  }
+
+  // ---- snapshots
+
+  snapshotDir(snapshotId: string): string {
+    return this.at('snapshots', snapshotId);
+  }
+
+  /** The read-only copy of the sandbox's disk (a root with /workspace inside, or a bare workspace). */
+  snapshotDisk(snapshotId: string): string {
+    return join(this.snapshotDir(snapshotId), 'disk');
+  }
+
+  snapshotVolume(snapshotId: string, volumeId: string): string {
+    return join(this.snapshotDir(snapshotId), 'volumes', volumeId);
+  }
+
+  /**
+   * A read-only snapshot of `sourceDir` (a sandbox's subvolume) as the snapshot's disk. The caller
+   * holds the sandbox still (frozen or checkpointed) for the instant it takes.
+   */
+  async snapshotInto(sourceDir: string, snapshotId: string): Promise<string> {
+    await mkdir(join(this.snapshotDir(snapshotId), 'volumes'), { recursive: true, mode: 0o700 });
+    const disk = this.snapshotDisk(snapshotId);
+    await runCommand(['btrfs', 'subvolume', 'snapshot', '-r', sourceDir, disk]);
+    return disk;
+  }
+
+  async snapshotVolumeInto(volumeId: string, snapshotId: string): Promise<string> {
+    const target = this.snapshotVolume(snapshotId, volumeId);
+    await mkdir(join(this.snapshotDir(snapshotId), 'volumes'), { recursive: true, mode: 0o700 });
+    await runCommand(['btrfs', 'subvolume', 'snapshot', '-r', this.volumePath(volumeId), target]);
+    return target;
+  }
+
+  /** Deletes a snapshot and everything it holds; an absent one is fine. */
+  async deleteSnapshot(snapshotId: string): Promise<void> {
+    const dir = this.snapshotDir(snapshotId);
+    if (!(await pathExists(dir))) return;
+    const volumes = await readdir(join(dir, 'volumes')).catch(() => [] as string[]);
+    for (const volumeId of volumes) await deleteSubvolume(this.snapshotVolume(snapshotId, volumeId));
+    await deleteSubvolume(this.snapshotDisk(snapshotId));
+    await rm(dir, { recursive: true, force: true });
+  }
+
+  /** Bytes the snapshot's disk holds (its quota group's referenced bytes), or undefined. */
+  async snapshotSizeBytes(snapshotId: string): Promise<number | undefined> {
+    const qgroup = await this.qgroupDir(this.snapshotDisk(snapshotId));
+    if (qgroup === undefined) return undefined;
+    return Number((await readFile(join(qgroup, 'referenced'), 'utf8')).trim());
+  }
+
+  listSnapshots(): Promise<string[]> {
+    return readdir(this.at('snapshots')).catch(() => [] as string[]);
+  }
+
+  // ---- volumes
+
+  volumePath(volumeId: string): string {
+    return this.at('volumes', volumeId);
+  }
+
+  /** A new empty volume holding at most `sizeBytes`, its top directory the stored user's. */
+  async createVolume(volumeId: string, sizeBytes: number): Promise<string> {
+    await mkdir(this.at('volumes'), { recursive: true, mode: 0o700 });
+    const path = this.volumePath(volumeId);
+    await runCommand(['btrfs', 'subvolume', 'create', path]);
+    try {
+      await runCommand(['btrfs', 'qgroup', 'limit', String(sizeBytes), path]);
+      await chown(path, STORED_USER_ID, STORED_USER_ID);
+      await chmod(path, 0o755);
+    } catch (error) {
+      await deleteSubvolume(path).catch(() => undefined);
+      throw error;
+    }
+    return path;
+  }
+
+  async deleteVolume(volumeId: string): Promise<void> {
+    await deleteSubvolume(this.volumePath(volumeId));
+  }
+
+  listVolumes(): Promise<string[]> {
+    return readdir(this.at('volumes')).catch(() => [] as string[]);
+  }
+
+  /** Bytes a volume holds as its quota counts them, or undefined when not readable. */
+  async volumeUsedBytes(volumeId: string): Promise<number | undefined> {
+    // Quota groups are counted at transaction commit: commit now so recent writes show.
+    await runCommand(['btrfs', 'filesystem', 'sync', this.volume.mountPoint]);
+    const qgroup = await this.qgroupDir(this.volumePath(volumeId));
+    if (qgroup === undefined) return undefined;
+    return Number((await readFile(join(qgroup, 'referenced'), 'utf8')).trim());
+  }
+
+  // ---- clones of a snapshot's volumes, private to one sandbox
+
+  clonePath(sandboxId: string, index: number): string {
+    return this.at('clones', sandboxId, String(index));
+  }
+
+  async cloneInto(sourceDir: string, sandboxId: string, index: number): Promise<string> {
+    await mkdir(this.at('clones', sandboxId), { recursive: true, mode: 0o700 });
+    const target = this.clonePath(sandboxId, index);
+    await runCommand(['btrfs', 'subvolume', 'snapshot', sourceDir, target]);
+    return target;
+  }
+
+  async deleteClones(sandboxId: string): Promise<void> {
+    const dir = this.at('clones', sandboxId);
+    for (const entry of await readdir(dir).catch(() => [] as string[])) await deleteSubvolume(join(dir, entry));
+    await rm(dir, { recursive: true, force: true });
+  }
+
+  listClones(): Promise<string[]> {
+    return readdir(this.at('clones')).catch(() => [] as string[]);
+  }
+
+  // ---- read-only views of live disks
+
+  /**
+   * A read-only snapshot of a live disk for as long as `use` runs (a diff needs both sides
+   * read-only); deleted afterwards whatever happens.
+   */
+  async withReadOnlyView<T>(sourceDir: string, use: (view: string) => Promise<T>, still?: { freeze(): Promise<void>; thaw(): Promise<void> }): Promise<T> {
+    await mkdir(this.at('scratch'), { recursive: true, mode: 0o700 });
+    const view = this.at('scratch', randomBytes(8).toString('hex'));
+    // `still` holds the disk's writers for the instant of the snapshot (a sandbox's cgroup).
+    await still?.freeze();
+    try {
+      await runCommand(['btrfs', 'subvolume', 'snapshot', '-r', sourceDir, view]);
+    } finally {
+      await still?.thaw();
+    }
+    try {
+      return await use(view);
+    } finally {
+      await deleteSubvolume(view);
+    }
+  }
+
+  /**
+   * A read-only snapshot of a live disk that the caller drops (once whatever reads it is done,
+   * e.g. a streamed export); views a crash left are cleared at the next start.
+   */
+  async openView(sourceDir: string, still?: { freeze(): Promise<void>; thaw(): Promise<void> }): Promise<{ view: string; drop: () => Promise<void> }> {
+    await mkdir(this.at('scratch'), { recursive: true, mode: 0o700 });
+    const view = this.at('scratch', randomBytes(8).toString('hex'));
+    await still?.freeze();
+    try {
+      await runCommand(['btrfs', 'subvolume', 'snapshot', '-r', sourceDir, view]);
+    } finally {
+      await still?.thaw();
+    }
+    let dropped: Promise<void> | undefined;
+    return { view, drop: () => (dropped ??= deleteSubvolume(view)) };
+  }
+
+  /** Views a crash left behind (nothing uses them after a restart). */
+  async clearScratch(): Promise<void> {
+    for (const entry of await readdir(this.at('scratch')).catch(() => [] as string[])) await deleteSubvolume(this.at('scratch', entry));
+  }
+
+  private async qgroupDir(path: string): Promise<string | undefined> {
+    const id = Number((await runCommand(['btrfs', 'inspect-internal', 'rootid', path], { check: false })).stdout.trim());
+    if (!Number.isInteger(id) || id <= 0) return undefined;
+    const { stdout } = await runCommand(['btrfs', 'filesystem', 'show', '--raw', this.volume.mountPoint]);
+    const fsid = /uuid: ([0-9a-f-]+)/.exec(stdout)?.[1];
+    const dir = `/sys/fs/btrfs/${fsid}/qgroups/0_${id}`;
+    return fsid !== undefined && (await pathExists(dir)) ? dir : undefined;
+  }
+}
+
+/** Deletes a subvolume if it is there (read-only ones too). */
+async function deleteSubvolume(path: string): Promise<void> {
+  if (await pathExists(path)) await runCommand(['btrfs', 'subvolume', 'delete', path]);
+}
+
+/**
+ * Gives a volume's files to a host-template sandbox's single uid while it writes them (its files
+ * are stored as STORED_USER_ID, which template sandboxes see through an idmapped mount).
+ */
+export async function lendVolume(dir: string, uid: number): Promise<void> {
+  await runCommand(['chown', '-R', '--no-dereference', `${uid}:${uid}`, dir]);
+}
+
+/** Gives a lent volume's files back to the stored user. */
+export async function returnVolume(dir: string): Promise<void> {
+  if (await pathExists(dir)) await runCommand(['chown', '-R', '--no-dereference', `${STORED_USER_ID}:${STORED_USER_ID}`, dir]);
+}

@@ -1,0 +1,127 @@
+import { z } from 'zod';
+import { SandboxSpecSchema, VOLUME_NAME } from '../spec/index.js';
+import { SandboxInfoSchema } from './sandbox.js';
+import { SANDBOX_ID_PATTERN } from './common.js';
+
+/** Snapshot ids: `snap_` and 20 lowercase base-32 characters (safe in paths and URLs). */
+export const SNAPSHOT_ID_PATTERN = /^snap_[a-z2-7]{20}$/;
+
+export const SNAPSHOT_MODES = ['filesystem', 'full'] as const;
+
+/** A read-only copy of a sandbox's root and workspace, owned by one tenant. */
+export const SnapshotInfoSchema = z.object({
+  snapshotId: z.string(),
+  tenantId: z.string(),
+  name: z.string().optional(),
+  mode: z.enum(SNAPSHOT_MODES),
+  /** Lineage: the sandbox it was taken of, the snapshot that sandbox came from, its template. */
+  sandboxId: z.string(),
+  parentSnapshotId: z.string().optional(),
+  template: z.string(),
+  backend: z.string(),
+  /** `root`: a template sandbox's whole root (its /workspace inside); `workspace`: the host template's workspace. */
+  disk: z.enum(['root', 'workspace']),
+  /** Bytes the snapshot holds (its quota group's referenced bytes); counted just after it is taken, absent until then. */
+  sizeBytes: z.number().int().nonnegative().optional(),
+  createdAt: z.string(),
+  /** The source sandbox's spec: a sandbox made from the snapshot starts with it unless told otherwise. */
+  spec: SandboxSpecSchema,
+});
+export type SnapshotInfo = z.infer<typeof SnapshotInfoSchema>;
+
+export const SnapshotIdParams = z.strictObject({ snapshotId: z.string().regex(SNAPSHOT_ID_PATTERN, 'must be a snapshot id (snap_...)') });
+
+export const SnapshotName = z.string().min(1).max(128).regex(/^[^\0/]+$/, 'must not contain "/" or NUL');
+
+export const CreateSnapshotBody = z.strictObject({
+  name: SnapshotName.optional(),
+  mode: z.enum(SNAPSHOT_MODES).optional().meta({ description: '`filesystem` (default): root and workspace, the sandbox frozen for the instant. `full`: processes and memory too, where the backend can.' }),
+});
+
+export const SnapshotListSchema = z.object({ snapshots: z.array(SnapshotInfoSchema) });
+
+export const MAX_FORKS = 100;
+
+export const ForkBody = z.strictObject({
+  count: z.number().int().min(1).max(MAX_FORKS),
+  metadata: z.record(z.string(), z.string()).optional(),
+});
+
+/** One fork: its sandbox, or why it could not be made. */
+export const ForkEntrySchema = z.union([
+  z.object({ sandbox: SandboxInfoSchema }),
+  z.object({ error: z.object({ code: z.string(), message: z.string() }) }),
+]);
+
+export const ForkResultSchema = z.object({
+  /** The one snapshot every fork was made from (their origin for `changes`). */
+  snapshot: SnapshotInfoSchema,
+  forks: z.array(ForkEntrySchema),
+});
+export type ForkResult = z.infer<typeof ForkResultSchema>;
+
+// ---- volumes
+
+/** A named volume of a tenant: a quota'd directory that outlives sandboxes and server restarts. */
+export const VolumeInfoSchema = z.object({
+  volumeId: z.string(),
+  tenantId: z.string(),
+  name: z.string(),
+  /** Its size limit (a btrfs quota group). */
+  sizeBytes: z.number().int().positive(),
+  /** Whether more than one sandbox may mount it writable at once. */
+  shared: z.boolean(),
+  /** Bytes it holds now, when the kernel said. */
+  usedBytes: z.number().int().nonnegative().optional(),
+  createdAt: z.string(),
+});
+export type VolumeInfo = z.infer<typeof VolumeInfoSchema>;
+
+export const VolumeNameParams = z.strictObject({ name: z.string().regex(VOLUME_NAME, 'must be a volume name') });
+
+export const CreateVolumeBody = z.strictObject({
+  name: z.string().regex(VOLUME_NAME, 'must be a volume name (lowercase letters, digits, "._-", at most 63)'),
+  sizeBytes: z.number().int().min(1024 * 1024).max(2 ** 50),
+  shared: z.boolean().optional().meta({ description: 'Let several sandboxes mount it writable at once (default: one writer at a time).' }),
+});
+
+export const VolumeListSchema = z.object({ volumes: z.array(VolumeInfoSchema) });
+
+// ---- changes
+
+export const ChangeSchema = z.object({
+  /** As the sandbox sees it (`/workspace/...`, or anywhere in a template sandbox's root). */
+  path: z.string(),
+  kind: z.enum(['added', 'modified', 'deleted']),
+  type: z.enum(['file', 'dir', 'symlink', 'other']),
+  /** Of the new entry; of the old one for a deleted entry. */
+  sizeBytes: z.number().int().nonnegative(),
+  /** sha256 of the new content (files added or modified). */
+  sha256: z.string().optional(),
+  /** Permission bits of the new entry. */
+  mode: z.number().int(),
+  /** A symlink's target. */
+  target: z.string().optional(),
+});
+export type Change = z.infer<typeof ChangeSchema>;
+
+export const ChangesSchema = z.object({
+  sandboxId: z.string(),
+  /** What the changes are measured against: a snapshot, a template, or nothing (an empty workspace). */
+  origin: z.object({ snapshotId: z.string().optional(), template: z.string().optional() }),
+  changes: z.array(ChangeSchema),
+  /** More paths changed than one answer lists (MAX_CHANGES): the list is incomplete. */
+  truncated: z.boolean(),
+});
+export type Changes = z.infer<typeof ChangesSchema>;
+
+export const MAX_CHANGES = 10_000;
+
+export const ChangesQuery = z.strictObject({ since: z.string().regex(SNAPSHOT_ID_PATTERN, 'must be a snapshot id').optional() });
+
+export const ApplyChangesBody = z.strictObject({
+  from: z.string().regex(SANDBOX_ID_PATTERN, 'must be a sandbox id').meta({ description: 'A fork of this sandbox: its changes since the fork are applied here.' }),
+});
+
+export const ApplyResultSchema = z.object({ applied: z.array(ChangeSchema), from: z.string(), snapshotId: z.string() });
+export type ApplyResult = z.infer<typeof ApplyResultSchema>;

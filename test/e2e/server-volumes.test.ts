@@ -1,0 +1,146 @@
+import { existsSync, mkdtempSync } from 'node:fs';
+import { join } from 'node:path';
+import { afterEach, describe, expect, it } from 'vitest';
+import { HostEnvironment } from '../../src/host/host-env.host.js';
+import { AlreadyExistsError, ConflictError, NotFoundError, Sandbox, Volumes, type ConnectionOptions } from '../../src/sdk/index.js';
+import { expectNoLeaks, testDataDir } from '../helpers/sandbox.js';
+import { startTestServer, type TestServer } from './server-helpers.js';
+
+/** Named volumes over /v1 and the SDK: per tenant, quota'd, mounted into real sandboxes, outliving them and the server. */
+afterEach(expectNoLeaks);
+
+const host = new HostEnvironment({ dataDir: testDataDir() });
+const MiB = 1024 * 1024;
+
+async function sh(sandbox: Sandbox, line: string): Promise<{ exitCode: number | null; stdout: string; stderr: string }> {
+  const result = await sandbox.commands.run(['/bin/sh', '-c', line]);
+  return { exitCode: result.exitCode, stdout: result.stdout, stderr: result.stderr };
+}
+
+async function mintTenant(t: TestServer, tenantId: string): Promise<ConnectionOptions> {
+  const minted = await t.json<{ apiKey: string }>('POST', '/v1/keys', { body: { tenantId } });
+  expect(minted.status, JSON.stringify(minted.body)).toBe(201);
+  return { url: t.url, apiKey: minted.body.apiKey };
+}
+
+async function cleanUp(conn: ConnectionOptions): Promise<void> {
+  for await (const info of Sandbox.listAll({ ...conn, state: ['running', 'paused', 'starting'] })) await (await Sandbox.connect(info.sandboxId, conn)).kill();
+  for (const volume of await Volumes.list(conn)) await Volumes.delete(volume.name, conn);
+}
+
+describe('volumes', () => {
+  it('a volume keeps its files after its sandbox ends and across a server restart', async () => {
+    const dbDir = mkdtempSync(join(testDataDir(), 'server-db-'));
+    const first = await startTestServer({ databaseDir: dbDir });
+    const conn = { url: first.url, apiKey: first.apiKey };
+    let volumeId: string;
+    try {
+      const volume = await Volumes.create('data', 64 * MiB, conn);
+      volumeId = volume.volumeId;
+      expect(volume).toMatchObject({ name: 'data', sizeBytes: 64 * MiB, shared: false, tenantId: 'default' });
+      const writer = await Sandbox.create({ ttlMs: 60_000, volumes: [{ name: 'data', path: '/data' }] }, conn);
+      expect(await sh(writer, 'mkdir -p /data/run1 && echo result-1 > /data/run1/out && cat /data/run1/out')).toMatchObject({ exitCode: 0, stdout: 'result-1\n' });
+      await writer.kill();
+      // Written by a sandbox that has ended, still there for the next one.
+      const reader = await Sandbox.create({ ttlMs: 60_000, volumes: [{ name: 'data', path: '/data', readOnly: true }] }, conn);
+      expect(await sh(reader, 'cat /data/run1/out')).toMatchObject({ exitCode: 0, stdout: 'result-1\n' });
+      const refused = await sh(reader, 'echo x > /data/run1/other');
+      expect(refused.exitCode).not.toBe(0);
+      expect(refused.stderr).toMatch(/Read-only file system/);
+      await reader.kill();
+      expect((await Volumes.get('data', conn)).usedBytes).toBeGreaterThan(0);
+    } catch (error) {
+      await cleanUp(conn);
+      throw error;
+    } finally {
+      await first.server.close();
+    }
+    const second = await startTestServer({ databaseDir: dbDir, env: { CAPSULE_API_KEY: first.apiKey } });
+    const again = { url: second.url, apiKey: first.apiKey };
+    try {
+      expect((await Volumes.list(again)).map((v) => v.volumeId)).toEqual([volumeId]);
+      const after = await Sandbox.create({ ttlMs: 60_000, volumes: [{ name: 'data', path: '/data' }] }, again);
+      expect(await sh(after, 'cat /data/run1/out && echo more >> /data/run1/out')).toMatchObject({ exitCode: 0, stdout: 'result-1\n' });
+      // Mounted: deleting it is refused until the sandbox ends.
+      expect(await Volumes.delete('data', again).catch((error: unknown) => error)).toBeInstanceOf(ConflictError);
+      await after.kill();
+      await Volumes.delete('data', again);
+      expect(existsSync(join(host.volume.mountPoint, 'volumes', volumeId))).toBe(false);
+    } finally {
+      await cleanUp(again);
+      await second.server.close();
+    }
+  }, 120_000);
+
+  it('its size limit holds, one writer at a time, names unique per tenant', async () => {
+    const t = await startTestServer();
+    const conn = { url: t.url, apiKey: t.apiKey };
+    try {
+      await Volumes.create('small', 8 * MiB, conn);
+      expect(await Volumes.create('small', 8 * MiB, conn).catch((error: unknown) => error)).toBeInstanceOf(AlreadyExistsError);
+      const writer = await Sandbox.create({ ttlMs: 60_000, volumes: [{ name: 'small', path: '/data' }] }, conn);
+      const full = await sh(writer, 'dd if=/dev/zero of=/data/big bs=1M count=32 2>&1; sync');
+      expect(full.stdout).toMatch(/Disk quota exceeded|No space left/);
+      expect((await Volumes.get('small', conn)).usedBytes).toBeLessThanOrEqual(9 * MiB);
+
+      const second = await t.json<{ code: string; details: { sandboxId: string } }>('POST', '/v1/sandboxes', { body: { spec: { volumes: [{ name: 'small', path: '/data' }] } } });
+      expect(second.status).toBe(409);
+      expect(second.body.code).toBe('CONFLICT');
+      expect(second.body.details.sandboxId).toBe(writer.sandboxId);
+      const reader = await Sandbox.create({ ttlMs: 60_000, volumes: [{ name: 'small', path: '/data', readOnly: true }] }, conn);
+      expect((await sh(reader, 'ls /data')).exitCode).toBe(0);
+
+      // Shared, it still takes one writer of the host template at a time (each has its own uid).
+      await Volumes.create('team', 8 * MiB, { ...conn, shared: true });
+      const a = await Sandbox.create({ ttlMs: 60_000, volumes: [{ name: 'team', path: '/team' }] }, conn);
+      expect((await sh(a, 'echo from-a > /team/a')).exitCode).toBe(0);
+      const b = await t.json<{ code: string; hint: string }>('POST', '/v1/sandboxes', { body: { spec: { volumes: [{ name: 'team', path: '/team' }] } } });
+      expect(b.status).toBe(409);
+      expect(b.body.hint).toContain('template');
+      const c = await Sandbox.create({ ttlMs: 60_000, volumes: [{ name: 'team', path: '/team', readOnly: true }] }, conn);
+      expect(await sh(c, 'cat /team/a')).toMatchObject({ exitCode: 0, stdout: 'from-a\n' });
+    } finally {
+      await cleanUp(conn);
+      await t.server.close();
+    }
+  }, 120_000);
+
+  it('another tenant can neither see, mount nor delete a volume', async () => {
+    const t = await startTestServer();
+    const alice = await mintTenant(t, 'alice');
+    const bob = await mintTenant(t, 'bob');
+    try {
+      await Volumes.create('private', 16 * MiB, alice);
+      expect(await Volumes.list(bob)).toEqual([]);
+      expect(await Volumes.get('private', bob).catch((error: unknown) => error)).toBeInstanceOf(NotFoundError);
+      const mount = await t.json<{ code: string }>('POST', '/v1/sandboxes', { key: bob.apiKey, body: { spec: { volumes: [{ name: 'private', path: '/data' }] } } });
+      expect(mount.status).toBe(404);
+      expect(mount.body.code).toBe('VOLUME_NOT_FOUND');
+      expect(await Volumes.delete('private', bob).catch((error: unknown) => error)).toBeInstanceOf(NotFoundError);
+      // Bob's own volume of the same name is his, apart from Alice's.
+      await Volumes.create('private', 16 * MiB, bob);
+      const sandbox = await Sandbox.create({ ttlMs: 60_000, volumes: [{ name: 'private', path: '/data' }] }, alice);
+      expect((await sh(sandbox, 'echo alice > /data/who')).exitCode).toBe(0);
+      const bobs = await Sandbox.create({ ttlMs: 60_000, volumes: [{ name: 'private', path: '/data' }] }, bob);
+      expect((await sh(bobs, 'ls -A /data')).stdout).toBe('');
+    } finally {
+      await cleanUp(alice);
+      await cleanUp(bob);
+      await t.server.close();
+    }
+  }, 120_000);
+
+  it('gVisor refuses volumes with a stable code rather than ignoring them', async () => {
+    const t = await startTestServer();
+    const conn = { url: t.url, apiKey: t.apiKey };
+    try {
+      await Volumes.create('v', 8 * MiB, conn);
+      const refused = await t.json<{ code: string }>('POST', '/v1/sandboxes', { body: { spec: { backend: 'gvisor', volumes: [{ name: 'v', path: '/data' }] } } });
+      expect(refused.status).toBe(422);
+      expect(refused.body.code).toBe('BACKEND_CANNOT_ENFORCE');
+    } finally {
+      await cleanUp(conn);
+      await t.server.close();
+    }
+  }, 60_000);
+});
