@@ -75,6 +75,12 @@ export const COMMANDS: readonly CommandEntry[] = [
     load: async (context) => (await import('./commands/artifacts.js')).artifactsCommand(context),
   },
   {
+    name: 'template',
+    term: 'template',
+    description: 'Templates: root filesystems sandboxes start from (Debian bootstrap, OCI image, Dockerfile)',
+    load: async (context) => (await import('./commands/template.js')).templateCommand(context),
+  },
+  {
     name: 'snapshot',
     term: 'snapshot',
     description: 'List and delete snapshots of your sandboxes',
