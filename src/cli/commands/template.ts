@@ -94,21 +94,26 @@ async function localTemplates(dataDir: string | undefined): Promise<{ service: i
   return { service, close: () => steps.runner!.close() };
 }
 
-async function build(request: BuildTemplateRequest, local: { contextDir?: string; dockerfile?: string }, flags: TemplateFlags & { progress?: boolean }, context: CliContext): Promise<TemplateInfo> {
-  const onLog = logger(context, flags);
-  if (isRemote(flags, context)) return Template.build(request, { ...connection(flags, context), onLog });
+/** Runs `fn` with the local template service and its helpers, closed afterwards. */
+async function withLocal<T>(dataDir: string | undefined, fn: (local: { service: import('../../templates/index.js').TemplateService; owner: string; info: (record: import('../../templates/index.js').TemplateRecord) => TemplateInfo }) => Promise<T>): Promise<T> {
   const [{ PUBLIC_OWNER }, { templateInfo }] = await Promise.all([import('../../templates/index.js'), import('../../server/routes/templates.js')]);
-  const templates = await localTemplates(flags.dataDir);
+  const templates = await localTemplates(dataDir);
   try {
-    const source = request.source.kind === 'dockerfile'
-      ? { kind: 'dockerfile' as const, contextDir: local.contextDir!, dockerfile: local.dockerfile, buildArgs: request.source.buildArgs, noCache: request.source.noCache }
-      : request.source;
-    // The local user's own machine: its templates are the operator's (public), host paths allowed.
-    const record = await templates.service.buildTemplate({ owner: PUBLIC_OWNER, name: request.name, source, allowHostPaths: true, onLog });
-    return templateInfo(record);
+    // The local user's own machine: its templates are the operator's (public).
+    return await fn({ service: templates.service, owner: PUBLIC_OWNER, info: templateInfo });
   } finally {
     await templates.close();
   }
+}
+
+async function build(request: BuildTemplateRequest, local: { contextDir?: string; dockerfile?: string }, flags: TemplateFlags & { progress?: boolean }, context: CliContext): Promise<TemplateInfo> {
+  const onLog = logger(context, flags);
+  if (isRemote(flags, context)) return Template.build(request, { ...connection(flags, context), onLog });
+  const source = request.source.kind === 'dockerfile'
+    ? { kind: 'dockerfile' as const, contextDir: local.contextDir!, dockerfile: local.dockerfile, buildArgs: request.source.buildArgs, noCache: request.source.noCache }
+    : request.source;
+  // Host paths allowed: the context is the local user's own directory.
+  return withLocal(flags.dataDir, async ({ service, owner, info }) => info(await service.buildTemplate({ owner, name: request.name, source, allowHostPaths: true, onLog })));
 }
 
 function buildArgs(flags: string[] | undefined): Record<string, string> | undefined {
@@ -128,15 +133,7 @@ export function templateCommand(context: CliContext): Command {
     withOptions(new Command('ls').description('List the templates you can use')).action(async (flags: TemplateFlags) => {
       const list = isRemote(flags, context)
         ? await Template.list(connection(flags, context))
-        : await (async () => {
-            const [{ PUBLIC_OWNER }, { templateInfo }] = await Promise.all([import('../../templates/index.js'), import('../../server/routes/templates.js')]);
-            const templates = await localTemplates(flags.dataDir);
-            try {
-              return (await templates.service.list(PUBLIC_OWNER)).map(templateInfo);
-            } finally {
-              await templates.close();
-            }
-          })();
+        : await withLocal(flags.dataDir, async ({ service, owner, info }) => (await service.list(owner)).map(info));
       if (flags.json) return printJson(context, { templates: list });
       for (const t of list) context.stdout.write(`${describe(t)}\n`);
     }),
@@ -144,32 +141,18 @@ export function templateCommand(context: CliContext): Command {
 
   group.addCommand(
     withOptions(new Command('inspect').description('Show a template: config, parent, size, build').argument('<ref>', 'name[:tag] or id')).action(async (ref: string, flags: TemplateFlags) => {
-      if (!isRemote(flags, context)) {
-        const [{ PUBLIC_OWNER }, { templateInfo }] = await Promise.all([import('../../templates/index.js'), import('../../server/routes/templates.js')]);
-        const templates = await localTemplates(flags.dataDir);
-        try {
-          return printJson(context, templateInfo(await templates.service.resolve(PUBLIC_OWNER, ref)));
-        } finally {
-          await templates.close();
-        }
-      }
-      printJson(context, await Template.get(ref, connection(flags, context)));
+      const template = isRemote(flags, context)
+        ? await Template.get(ref, connection(flags, context))
+        : await withLocal(flags.dataDir, async ({ service, owner, info }) => info(await service.resolve(owner, ref)));
+      printJson(context, template);
     }),
   );
 
   group.addCommand(
     withOptions(new Command('rm').description('Remove a tag (a bare name: every tag); layers go at the next prune').argument('<ref>', 'name[:tag]')).action(async (ref: string, flags: TemplateFlags) => {
-      let removed: string[];
-      if (isRemote(flags, context)) removed = await Template.delete(ref, connection(flags, context));
-      else {
-        const { PUBLIC_OWNER } = await import('../../templates/index.js');
-        const templates = await localTemplates(flags.dataDir);
-        try {
-          removed = await templates.service.remove(PUBLIC_OWNER, ref);
-        } finally {
-          await templates.close();
-        }
-      }
+      const removed = isRemote(flags, context)
+        ? await Template.delete(ref, connection(flags, context))
+        : await withLocal(flags.dataDir, ({ service, owner }) => service.remove(owner, ref));
       if (flags.json) return printJson(context, { removed });
       for (const id of removed) context.stdout.write(`${id}\n`);
     }),
@@ -180,14 +163,9 @@ export function templateCommand(context: CliContext): Command {
       if (isRemote(flags, context)) {
         throw new SandboxError('UNIMPLEMENTED', 'prune runs on the server machine itself', { hint: 'Run capsule template prune there, without --url and CAPSULE_URL.' });
       }
-      const templates = await localTemplates(flags.dataDir);
-      try {
-        const report = await templates.service.prune();
-        if (flags.json) return printJson(context, report);
-        context.stdout.write(`removed ${report.removedLayers.length} layers (${(report.freedLayerBytes / 2 ** 20).toFixed(1)} MiB), ${(report.freedImageCacheBytes / 2 ** 20).toFixed(1)} MiB of image blobs\n`);
-      } finally {
-        await templates.close();
-      }
+      const report = await withLocal(flags.dataDir, ({ service }) => service.prune());
+      if (flags.json) return printJson(context, report);
+      context.stdout.write(`removed ${report.removedLayers.length} layers (${(report.freedLayerBytes / 2 ** 20).toFixed(1)} MiB), ${(report.freedImageCacheBytes / 2 ** 20).toFixed(1)} MiB of image blobs\n`);
     }),
   );
 
