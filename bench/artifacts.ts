@@ -17,7 +17,7 @@ import { NamespaceBackend } from '../src/backends/namespace/namespace-backend.ho
 import { collectArtifacts } from '../src/engine/artifacts.js';
 import { newSandboxId } from '../src/engine/ids.js';
 import { HostEnvironment } from '../src/host/host-env.host.js';
-import { parseSpec } from '../src/spec/index.js';
+import { parseSpec } from '../src/sandbox-spec/index.js';
 import { LocalArtifactStore } from '../src/store/artifacts/index.js';
 import { percentile, table, timeIt } from './stats.js';
 

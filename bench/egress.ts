@@ -21,7 +21,7 @@ import { HostEnvironment } from '../src/host/host-env.host.js';
 import { EgressNetwork } from '../src/host/netns-network.host.js';
 import { NamespaceBackend } from '../src/backends/namespace/namespace-backend.host.js';
 import { newSandboxId } from '../src/engine/ids.js';
-import { parseSpec, type SandboxSpec } from '../src/spec/index.js';
+import { parseSpec, type SandboxSpec } from '../src/sandbox-spec/index.js';
 import { summarize, table, timeIt, type Summary } from './stats.js';
 
 const NAME = 'bench.test';

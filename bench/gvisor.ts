@@ -22,7 +22,7 @@ import { probeRunsc, writeRootfs } from '../src/backends/gvisor/runsc.host.js';
 import { NamespaceBackend } from '../src/backends/namespace/namespace-backend.host.js';
 import { baseEnv } from '../src/host/sandbox-layout.js';
 import { HostEnvironment } from '../src/host/host-env.host.js';
-import { parseSpec } from '../src/spec/index.js';
+import { parseSpec } from '../src/sandbox-spec/index.js';
 import { summarize, table, timeIt, type Summary } from './stats.js';
 
 const MiB = 1024 * 1024;

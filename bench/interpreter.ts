@@ -13,7 +13,7 @@ import { newSandboxId } from '../src/engine/ids.js';
 import { InterpreterService } from '../src/engine/interpreter/index.js';
 import { type InterpreterLanguage } from '../src/wire/index.js';
 import { HostEnvironment } from '../src/host/host-env.host.js';
-import { parseSpec } from '../src/spec/index.js';
+import { parseSpec } from '../src/sandbox-spec/index.js';
 import { summarize, table, timeIt } from './stats.js';
 
 const MAX_N = 30;

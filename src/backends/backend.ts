@@ -1,5 +1,5 @@
 import type { AgentProcess, AgentRelay, AgentStartOptions } from './agent/index.js';
-import type { BackendName, NetworkPolicy, SandboxSpec } from '../spec/index.js';
+import type { BackendName, NetworkPolicy, SandboxSpec } from '../sandbox-spec/index.js';
 import type { CgroupCounters } from '../host/cgroups.host.js';
 import type { HostMount } from '../host/mount-roots.host.js';
 import type { EgressCounters } from '../host/egress/egress-types.js';

@@ -1,5 +1,5 @@
 import { SandboxError } from '../errors/index.js';
-import type { SandboxSpec } from '../spec/index.js';
+import type { SandboxSpec } from '../sandbox-spec/index.js';
 import type { HostMount } from '../host/mount-roots.host.js';
 
 /** The resolved mounts of `spec`, or INTERNAL when the engine did not resolve every one (fail closed). */

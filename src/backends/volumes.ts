@@ -1,5 +1,5 @@
 import { SandboxError } from '../errors/index.js';
-import type { SandboxSpec } from '../spec/index.js';
+import type { SandboxSpec } from '../sandbox-spec/index.js';
 
 /** The host directories of `spec.volumes`, or INTERNAL when the engine did not resolve each one (fail closed). */
 export function volumesOf(spec: SandboxSpec, volumes: readonly string[] | undefined): readonly string[] {

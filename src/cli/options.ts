@@ -1,6 +1,6 @@
 import { InvalidArgumentError } from 'commander';
 import { SandboxError } from '../errors/index.js';
-import { parseBytes, parseDurationMs } from '../spec/units.js';
+import { parseBytes, parseDurationMs } from '../sandbox-spec/units.js';
 
 /** commander parsers that turn a bad flag into a message naming the flag. */
 export function bytesOption(flag: string) {

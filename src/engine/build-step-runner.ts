@@ -3,7 +3,7 @@ import type { Backend } from '../backends/backend.js';
 import { createBackends } from '../backends/registry.js';
 import type { HostEnvironment } from '../host/host-env.host.js';
 import { baseEnv } from '../host/sandbox-layout.js';
-import { parseSpec, type BackendName, type OperatorMaxima } from '../spec/index.js';
+import { parseSpec, type BackendName, type OperatorMaxima } from '../sandbox-spec/index.js';
 import type { RunStep, RunStepOptions, StepResult, StepRunner } from '../templates/index.js';
 import { assertEnforceable } from './capabilities.js';
 import { newSandboxId } from './ids.js';

@@ -1,5 +1,5 @@
 import { SandboxError } from '../errors/index.js';
-import type { SandboxSpec } from '../spec/index.js';
+import type { SandboxSpec } from '../sandbox-spec/index.js';
 import type { BackendProbe, Capability } from '../backends/backend.js';
 
 /** The capabilities a backend must have to honour this spec. */

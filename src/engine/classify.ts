@@ -1,6 +1,6 @@
 import { constants } from 'node:os';
-import type { Limits } from '../spec/index.js';
-import { formatBytes, formatDurationMs } from '../spec/index.js';
+import type { Limits } from '../sandbox-spec/index.js';
+import { formatBytes, formatDurationMs } from '../sandbox-spec/index.js';
 import type { SandboxCounters } from '../backends/backend.js';
 import type { LimitHit } from '../wire/index.js';
 

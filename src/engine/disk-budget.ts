@@ -1,6 +1,6 @@
 import { SandboxError } from '../errors/index.js';
 import type { VolumeCapacity } from '../host/volume.host.js';
-import { formatBytes } from '../spec/index.js';
+import { formatBytes } from '../sandbox-spec/index.js';
 
 /** Who a sandbox's disk is charged to: its tenant, under the quota of the key that created it. */
 export interface DiskOwner {

@@ -1,5 +1,5 @@
 import { SandboxError } from '../errors/index.js';
-import type { SandboxSpec } from '../spec/index.js';
+import type { SandboxSpec } from '../sandbox-spec/index.js';
 import type { HostMount } from '../host/mount-roots.host.js';
 import { resolveHostMount, type MountRoots } from '../host/mount-roots.host.js';
 

@@ -1,5 +1,5 @@
 import type { SandboxCounters } from '../backends/backend.js';
-import type { NetworkPolicy } from '../spec/index.js';
+import type { NetworkPolicy } from '../sandbox-spec/index.js';
 import type { LimitHit } from '../wire/index.js';
 
 const plural = (n: number): string => `${n} connection${n === 1 ? '' : 's'}`;

@@ -1,7 +1,7 @@
 import { join } from 'node:path';
 import { chown, mkdir, stat } from 'node:fs/promises';
 import { SandboxError } from '../errors/index.js';
-import { parseSpec, type OperatorMaxima, type SandboxSpecInput } from '../spec/index.js';
+import { parseSpec, type OperatorMaxima, type SandboxSpecInput } from '../sandbox-spec/index.js';
 import type { Backend, BackendSandbox } from '../backends/backend.js';
 import { createBackends } from '../backends/registry.js';
 import { HostEnvironment, type HostEnvironmentOptions } from '../host/host-env.host.js';

@@ -2,7 +2,7 @@ import type { Readable } from 'node:stream';
 import { join } from 'node:path';
 import type { Duplex } from 'node:stream';
 import { SandboxError } from '../errors/index.js';
-import { DEFAULT_MAXIMA, parseSpec, type BackendName, type NetworkPolicyInput, type OperatorMaxima, type SandboxSpec, type SandboxSpecInput } from '../spec/index.js';
+import { DEFAULT_MAXIMA, parseSpec, type BackendName, type NetworkPolicyInput, type OperatorMaxima, type SandboxSpec, type SandboxSpecInput } from '../sandbox-spec/index.js';
 import type { Backend, BackendSandbox } from '../backends/backend.js';
 import type { HostMount } from '../host/mount-roots.host.js';
 import type { HostEnvironment } from '../host/host-env.host.js';

@@ -1,4 +1,4 @@
-import { HOST_TEMPLATE } from '../spec/index.js';
+import { HOST_TEMPLATE } from '../sandbox-spec/index.js';
 import { HostEnvironment } from '../host/host-env.host.js';
 import { isTemplateId, parseTemplateRef, TemplateService, type StepRunner } from '../templates/index.js';
 import { HOST_IMAGE, type TemplateCatalog, type TemplateImage } from './templates.js';

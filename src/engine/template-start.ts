@@ -1,5 +1,5 @@
 import { SandboxError } from '../errors/index.js';
-import type { SandboxSpecInput } from '../spec/index.js';
+import type { SandboxSpecInput } from '../sandbox-spec/index.js';
 import type { LiveSandbox } from './sandbox-table.js';
 import type { TemplateImage } from './templates.js';
 

@@ -1,5 +1,5 @@
 import { SandboxError } from '../errors/index.js';
-import { HOST_TEMPLATE } from '../spec/index.js';
+import { HOST_TEMPLATE } from '../sandbox-spec/index.js';
 import { SANDBOX_UID, SANDBOX_USER } from '../host/sandbox-layout.js';
 
 /**

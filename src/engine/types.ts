@@ -1,5 +1,5 @@
 import type { Duplex, Readable } from 'node:stream';
-import type { NetworkPolicyInput, OperatorMaxima, SandboxSpecInput } from '../spec/index.js';
+import type { NetworkPolicyInput, OperatorMaxima, SandboxSpecInput } from '../sandbox-spec/index.js';
 import type { ExecResult, FileEntry, ForkResult, ProcessInfo, SandboxInfo, SandboxState, SnapshotInfo, UsageSample, VolumeInfo, Warning, WatchEvent, ApplyResult, Changes } from '../wire/index.js';
 import type { Collection, CollectOptions } from './artifacts.js';
 import type { InterpreterService } from './interpreter/index.js';

@@ -1,5 +1,5 @@
 import { SandboxError } from '../errors/index.js';
-import type { SandboxSpec } from '../spec/index.js';
+import type { SandboxSpec } from '../sandbox-spec/index.js';
 import type { StoredDisks } from '../host/stored-disks.host.js';
 import type { VolumeRecordStore } from '../store/volume-records.js';
 import type { SandboxInfo, VolumeInfo } from '../wire/index.js';

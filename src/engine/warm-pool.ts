@@ -1,5 +1,5 @@
 import type { Backend, BackendSandbox } from '../backends/backend.js';
-import type { SandboxSpec } from '../spec/index.js';
+import type { SandboxSpec } from '../sandbox-spec/index.js';
 import { newSandboxId } from './ids.js';
 
 export interface WarmPoolOptions {

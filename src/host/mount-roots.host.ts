@@ -1,7 +1,7 @@
 import { lstat, realpath, statfs } from 'node:fs/promises';
 import { isAbsolute, join, sep } from 'node:path';
 import { SandboxError } from '../errors/index.js';
-import { MOUNT_ROOT_NAME, type Mount } from '../spec/index.js';
+import { MOUNT_ROOT_NAME, type Mount } from '../sandbox-spec/index.js';
 
 /**
  * One of a spec's host mounts, resolved by the engine against the operator's roots: capsule-launch

@@ -2,14 +2,14 @@ import { access, mkdir, readdir, rm, writeFile } from 'node:fs/promises';
 import { constants, readFileSync } from 'node:fs';
 import { createHash } from 'node:crypto';
 import { join, resolve } from 'node:path';
-import type { NetworkPolicy } from '../spec/index.js';
+import type { NetworkPolicy } from '../sandbox-spec/index.js';
 import { isSandboxError, SandboxError } from '../errors/index.js';
 import type { HostEnvironment } from './host-env.host.js';
 import { CredentialBroker } from './egress/broker.js';
 import { DEFAULT_EGRESS_PORTS, EgressProxy, type EgressPorts, type EgressStats } from './egress/egress-proxy.js';
 import type { EgressLogEntry } from './egress/denial-log.js';
 import { descriptorBudget, parseOpenFilesLimit, type EgressTimeouts } from './egress/connection-limits.js';
-import { DEFAULT_MAXIMA } from '../spec/index.js';
+import { DEFAULT_MAXIMA } from '../sandbox-spec/index.js';
 import { applyRuleset, deleteTable, hostRuleset, kernelConnectionCap, listTables, sandboxRuleset } from './nftables.host.js';
 import {
   destroyNetns, ensureAnchor, listInstanceNetns, NetnsPool, NetworkNames, removeAnchor, slotOwner, type NetnsSlot,

@@ -24,7 +24,7 @@ export type {
   WatchEvent,
   WireProcessEvent,
 } from '../wire/index.js';
-export type { NetworkPolicyInput, SandboxSpec, SandboxSpecInput } from '../spec/index.js';
+export type { NetworkPolicyInput, SandboxSpec, SandboxSpecInput } from '../sandbox-spec/index.js';
 
 /** Per-call options every SDK method takes. */
 export interface CallOptions {

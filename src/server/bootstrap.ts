@@ -6,7 +6,7 @@ import { createSandboxFiles } from '../engine/files/index.js';
 import { SandboxManager } from '../engine/sandbox-manager.js';
 import type { EngineEvent } from '../engine/events.js';
 import { lockDataDir, type EgressLogEntry, type EgressOptions } from '../engine/engine-host.js';
-import { DEFAULT_MAXIMA, type OperatorMaxima } from '../spec/index.js';
+import { DEFAULT_MAXIMA, type OperatorMaxima } from '../sandbox-spec/index.js';
 import { API_KEY_PATTERN, ApiKeyStore, AuditLog, OperationStore, SqliteSandboxRecords, SqliteSnapshotRecords, SqliteVolumeRecords, openDatabase, type SqliteDatabase } from '../store/index.js';
 import { CapsuleApp, type CapsuleAppOptions } from './app.js';
 import { TenantDiskQuota } from './disk-quota.js';

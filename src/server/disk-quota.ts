@@ -1,7 +1,7 @@
 import { SandboxError } from '../errors/index.js';
 import type { DiskOwner, WorkspaceBudget } from '../engine/disk-budget.js';
 import type { LogDiskBudget } from '../engine/process-logs.js';
-import { formatBytes } from '../spec/index.js';
+import { formatBytes } from '../sandbox-spec/index.js';
 
 /** What a tenant's disk quota counts. */
 export const DISK_RESOURCES = ['workspaces', 'logs', 'artifacts', 'snapshots'] as const;

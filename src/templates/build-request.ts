@@ -1,6 +1,6 @@
 import { z } from 'zod';
 import { SandboxError } from '../errors/index.js';
-import { describeIssues, LimitsSchema, NetworkPolicySchema } from '../spec/index.js';
+import { describeIssues, LimitsSchema, NetworkPolicySchema } from '../sandbox-spec/index.js';
 import type { OnLog } from './build-log.js';
 
 /** Start and ready commands a build may set on top of what its source says (E2B's template fields). */

@@ -2,7 +2,7 @@ import { mkdir, readdir, readFile, rm } from 'node:fs/promises';
 import { basename, isAbsolute, join, resolve } from 'node:path';
 import { SandboxError } from '../errors/index.js';
 import type { HostEnvironment } from '../host/host-env.host.js';
-import type { NetworkPolicyInput } from '../spec/index.js';
+import type { NetworkPolicyInput } from '../sandbox-spec/index.js';
 import type { OnLog } from './build-log.js';
 import { BuildSession } from './build-session.js';
 import { checkBuildRequest, type TemplateBuildRequest } from './build-request.js';

@@ -1,5 +1,5 @@
 import { z } from 'zod';
-import { MOUNT_ROOT_NAME } from '../spec/index.js';
+import { MOUNT_ROOT_NAME } from '../sandbox-spec/index.js';
 import { queryNumber, SANDBOX_ID_PATTERN } from './common.js';
 
 export const TENANT_ID_PATTERN = /^[a-z0-9][a-z0-9_-]{0,63}$/;

@@ -1,5 +1,5 @@
 import { z } from 'zod';
-import { USER_REF } from '../spec/index.js';
+import { USER_REF } from '../sandbox-spec/index.js';
 import { EnvName, MAX_PATH_LENGTH, noNul, SANDBOX_ID_PATTERN } from './common.js';
 
 /** How an exec or run ended. A limit hit is not a crash and not the program's own failure. */

@@ -1,5 +1,5 @@
 import { z } from 'zod';
-import { SandboxSpecSchema } from '../spec/index.js';
+import { SandboxSpecSchema } from '../sandbox-spec/index.js';
 import { queryNumber, SANDBOX_ID_PATTERN } from './common.js';
 
 export const SANDBOX_STATES = ['starting', 'running', 'paused', 'killed', 'expired', 'failed'] as const;

@@ -1,5 +1,5 @@
 import { z } from 'zod';
-import { SandboxSpecSchema, VOLUME_NAME } from '../spec/index.js';
+import { SandboxSpecSchema, VOLUME_NAME } from '../sandbox-spec/index.js';
 import { SandboxInfoSchema } from './sandbox.js';
 import { SANDBOX_ID_PATTERN } from './common.js';
 

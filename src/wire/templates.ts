@@ -1,5 +1,5 @@
 import { z } from 'zod';
-import { LimitsSchema, NetworkPolicySchema, TEMPLATE_REF } from '../spec/index.js';
+import { LimitsSchema, NetworkPolicySchema, TEMPLATE_REF } from '../sandbox-spec/index.js';
 import { InlineErrorSchema } from './process.js';
 
 /** A template's name, `name[:tag]`, or its id (20 hex digits). */

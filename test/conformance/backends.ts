@@ -1,5 +1,5 @@
 import { it } from 'vitest';
-import type { BackendName } from '../../src/spec/index.js';
+import type { BackendName } from '../../src/sandbox-spec/index.js';
 import type { RunOptions, RunResult } from '../../src/engine/runner.js';
 import { testRunner } from '../helpers/sandbox.js';
 

@@ -5,7 +5,7 @@ import { createBackends } from '../../src/backends/registry.js';
 import type { BackendSandbox } from '../../src/backends/backend.js';
 import { baseEnv } from '../../src/host/sandbox-layout.js';
 import { HostEnvironment } from '../../src/host/host-env.host.js';
-import { parseSpec, type BackendName } from '../../src/spec/index.js';
+import { parseSpec, type BackendName } from '../../src/sandbox-spec/index.js';
 import { expectNoLeaks, testDataDir } from '../helpers/sandbox.js';
 import { CONFORMANCE_BACKENDS, conformanceIt } from './backends.js';
 

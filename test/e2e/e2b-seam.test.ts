@@ -2,7 +2,7 @@ import { Sandbox } from 'e2b';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startE2bServer, type E2bTestServer } from './e2b-harness.js';
 import { startTestServer } from './server-helpers.js';
-import { clampLimits, DEFAULT_MAXIMA } from '../../src/spec/index.js';
+import { clampLimits, DEFAULT_MAXIMA } from '../../src/sandbox-spec/index.js';
 
 /**
  * The E2B facade goes through the same seam as /v1 (decision 008): its mutating calls take an

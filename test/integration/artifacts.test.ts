@@ -12,7 +12,7 @@ import { baseEnv } from '../../src/host/sandbox-layout.js';
 import { HostEnvironment } from '../../src/host/host-env.host.js';
 import { openRegular } from '../../src/host/output-files.host.js';
 import { newSandboxId } from '../../src/engine/ids.js';
-import { parseSpec } from '../../src/spec/index.js';
+import { parseSpec } from '../../src/sandbox-spec/index.js';
 import { outputLogInfo, readOutputLog } from '../../src/engine/output-log.js';
 import { ProcessLogs } from '../../src/engine/process-logs.js';
 import type { RunResult } from '../../src/engine/runner.js';

@@ -8,7 +8,7 @@ import { expectNoLeaks, testDataDir } from '../helpers/sandbox.js';
 import { EgressProxy } from '../../src/host/egress/egress-proxy.js';
 import { CredentialBroker, OPERATOR_TENANT, type BrokerHandle, type BrokerLogEntry } from '../../src/host/egress/broker.js';
 import { DEFAULT_TENANT } from '../../src/store/api-keys.js';
-import { parseSpec } from '../../src/spec/index.js';
+import { parseSpec } from '../../src/sandbox-spec/index.js';
 
 /*
  * The credential broker behind the real egress proxy, on 127.0.0.1 with free ports; this test

@@ -4,7 +4,7 @@ import { createServer as createHttpServer, type Server as HttpServer } from 'nod
 import { expectNoLeaks } from '../helpers/sandbox.js';
 import { EgressProxy, type EgressEvent } from '../../src/host/egress/egress-proxy.js';
 import { ForbiddenAddresses } from '../../src/host/egress/addresses.js';
-import { parseSpec } from '../../src/spec/index.js';
+import { parseSpec } from '../../src/sandbox-spec/index.js';
 
 /*
  * The proxy's connection limits and timeouts (issue 11, finding 3), on 127.0.0.1 with free ports:

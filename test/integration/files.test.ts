@@ -15,7 +15,7 @@ import { newSandboxId } from '../../src/engine/ids.js';
 import { createSandboxFiles, type SandboxFileService } from '../../src/engine/files/index.js';
 import { isSandboxError, type ErrorCode } from '../../src/errors/index.js';
 import { HostEnvironment } from '../../src/host/host-env.host.js';
-import { parseSpec, type SandboxSpecInput } from '../../src/spec/index.js';
+import { parseSpec, type SandboxSpecInput } from '../../src/sandbox-spec/index.js';
 import { expectNoLeaks, testDataDir } from '../helpers/sandbox.js';
 
 const MiB = 1024 * 1024;

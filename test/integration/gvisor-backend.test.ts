@@ -3,7 +3,7 @@ import { promisify } from 'node:util';
 import { afterEach, describe, expect, it } from 'vitest';
 import { GvisorBackend } from '../../src/backends/gvisor/gvisor-backend.host.js';
 import { HostEnvironment } from '../../src/host/host-env.host.js';
-import { parseSpec } from '../../src/spec/index.js';
+import { parseSpec } from '../../src/sandbox-spec/index.js';
 import { describeResult, expectNoLeaks, testDataDir, testRunner } from '../helpers/sandbox.js';
 import { descendants, runscContainers } from '../helpers/leaks.js';
 

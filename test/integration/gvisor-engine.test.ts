@@ -4,7 +4,7 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { createBackends } from '../../src/backends/registry.js';
 import { GvisorBackend } from '../../src/backends/gvisor/gvisor-backend.host.js';
 import { InterpreterService } from '../../src/engine/interpreter/index.js';
-import { parseSpec } from '../../src/spec/index.js';
+import { parseSpec } from '../../src/sandbox-spec/index.js';
 import { SandboxManager } from '../../src/engine/sandbox-manager.js';
 import { MemoryRecordStore } from '../../src/store/index.js';
 import type { ProcessHandle } from '../../src/engine/types.js';

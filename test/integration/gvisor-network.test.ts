@@ -12,7 +12,7 @@ import type { OciSpec } from '../../src/backends/gvisor/oci-bundle.js';
 import { baseEnv } from '../../src/host/sandbox-layout.js';
 import { superviseExec } from '../../src/engine/supervise.js';
 import { newSandboxId } from '../../src/engine/ids.js';
-import { parseSpec, type SandboxSpecInput } from '../../src/spec/index.js';
+import { parseSpec, type SandboxSpecInput } from '../../src/sandbox-spec/index.js';
 import type { Backend, BackendSandbox } from '../../src/backends/backend.js';
 import type { ExecResult } from '../../src/wire/index.js';
 import { FAKE_ADDRESSES, FakeInternet } from './network-fake-internet.js';

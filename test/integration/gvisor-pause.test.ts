@@ -6,7 +6,7 @@ import type { BackendSandbox } from '../../src/backends/backend.js';
 import type { AgentProcess } from '../../src/backends/agent/index.js';
 import { baseEnv } from '../../src/host/sandbox-layout.js';
 import { HostEnvironment } from '../../src/host/host-env.host.js';
-import { parseSpec } from '../../src/spec/index.js';
+import { parseSpec } from '../../src/sandbox-spec/index.js';
 import { expectNoLeaks, testDataDir } from '../helpers/sandbox.js';
 
 afterEach(expectNoLeaks);

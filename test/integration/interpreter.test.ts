@@ -7,7 +7,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { NamespaceBackend } from '../../src/backends/namespace/namespace-backend.host.js';
 import type { BackendSandbox } from '../../src/backends/backend.js';
 import { HostEnvironment } from '../../src/host/host-env.host.js';
-import { parseSpec, type SandboxSpecInput } from '../../src/spec/index.js';
+import { parseSpec, type SandboxSpecInput } from '../../src/sandbox-spec/index.js';
 import { newSandboxId } from '../../src/engine/ids.js';
 import { isSandboxError } from '../../src/errors/index.js';
 import { InterpreterService } from '../../src/engine/interpreter/index.js';

@@ -7,7 +7,7 @@ import { kernelConnectionCap } from '../../src/host/nftables.host.js';
 import { baseEnv } from '../../src/host/sandbox-layout.js';
 import { superviseExec } from '../../src/engine/supervise.js';
 import { newSandboxId } from '../../src/engine/ids.js';
-import { DEFAULT_MAXIMA, parseSpec } from '../../src/spec/index.js';
+import { DEFAULT_MAXIMA, parseSpec } from '../../src/sandbox-spec/index.js';
 
 /*
  * The kernel's backstop under the proxy's own limit (issue 11, finding 3): the host's nftables

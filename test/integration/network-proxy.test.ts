@@ -4,7 +4,7 @@ import { request } from 'node:http';
 import { connect as tlsConnect } from 'node:tls';
 import { createSocket } from 'node:dgram';
 import { EgressProxy, type EgressEvent } from '../../src/host/egress/egress-proxy.js';
-import { parseSpec } from '../../src/spec/index.js';
+import { parseSpec } from '../../src/sandbox-spec/index.js';
 
 /*
  * The proxy alone, on 127.0.0.1 with free ports; this test process plays the sandbox (its source

@@ -6,7 +6,7 @@ import { EgressNetwork } from '../../src/host/netns-network.host.js';
 import { listInstanceLinks, listInstanceNetns, NetworkNames } from '../../src/host/netns-pool.host.js';
 import { listTables } from '../../src/host/nftables.host.js';
 import { newSandboxId } from '../../src/engine/ids.js';
-import { parseSpec } from '../../src/spec/index.js';
+import { parseSpec } from '../../src/sandbox-spec/index.js';
 import { assertEnforceable } from '../../src/engine/capabilities.js';
 
 const host = new HostEnvironment({ dataDir: testDataDir() });

@@ -16,7 +16,7 @@ import { CredentialBroker } from '../../src/host/egress/broker.js';
 import { baseEnv } from '../../src/host/sandbox-layout.js';
 import { superviseExec } from '../../src/engine/supervise.js';
 import { newSandboxId } from '../../src/engine/ids.js';
-import { parseSpec, type SandboxSpecInput } from '../../src/spec/index.js';
+import { parseSpec, type SandboxSpecInput } from '../../src/sandbox-spec/index.js';
 import type { BackendSandbox } from '../../src/backends/backend.js';
 import type { ExecResult } from '../../src/wire/index.js';
 import { FakeInternet } from './network-fake-internet.js';

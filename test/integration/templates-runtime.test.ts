@@ -4,7 +4,7 @@ import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { SandboxManager } from '../../src/engine/sandbox-manager.js';
 import { HostEnvironment } from '../../src/host/host-env.host.js';
 import { RANGE_BASE, RANGE_SIZE } from '../../src/host/uid-ranges.js';
-import { BACKENDS } from '../../src/spec/index.js';
+import { BACKENDS } from '../../src/sandbox-spec/index.js';
 import { expectNoLeaks, testDataDir } from '../helpers/sandbox.js';
 import { layerMarker, miniCatalog, miniTemplateLayer } from '../helpers/mini-template.js';
 

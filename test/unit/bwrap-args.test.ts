@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { buildBwrapArgs } from '../../src/backends/namespace/bwrap-args.js';
-import { parseSpec } from '../../src/spec/index.js';
+import { parseSpec } from '../../src/sandbox-spec/index.js';
 
 const base = { stageDir: '/run/stage', seccompFd: 3, shareNetwork: false };
 

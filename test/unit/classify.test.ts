@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { classifyLimit, type ExecObservation } from '../../src/engine/classify.js';
-import { parseSpec } from '../../src/spec/index.js';
+import { parseSpec } from '../../src/sandbox-spec/index.js';
 
 const zero = { oomKills: 0, pidsMaxEvents: 0, memoryPeakBytes: 0, memoryUsageBytes: 0, cpuUsageUsec: 0, cpuThrottledUsec: 0 };
 const limits = parseSpec({}).limits;

@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { isSandboxError } from '../../src/errors/index.js';
-import { NetworkPolicySchema } from '../../src/spec/index.js';
+import { NetworkPolicySchema } from '../../src/sandbox-spec/index.js';
 import { e2bNetworkPolicy } from '../../src/server/e2b/network.js';
 
 function refusal(network: unknown): string {

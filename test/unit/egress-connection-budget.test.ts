@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { descriptorBudget, DescriptorBudget, parseOpenFilesLimit } from '../../src/host/egress/connection-limits.js';
-import { checkMaxima, DEFAULT_MAXIMA, parseSpec } from '../../src/spec/index.js';
+import { checkMaxima, DEFAULT_MAXIMA, parseSpec } from '../../src/sandbox-spec/index.js';
 
 /* Finding 3 of issue 11: the arithmetic behind the proxy's bounds, and the spec's limit. */
 describe('egress descriptor budget', () => {

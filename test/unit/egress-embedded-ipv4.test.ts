@@ -3,7 +3,7 @@ import fc from 'fast-check';
 import { ForbiddenAddresses } from '../../src/host/egress/addresses.js';
 import { embeddedIpv4, ipv6Bytes } from '../../src/host/egress/embedded-ipv4.js';
 import { CompiledPolicy, DestinationList } from '../../src/host/egress/policy.js';
-import { parseSpec } from '../../src/spec/index.js';
+import { parseSpec } from '../../src/sandbox-spec/index.js';
 
 /*
  * Finding 9 of issue 11: IPv6 forms that carry an IPv4 address are judged by that address. Pure

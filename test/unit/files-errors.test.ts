@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { classifyFailure, fileError } from '../../src/engine/files/errors.js';
-import { parseSpec } from '../../src/spec/index.js';
+import { parseSpec } from '../../src/sandbox-spec/index.js';
 
 const fail = (stderr: string, exitCode: number | null = 1, signal: NodeJS.Signals | null = null) => ({ stderr, exitCode, signal });
 

@@ -6,26 +6,26 @@ const SRC = resolve(import.meta.dirname, '..', '..', 'src');
 
 /**
  * Which top-level folders each folder may import (value imports and type imports alike): a strict
- * order with no exception, errors < spec < wire < host < backends < templates < store < engine <
+ * order with no exception, errors < sandbox-spec < wire < host < backends < templates < store < engine <
  * metrics < server < mcp < cli, the SDK on the wire contract alone, and MCP on the SDK and the
  * server's seam. Templates (storage and builds) stand on the host alone: the engine hands the
  * builder its RUN runtime through an interface.
  */
 const ALLOWED: Record<string, string[]> = {
   errors: [],
-  spec: ['errors'],
-  wire: ['errors', 'spec'],
-  host: ['errors', 'spec', 'wire'],
-  backends: ['errors', 'spec', 'wire', 'host'],
-  templates: ['errors', 'spec', 'wire', 'host'],
-  store: ['errors', 'spec', 'wire'],
-  engine: ['errors', 'spec', 'wire', 'host', 'backends', 'templates', 'store'],
-  metrics: ['errors', 'spec', 'wire', 'engine'],
-  server: ['errors', 'spec', 'wire', 'engine', 'templates', 'store', 'metrics'],
-  sdk: ['errors', 'spec', 'wire'],
+  'sandbox-spec': ['errors'],
+  wire: ['errors', 'sandbox-spec'],
+  host: ['errors', 'sandbox-spec', 'wire'],
+  backends: ['errors', 'sandbox-spec', 'wire', 'host'],
+  templates: ['errors', 'sandbox-spec', 'wire', 'host'],
+  store: ['errors', 'sandbox-spec', 'wire'],
+  engine: ['errors', 'sandbox-spec', 'wire', 'host', 'backends', 'templates', 'store'],
+  metrics: ['errors', 'sandbox-spec', 'wire', 'engine'],
+  server: ['errors', 'sandbox-spec', 'wire', 'engine', 'templates', 'store', 'metrics'],
+  sdk: ['errors', 'sandbox-spec', 'wire'],
   // MCP: tools on the SDK, served over stdio or as a route of the server's seam.
-  mcp: ['errors', 'spec', 'wire', 'sdk', 'server'],
-  cli: ['errors', 'spec', 'wire', 'engine', 'sdk', 'server', 'store', 'backends', 'templates', 'host', 'metrics', 'mcp'],
+  mcp: ['errors', 'sandbox-spec', 'wire', 'sdk', 'server'],
+  cli: ['errors', 'sandbox-spec', 'wire', 'engine', 'sdk', 'server', 'store', 'backends', 'templates', 'host', 'metrics', 'mcp'],
 };
 
 function files(dir: string): string[] {

@@ -1,7 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import { networkInterfaces } from 'node:os';
-import { parseSpec } from '../../src/spec/index.js';
-import { allowEntryProblem } from '../../src/spec/schema.js';
+import { parseSpec } from '../../src/sandbox-spec/index.js';
+import { allowEntryProblem } from '../../src/sandbox-spec/schema.js';
 import { CompiledPolicy, DestinationList } from '../../src/host/egress/policy.js';
 import { ForbiddenAddresses } from '../../src/host/egress/addresses.js';
 import { buildDnsAnswer, parseDnsQuery, RCODE_NXDOMAIN } from '../../src/host/egress/dns.js';

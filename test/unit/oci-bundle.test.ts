@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { buildOciSpec, buildRunscFlags, hostPidsBackstop, type OciBundleOptions } from '../../src/backends/gvisor/oci-bundle.js';
-import { parseSpec } from '../../src/spec/index.js';
+import { parseSpec } from '../../src/sandbox-spec/index.js';
 
 const MiB = 1024 * 1024;
 const options: OciBundleOptions = {

@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { parseSpec, parseBytes, parseDurationMs, formatBytes, loosenings } from '../../src/spec/index.js';
+import { parseSpec, parseBytes, parseDurationMs, formatBytes, loosenings } from '../../src/sandbox-spec/index.js';
 import { isSandboxError } from '../../src/errors/index.js';
 
 function codeOf(fn: () => unknown): string | undefined {

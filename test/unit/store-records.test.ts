@@ -3,7 +3,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import type { SandboxInfo } from '../../src/wire/index.js';
-import { parseSpec } from '../../src/spec/index.js';
+import { parseSpec } from '../../src/sandbox-spec/index.js';
 import { ApiKeyStore, OperationStore, SqliteSandboxRecords, openDatabase, type SqliteDatabase } from '../../src/store/index.js';
 import { isSandboxError } from '../../src/errors/index.js';
 

@@ -1,5 +1,5 @@
 import type { EgressNetwork } from '../../host/netns-network.host.js';
-import type { SandboxSpec } from '../../spec/index.js';
+import type { SandboxSpec } from '../../sandbox-spec/index.js';
 import type { Capability } from '../backend.js';
 import type { NetworkAttachment } from './gvisor-sandbox.host.js';
 import type { NetworkNamespaceProvider } from './gvisor-backend.host.js';

@@ -4,7 +4,7 @@ import { join } from 'node:path';
 import { SandboxError } from '../../errors/index.js';
 import { SandboxCgroup, listSandboxCgroups } from '../../host/cgroups.host.js';
 import type { HostEnvironment, HostPaths } from '../../host/host-env.host.js';
-import type { SandboxSpec } from '../../spec/index.js';
+import type { SandboxSpec } from '../../sandbox-spec/index.js';
 import type { Backend, BackendProbe, BackendSandbox, Capability, CreateOptions, ReconcileReport } from '../backend.js';
 import type { HostMount } from '../../host/mount-roots.host.js';
 import { hostMountsOf } from '../host-mounts.js';

@@ -6,7 +6,7 @@ import { AgentClient, type AgentHandOver, type AgentProcess, type AgentProcessRe
 import { SandboxError } from '../../errors/index.js';
 import type { SandboxCgroup } from '../../host/cgroups.host.js';
 import { egressCounters, type EgressStats } from '../../host/egress/egress-proxy.js';
-import type { NetworkPolicy, SandboxSpec } from '../../spec/index.js';
+import type { NetworkPolicy, SandboxSpec } from '../../sandbox-spec/index.js';
 import type { BackendSandbox, ConnectPortOptions, ExecRequest, PauseOptions, PauseResult, SandboxCounters } from '../backend.js';
 import type { HostMount } from '../../host/mount-roots.host.js';
 import { launchMountArgs, mountRefusal } from '../host-mounts.js';

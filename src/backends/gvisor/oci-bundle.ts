@@ -1,4 +1,4 @@
-import type { SandboxSpec } from '../../spec/index.js';
+import type { SandboxSpec } from '../../sandbox-spec/index.js';
 import { AGENT_PATH, SANDBOX_UID, STAGE_DIR, TOOLS_DIR } from '../../host/sandbox-layout.js';
 import { ROOT_CAPABILITIES, STAGE } from '../namespace/bwrap-args.js';
 

@@ -1,4 +1,4 @@
-import type { SandboxSpec } from '../../spec/index.js';
+import type { SandboxSpec } from '../../sandbox-spec/index.js';
 import { AGENT_PATH, SANDBOX_UID, SANDBOX_USER, TOOLS_DIR } from '../../host/sandbox-layout.js';
 
 /**

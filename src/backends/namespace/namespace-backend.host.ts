@@ -8,7 +8,7 @@ import { listSupervised, logTail, removeSupervisor, supervisorFiles } from './su
 import { SandboxError } from '../../errors/index.js';
 import { SandboxCgroup, listSandboxCgroups } from '../../host/cgroups.host.js';
 import type { HostEnvironment, HostPaths } from '../../host/host-env.host.js';
-import type { NetworkPolicy, SandboxSpec } from '../../spec/index.js';
+import type { NetworkPolicy, SandboxSpec } from '../../sandbox-spec/index.js';
 import { EgressNetwork, networkPrerequisitesProblem, type NetworkAttachment } from '../../host/netns-network.host.js';
 import { egressCounters } from '../../host/egress/egress-proxy.js';
 import type { Backend, BackendProbe, BackendSandbox, Capability, ConnectPortOptions, CreateOptions, ExecRequest, PauseOptions, PauseResult, ReconcileReport, SandboxCounters } from '../backend.js';

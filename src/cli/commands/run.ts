@@ -1,7 +1,7 @@
 import { constants } from 'node:os';
 import { resolve } from 'node:path';
 import { Command } from 'commander';
-import { formatBytes } from '../../spec/units.js';
+import { formatBytes } from '../../sandbox-spec/units.js';
 // Static: this module is loaded only for `capsule run` (command-table.ts), which needs the engine.
 import { Runner, type RunResult } from '../../engine/runner.js';
 import { collect, durationOption } from '../options.js';

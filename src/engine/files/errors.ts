@@ -1,5 +1,5 @@
 import { SandboxError, type ErrorCode } from '../../errors/index.js';
-import { formatBytes, type SandboxSpec } from '../../spec/index.js';
+import { formatBytes, type SandboxSpec } from '../../sandbox-spec/index.js';
 
 export type FileOperation = 'read' | 'write' | 'list' | 'stat' | 'mkdir' | 'move' | 'remove' | 'watch';
 

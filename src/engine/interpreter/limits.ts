@@ -1,4 +1,4 @@
-import { formatBytes, formatDurationMs } from '../../spec/index.js';
+import { formatBytes, formatDurationMs } from '../../sandbox-spec/index.js';
 import type { LimitHit } from '../../wire/index.js';
 import type { InterpreterLanguage } from '../../wire/index.js';
 

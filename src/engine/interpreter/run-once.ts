@@ -1,4 +1,4 @@
-import { parseSpec, type OperatorMaxima, type SandboxSpecInput } from '../../spec/index.js';
+import { parseSpec, type OperatorMaxima, type SandboxSpecInput } from '../../sandbox-spec/index.js';
 import { NamespaceBackend } from '../../backends/namespace/namespace-backend.host.js';
 import { HostEnvironment } from '../../host/host-env.host.js';
 import { SandboxError } from '../../errors/index.js';

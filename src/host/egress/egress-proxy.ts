@@ -3,7 +3,7 @@ import { createServer as createNetServer, type AddressInfo, type Server as NetSe
 import { endRaw, openTunnel, sendJson } from './tunnel.js';
 import { lookup } from 'node:dns/promises';
 import type { Duplex } from 'node:stream';
-import type { NetworkPolicy } from '../../spec/index.js';
+import type { NetworkPolicy } from '../../sandbox-spec/index.js';
 import { BROKER_HOST } from './broker.js';
 import { addressFamily, ForbiddenAddresses, normalizeAddress } from './addresses.js';
 import { DnsResponder, type DnsQuestion } from './dns.js';

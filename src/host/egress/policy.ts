@@ -1,5 +1,5 @@
 import { BlockList } from 'node:net';
-import type { NetworkPolicy } from '../../spec/index.js';
+import type { NetworkPolicy } from '../../sandbox-spec/index.js';
 import { addressFamily, normalizeAddress, parseCidr } from './addresses.js';
 import { embeddedIpv4 } from './embedded-ipv4.js';
 

@@ -1,7 +1,7 @@
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import { z } from 'zod';
 import { SandboxError, isSandboxError } from '../../errors/index.js';
-import { clampLimits, type NetworkPolicyInput, type SandboxSpecInput } from '../../spec/index.js';
+import { clampLimits, type NetworkPolicyInput, type SandboxSpecInput } from '../../sandbox-spec/index.js';
 import { isLiveState, type SandboxInfo, type SandboxState } from '../../wire/index.js';
 import { mountGrantOf } from '../auth.js';
 import { retryAfterSeconds, sendError } from '../errors.js';

@@ -1,6 +1,6 @@
 import { isIP } from 'node:net';
 import { SandboxError } from '../../errors/index.js';
-import type { NetworkPolicyInput } from '../../spec/index.js';
+import type { NetworkPolicyInput } from '../../sandbox-spec/index.js';
 
 /** Every IPv4 (and IPv6) destination: E2B's way of writing "deny all" in `denyOut`. */
 const ALL_TRAFFIC = new Set(['0.0.0.0/0', '::/0']);

@@ -1,5 +1,5 @@
 import { z } from 'zod';
-import { NetworkPolicySchema } from '../../spec/index.js';
+import { NetworkPolicySchema } from '../../sandbox-spec/index.js';
 import { defineRoute, type AnyRoute } from '../route.js';
 import { ErrorBodySchema, SandboxIdParams, SandboxInfoSchema } from '../../wire/index.js';
 import { requireSandbox, type ServerServices } from '../services.js';

@@ -1,5 +1,5 @@
 import { isSandboxError } from '../../errors/index.js';
-import { loosenings, SandboxSpecSchema, type SandboxSpecInput } from '../../spec/index.js';
+import { loosenings, SandboxSpecSchema, type SandboxSpecInput } from '../../sandbox-spec/index.js';
 import { z } from 'zod';
 import { defineRoute, type AnyRoute } from '../route.js';
 import { CreateSandboxBody, ErrorBodySchema, ListSandboxesQuery, MetadataSchema, SandboxIdParams, SandboxInfoSchema, SandboxPageSchema, SetTimeoutBody } from '../../wire/index.js';

@@ -1,7 +1,7 @@
 import { lstat, readdir, rmdir, unlink } from 'node:fs/promises';
 import { join } from 'node:path';
 import { SandboxError } from '../../errors/index.js';
-import type { NetworkPolicyInput } from '../../spec/index.js';
+import type { NetworkPolicyInput } from '../../sandbox-spec/index.js';
 import type { BuildLog } from '../build-log.js';
 import { hashParts } from '../keys.js';
 import type { LayerStore, PendingLayer } from '../layer-store.host.js';

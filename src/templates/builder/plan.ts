@@ -1,6 +1,6 @@
 import { posix } from 'node:path';
 import { SandboxError } from '../../errors/index.js';
-import type { NetworkPolicyInput } from '../../spec/index.js';
+import type { NetworkPolicyInput } from '../../sandbox-spec/index.js';
 import { BuildContext, type CopySelection } from '../dockerfile/context.js';
 import type { CommandForm, Instruction } from '../dockerfile/parse.js';
 import { processWord, type Lookup } from '../dockerfile/words.js';

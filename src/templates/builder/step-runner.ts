@@ -1,4 +1,4 @@
-import type { LimitsSchema, NetworkPolicyInput } from '../../spec/index.js';
+import type { LimitsSchema, NetworkPolicyInput } from '../../sandbox-spec/index.js';
 import type { ExecResult } from '../../wire/index.js';
 import type { z } from 'zod';
 
