@@ -57,6 +57,21 @@ export async function superviseExec(
     }
     throw error;
   }
+  // Before the output listeners: the first listener is handed the output that came early, at
+  // once, and a listener that aborts on what it reads must find the abort already watched.
+  let timedOut = false;
+  let aborted = false;
+  const timer = setTimeout(() => {
+    timedOut = true;
+    child.signal('SIGKILL');
+  }, timeoutMs);
+  const onAbort = (): void => {
+    aborted = true;
+    child.signal('SIGKILL');
+  };
+  options.signal?.addEventListener('abort', onAbort, { once: true });
+  // Aborted while the process was starting: the listener above will never hear it.
+  if (options.signal?.aborted === true) onAbort();
   options.onStart?.(child);
   child.onStdout((chunk) => {
     stdout.push(chunk);
@@ -72,17 +87,6 @@ export async function superviseExec(
     child.closeStdin();
   }
 
-  let timedOut = false;
-  let aborted = false;
-  const timer = setTimeout(() => {
-    timedOut = true;
-    child.signal('SIGKILL');
-  }, timeoutMs);
-  const onAbort = (): void => {
-    aborted = true;
-    child.signal('SIGKILL');
-  };
-  options.signal?.addEventListener('abort', onAbort, { once: true });
   const warnAt = limits.memoryBytes * limits.memoryWarnRatio;
   const poller = setInterval(() => {
     if (warnings.length > 0) return;
