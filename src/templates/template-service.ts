@@ -1,6 +1,6 @@
 import { mkdir, readdir, readFile, rm } from 'node:fs/promises';
 import { basename, isAbsolute, join, resolve } from 'node:path';
-import { SandboxError } from '../errors/index.js';
+import { isSandboxError, SandboxError } from '../errors/index.js';
 import type { HostEnvironment } from '../host/host-env.host.js';
 import type { NetworkPolicyInput } from '../sandbox-spec/index.js';
 import type { OnLog } from './build-log.js';
@@ -34,7 +34,27 @@ export interface TemplateServiceOptions {
   isInUse?: (layerKey: string) => boolean;
   /** Registries the operator allows over plain HTTP besides loopback ones. @default [] */
   insecureRegistries?: string[];
+  /**
+   * Where tenants' builds are charged (the server's disk quota): each layer a tenant's build adds
+   * is reserved before it is published. Operator builds (the public owner) are not. @default none
+   */
+  budget?: TemplateBudget;
+  /** Builds one tenant may run at once (the public owner's are not bounded). @default 2 */
+  maxConcurrentBuildsPerTenant?: number;
 }
+
+/** The disk quota as template builds charge it (structurally the server's TenantDiskQuota). */
+export interface TemplateBudget {
+  reserveStored(owner: { tenantId: string; quotaBytes?: number }, resource: 'templates', bytes: number): void;
+  releaseStored(owner: { tenantId: string }, resource: 'templates', bytes: number): void;
+  /** Bytes left in the owner's quota. */
+  roomOf(owner: { tenantId: string; quotaBytes?: number }): number;
+  /** Replaces each tenant's template use with what the layer store holds (`TemplateService.diskUsageByTenant`). */
+  setTemplates(bytesByTenant: ReadonlyMap<string, number>): void;
+}
+
+/** A tenant's concurrent builds unless the operator says otherwise. */
+export const DEFAULT_MAX_BUILDS_PER_TENANT = 2;
 
 interface JobOptions {
   /** Tenant id, or `_public` (the default) for an operator's template every tenant may use. */
@@ -47,6 +67,8 @@ interface JobOptions {
   signal?: AbortSignal;
   /** Overrides of the template's config (E2B's startCmd and readyCmd). */
   config?: Partial<TemplateConfig>;
+  /** The building key's disk quota (the layers a tenant's build adds are charged under it). @default the operator's */
+  quotaBytes?: number;
 }
 
 export interface BootstrapDebianOptions extends JobOptions {
@@ -107,6 +129,8 @@ export class TemplateService {
   readonly credentials: RegistryCredentials;
   private readonly imagesDir: string;
   private readonly tempRoot: string;
+  /** Builds running per owner (tenants are bounded: maxConcurrentBuildsPerTenant). */
+  private readonly running = new Map<string, number>();
 
   constructor(private readonly options: TemplateServiceOptions) {
     const dataDir = options.host.dataDir;
@@ -133,19 +157,19 @@ export class TemplateService {
   /** Bootstraps Debian with mmdebstrap into a new layer; the template runs as `user` in /home/user. */
   async bootstrapDebian(options: BootstrapDebianOptions): Promise<TemplateRecord> {
     const packages = bootstrapPackages(options.packages ?? []);
-    return this.job(options, 'debian', async ({ session, tempDir, lease }) => {
+    return this.job(options, 'debian', async ({ session, tempDir, lease, layers }) => {
       const suite = checkSuite(options.suite ?? (await hostAptSources('-', tempDir)).hostSuite ?? 'stable');
       const paths = await this.options.host.ensure();
       const key = bootstrapLayerKey({ suite, packages });
       session.log.info('base', `bootstrapping Debian ${suite} with ${packages.join(', ')}`);
-      const pending = await this.layers.createEmpty();
+      const pending = await layers.createEmpty();
       try {
         await runBootstrap({ suite, packages, target: pending.root, tempDir, launcher: paths.launcher, cgroupPrefix: this.options.host.cgroupPrefix, onLine: (line) => session.log.info('base', line), signal: options.signal });
         options.signal?.throwIfAborted();
         await lease([key]);
-        await this.layers.publish(pending, { key, source: 'debian', description: `debian ${suite}: ${packages.join(',')}` });
+        await layers.publish(pending, { key, source: 'debian', description: `debian ${suite}: ${packages.join(',')}` });
       } catch (error) {
-        await this.layers.discard(pending);
+        await layers.discard(pending);
         throw error;
       }
       session.record.steps.push({ step: 'base', instruction: `debian ${suite}`, key, cached: false });
@@ -156,9 +180,9 @@ export class TemplateService {
   /** Imports an OCI image (registry, layout or tarball) as a template with the image's config. */
   async importImage(options: ImportImageOptions): Promise<TemplateRecord> {
     const ref = this.imageRef(options.ref, options.allowHostPaths ?? false);
-    return this.job(options, 'image', async ({ session, tempDir, lease }) => {
+    return this.job(options, 'image', async ({ session, tempDir, lease, layers }) => {
       const context = await this.imageContext(ref, tempDir, (line) => session.log.info('base', line), options.signal);
-      const image = await importImageLayer(ref, this.layers, this.layout, context, async (key) => (await lease([key]))[0]!);
+      const image = await importImageLayer(ref, layers, this.layout, context, async (key) => (await lease([key]))[0]!);
       session.record.steps.push({ step: 'base', instruction: ref.display, key: image.key, cached: !image.pulled });
       return { layer: image.key, config: image.config, parent: { kind: 'image', ref: ref.display, digest: image.digest } };
     });
@@ -175,7 +199,14 @@ export class TemplateService {
    */
   async buildTemplate(request: TemplateBuildRequest): Promise<TemplateRecord> {
     const { source, config } = checkBuildRequest(request);
-    const job = { owner: request.owner, name: request.name, ...(request.tags ? { tags: request.tags } : {}), ...(request.onLog ? { onLog: request.onLog } : {}), ...(request.signal ? { signal: request.signal } : {}) };
+    const job = {
+      owner: request.owner,
+      name: request.name,
+      ...(request.tags ? { tags: request.tags } : {}),
+      ...(request.onLog ? { onLog: request.onLog } : {}),
+      ...(request.signal ? { signal: request.signal } : {}),
+      ...(request.quotaBytes !== undefined ? { quotaBytes: request.quotaBytes } : {}),
+    };
     const allowHostPaths = request.allowHostPaths ?? false;
     if (source.kind === 'debian') return this.bootstrapDebian({ ...job, ...source, config });
     if (source.kind === 'image') return this.importImage({ ...job, ref: source.ref, allowHostPaths, config });
@@ -192,12 +223,12 @@ export class TemplateService {
     if (text === undefined) throw new SandboxError('INVALID_ARGUMENT', `cannot read the Dockerfile ${dockerfilePath}`, { details: { file: dockerfilePath } });
     const instructions = parseDockerfile(text, { file });
     const owner = checkOwner(options.owner ?? PUBLIC_OWNER);
-    return this.job(options, 'dockerfile', async ({ session, tempDir, lease }) => {
+    return this.job(options, 'dockerfile', async ({ session, tempDir, lease, layers }) => {
       const network = options.network ?? (await this.aptNetwork(tempDir));
       let parent: TemplateParent = { kind: 'scratch' };
       const resolveBase = async (from: string, line: number): Promise<BuildBase> => {
         session.log.info('base', `FROM ${from}`);
-        const base = await this.resolveBase(owner, from, line, file, { session, tempDir, lease, signal: options.signal, allowHostPaths: options.allowHostPaths ?? false });
+        const base = await this.resolveBase(owner, from, line, file, { session, tempDir, lease, layers, signal: options.signal, allowHostPaths: options.allowHostPaths ?? false });
         parent = base.parent;
         return base;
       };
@@ -205,7 +236,7 @@ export class TemplateService {
       session.record.steps.push({ step: 'base', instruction: `FROM ${plan.base.layer.slice(0, 12)}`, key: plan.fromKey, cached: true });
       const result = await executePlan({
         plan,
-        layers: this.layers,
+        layers,
         contextDir,
         log: session.log,
         lease,
@@ -227,9 +258,9 @@ export class TemplateService {
     if (from === 'scratch') {
       const key = scratchLayerKey();
       if (!(await job.lease([key]))[0]) {
-        const pending = await this.layers.createEmpty();
-        await this.layers.publish(pending, { key, source: 'scratch', description: 'scratch' }).catch(async (error: unknown) => {
-          await this.layers.discard(pending);
+        const pending = await job.layers.createEmpty();
+        await job.layers.publish(pending, { key, source: 'scratch', description: 'scratch' }).catch(async (error: unknown) => {
+          await job.layers.discard(pending);
           throw error;
         });
       }
@@ -251,7 +282,7 @@ export class TemplateService {
       });
     }
     const context = await this.imageContext(ref, job.tempDir, (l) => job.session.log.info('base', l), job.signal);
-    const image = await importImageLayer(ref, this.layers, this.layout, context, async (key) => (await job.lease([key]))[0]!);
+    const image = await importImageLayer(ref, job.layers, this.layout, context, async (key) => (await job.lease([key]))[0]!);
     return { layer: image.key, config: image.config, parent: { kind: 'image', ref: ref.display, digest: image.digest } };
   }
 
@@ -300,13 +331,31 @@ export class TemplateService {
     const tags = [...new Set([tag, ...(options.tags ?? []).map((t) => parseTemplateRef(`${name}:${t}`).tag)])];
     await this.ensure();
     if (options.signal?.aborted) throw new SandboxError('ABORTED', `the build of ${name}:${tag} was cancelled before it started`);
+    const releaseSlot = this.takeBuildSlot(owner);
+    try {
+      const layers = await this.layersFor(owner, options.quotaBytes);
+      return await this.runJob(options, source, { owner, name, tag, tags, layers }, make);
+    } finally {
+      releaseSlot();
+      // What the tenant's layers hold now, read off the store (the build's, its cache, a quota hit's clean-up).
+      if (owner !== PUBLIC_OWNER) await this.refreshBudget();
+    }
+  }
+
+  private async runJob(
+    options: JobOptions,
+    source: TemplateSource,
+    target: { owner: string; name: string; tag: string; tags: string[]; layers: LayerStore },
+    make: (job: JobContext) => Promise<{ layer: string; config: TemplateConfig; parent: TemplateParent }>,
+  ): Promise<TemplateRecord> {
+    const { owner, name, tag, tags, layers } = target;
     const session = new BuildSession(this.store, owner, `${name}:${tag}`, options.onLog);
     await session.start();
     const tempDir = join(this.tempRoot, ownedName());
     const leaseName = ownedName();
     try {
       await mkdir(tempDir, { mode: 0o700 });
-      const made = await make({ session, tempDir, lease: (keys) => this.layers.lease(leaseName, keys) });
+      const made = await make({ session, tempDir, lease: (keys) => this.layers.lease(leaseName, keys), layers });
       options.signal?.throwIfAborted();
       session.log.info('finalize', `saving template ${name}:${tag}`);
       const size = (await this.layers.usage(made.layer)) ?? { referencedBytes: 0, exclusiveBytes: 0 };
@@ -314,6 +363,8 @@ export class TemplateService {
       await session.succeed(record.id);
       return record;
     } catch (error) {
+      // Past the quota nothing of the build stays: the layers it published before go too.
+      if (isSandboxError(error, 'QUOTA_EXCEEDED')) await this.dropPublished(leaseName, layers);
       // A cancel surfaces wherever the build was (AbortSignal's own error included): say so.
       const cancelled = options.signal?.aborted && !(error instanceof SandboxError && error.code === 'ABORTED');
       throw await session.fail(cancelled ? new SandboxError('ABORTED', `the build of ${name}:${tag} was cancelled`) : error);
@@ -321,6 +372,84 @@ export class TemplateService {
       await rm(tempDir, { recursive: true, force: true });
       await this.layers.release(leaseName);
     }
+  }
+
+  /** A slot among the owner's concurrent builds (QUOTA_EXCEEDED past the bound); the public owner's are not bounded. */
+  private takeBuildSlot(owner: string): () => void {
+    if (owner === PUBLIC_OWNER) return () => undefined;
+    const limit = this.options.maxConcurrentBuildsPerTenant ?? DEFAULT_MAX_BUILDS_PER_TENANT;
+    const running = this.running.get(owner) ?? 0;
+    if (running >= limit) {
+      throw new SandboxError('QUOTA_EXCEEDED', `tenant ${owner} already runs ${running} of its ${limit} concurrent template builds`, {
+        details: { resource: 'builds', limit, used: running },
+        hint: 'Wait for a build to finish (or cancel one), then build again; the operator sets the bound (capsule serve --max-builds-per-tenant).',
+      });
+    }
+    this.running.set(owner, running + 1);
+    let released = false;
+    return () => {
+      if (released) return;
+      released = true;
+      const left = (this.running.get(owner) ?? 1) - 1;
+      if (left <= 0) this.running.delete(owner);
+      else this.running.set(owner, left);
+    };
+  }
+
+  /** The store a build publishes through: a tenant's owns its new layers and pays for them. */
+  private async layersFor(owner: string, quotaBytes: number | undefined): Promise<LayerStore> {
+    const budget = this.options.budget;
+    if (owner === PUBLIC_OWNER || !budget) return this.layers;
+    // Start from what the store holds (a prune or another process may have freed some).
+    await this.refreshBudget();
+    const payer = { tenantId: owner, ...(quotaBytes !== undefined ? { quotaBytes } : {}) };
+    return this.layers.charged({
+      owner,
+      reserve: (bytes) => budget.reserveStored(payer, 'templates', bytes),
+      release: (bytes) => budget.releaseStored(payer, 'templates', bytes),
+      room: () => budget.roomOf(payer),
+    });
+  }
+
+  /** Deletes what a failed build published that nothing else needs (after its lease ends). */
+  private async dropPublished(leaseName: string, layers: LayerStore): Promise<void> {
+    if (layers.published.length === 0) return;
+    const mine = new Set(layers.published);
+    await this.layers.release(leaseName);
+    await this.layers.collect({ roots: await this.store.layerRoots(), ...(this.options.isInUse ? { isInUse: this.options.isInUse } : {}), only: (layer) => mine.has(layer.key) });
+  }
+
+  /**
+   * Bytes of template layers each tenant is charged: the layers its templates stand on and the
+   * ones its builds made that no template refers to yet (a build's cache, a build in progress),
+   * each by what it added over its parent; layers under an operator's public template are free.
+   */
+  async diskUsageByTenant(): Promise<Map<string, number>> {
+    const metas = new Map((await this.layers.metas()).map((meta) => [meta.key, meta]));
+    const closure = (roots: Iterable<string>): Set<string> => {
+      const seen = new Set<string>();
+      for (const root of roots) for (let key: string | undefined = root; key !== undefined && !seen.has(key); key = metas.get(key)?.parent) seen.add(key);
+      return seen;
+    };
+    const rootsByOwner = await this.store.layerRootsByOwner();
+    const free = closure(rootsByOwner.get(PUBLIC_OWNER) ?? []);
+    const referenced = closure([...rootsByOwner.values()].flatMap((roots) => [...roots]));
+    const tenants = new Set([...rootsByOwner.keys(), ...[...metas.values()].flatMap((meta) => (meta.owner !== undefined ? [meta.owner] : []))]);
+    tenants.delete(PUBLIC_OWNER);
+    const usage = new Map<string, number>();
+    for (const tenant of tenants) {
+      const charged = closure(rootsByOwner.get(tenant) ?? []);
+      for (const meta of metas.values()) if (meta.owner === tenant && !referenced.has(meta.key)) charged.add(meta.key);
+      let bytes = 0;
+      for (const key of charged) if (!free.has(key)) bytes += metas.get(key)?.addedBytes ?? 0;
+      usage.set(tenant, bytes);
+    }
+    return usage;
+  }
+
+  /** Sets the budget's template use from the store (start-up, each build, removals, prune). */
+  async refreshBudget(): Promise<void> {
+    if (this.options.budget) this.options.budget.setTemplates(await this.diskUsageByTenant());
   }
 
   resolve(tenant: string, ref: string): Promise<TemplateRecord> {
@@ -341,9 +470,18 @@ export class TemplateService {
     return this.store.getBuild(tenant, buildId);
   }
 
-  /** Removes a tag (or every tag of a bare name) of the owner's; layers go at the next prune. */
-  remove(owner: string, ref: string): Promise<string[]> {
-    return this.store.remove(owner, ref);
+  /**
+   * Removes a tag (or every tag of a bare name) of the owner's. A tenant's own layers that no
+   * template, build or live sandbox needs any more go at once (and its quota with them); the
+   * operator's go at the next prune.
+   */
+  async remove(owner: string, ref: string): Promise<string[]> {
+    const removed = await this.store.remove(owner, ref);
+    if (owner !== PUBLIC_OWNER) {
+      await this.layers.collect({ roots: await this.store.layerRoots(), ...(this.options.isInUse ? { isInUse: this.options.isInUse } : {}), only: (layer) => layer.owner === owner });
+      await this.refreshBudget();
+    }
+    return removed;
   }
 
   /** Removes what no template, build or live sandbox needs: layers, image blobs, temps of dead processes. */
@@ -353,6 +491,7 @@ export class TemplateService {
     const collected = await this.layers.collect({ roots: await this.store.layerRoots(), ...(this.options.isInUse ? { isInUse: this.options.isInUse } : {}) });
     const kept = new Set((await this.layers.list()).map((layer) => layer.key));
     const freedImageCacheBytes = await pruneImageCache(this.layout, kept);
+    await this.refreshBudget();
     return { removedLayers: collected.removed, freedLayerBytes: collected.freedBytes, freedImageCacheBytes, removedTemps };
   }
 
@@ -380,6 +519,8 @@ interface JobContext {
   session: BuildSession;
   tempDir: string;
   lease: (keys: string[]) => Promise<boolean[]>;
+  /** The layer store as this build publishes to it: a tenant's build owns and pays for its new layers. */
+  layers: LayerStore;
 }
 
 /** The Dockerfile's path: inside the context (no `..`, not absolute) unless host paths are allowed. */
