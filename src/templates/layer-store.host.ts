@@ -144,10 +144,14 @@ export class LayerStore {
   /** A new pending layer that starts as a writable copy-on-write snapshot of layer `parent`. */
   async createFrom(parent: string): Promise<PendingLayer> {
     if (!(await this.has(parent))) throw missingLayer(parent);
-    return this.createFromDir(this.rootOf(parent));
+    // Measured at publish: what is written into the copy is its own (the parent is read-only).
+    return this.newPending((root) => runCommand(['btrfs', 'subvolume', 'snapshot', this.rootOf(parent), root]));
   }
 
-  /** A new pending layer that is a snapshot of any subvolume on the volume (a build step's sandbox root). */
+  /**
+   * A new pending layer that is a snapshot of a build step's sandbox root, a writable snapshot of
+   * the parent layer: what it adds is what the step wrote.
+   */
   async createFromDir(subvolume: string): Promise<PendingLayer> {
     // A build step's root holds exactly what the step added (its exclusive bytes): measured before
     // the snapshot shares them, since the copy's own count stays 0 while the root exists.

@@ -257,10 +257,11 @@ export class TemplateService {
   private async resolveBase(owner: string, from: string, line: number, file: string, job: JobContext & { signal?: AbortSignal; allowHostPaths: boolean }): Promise<BuildBase> {
     if (from === 'scratch') {
       const key = scratchLayerKey();
+      // The empty layer is everyone's: made uncharged, whoever needs it first.
       if (!(await job.lease([key]))[0]) {
-        const pending = await job.layers.createEmpty();
-        await job.layers.publish(pending, { key, source: 'scratch', description: 'scratch' }).catch(async (error: unknown) => {
-          await job.layers.discard(pending);
+        const pending = await this.layers.createEmpty();
+        await this.layers.publish(pending, { key, source: 'scratch', description: 'scratch' }).catch(async (error: unknown) => {
+          await this.layers.discard(pending);
           throw error;
         });
       }
