@@ -8,7 +8,7 @@ import { TenantDiskQuota } from '../../src/server/disk-quota.js';
 import type { RunStep, RunStepOptions, StepResult, StepRunner } from '../../src/templates/builder/step-runner.js';
 import { PUBLIC_OWNER } from '../../src/templates/names.js';
 import type { TemplateService } from '../../src/templates/template-service.js';
-import { expectNoLeaks, testDataDir } from '../helpers/sandbox.js';
+import { expectNoLeaks } from '../helpers/sandbox.js';
 import { testTemplates } from '../helpers/templates.js';
 
 /**
