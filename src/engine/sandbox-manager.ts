@@ -2,7 +2,7 @@ import type { Readable } from 'node:stream';
 import { join } from 'node:path';
 import type { Duplex } from 'node:stream';
 import { SandboxError } from '../errors/index.js';
-import { DEFAULT_MAXIMA, parseSpec, type BackendName, type NetworkPolicyInput, type OperatorMaxima, type SandboxSpec, type SandboxSpecInput } from '../sandbox-spec/index.js';
+import { DEFAULT_MAXIMA, parseSpec, type BackendName, type NetworkPolicyInput, type OperatorMaxima, type SandboxSpec } from '../sandbox-spec/index.js';
 import type { Backend, BackendSandbox } from '../backends/backend.js';
 import type { HostMount } from '../host/mount-roots.host.js';
 import type { HostEnvironment } from '../host/host-env.host.js';
@@ -27,7 +27,7 @@ import { ProcessTable } from './process-table.js';
 import { SandboxTable, snapshot, type LiveSandbox } from './sandbox-table.js';
 import { startTemplate, withTemplate } from './template-start.js';
 import { hasTemplateRoot, HostOnlyCatalog, type TemplateCatalog, type TemplateImage } from './templates.js';
-import { Snapshots, type TakeSnapshotOptions } from './snapshots.js';
+import { fromSnapshotInput, Snapshots, type TakeSnapshotOptions } from './snapshots.js';
 import { forkAll } from './fork.js';
 import { Volumes } from './volumes.js';
 import { applyChanges, exportChanges, listChanges, type ChangesContext } from './changes/changes.js';
@@ -786,27 +786,4 @@ function once(fn: () => void): () => void {
 /** A lost reason that takes longer than this (a supervisor that does not go) is not waited for. */
 function lostReasonLate(): Promise<string> {
   return new Promise((resolve) => setTimeout(() => resolve('the sandbox stopped on its own (its init or agent exited)'), 6000).unref());
-}
-/**
- * The spec of a sandbox made from a snapshot: the source's environment, working directory, user,
- * backend and TTL policy under what the caller asked; the template is the snapshot's own.
- */
-function fromSnapshotInput(input: SandboxSpecInput, from: SnapshotInfo): SandboxSpecInput {
-  if (input.template !== undefined && input.template !== from.template) {
-    throw new SandboxError('INVALID_SPEC', `snapshot ${from.snapshotId} is of template ${from.template}, not ${input.template}`, {
-      details: { field: 'template', template: input.template, snapshotTemplate: from.template },
-      hint: 'Leave spec.template out when creating from a snapshot: the snapshot\'s template is used.',
-    });
-  }
-  const source = from.spec;
-  return {
-    backend: source.backend,
-    env: source.env,
-    cwd: source.cwd,
-    ...(source.user !== undefined ? { user: source.user } : {}),
-    ttlMs: source.ttlMs,
-    onTimeout: source.onTimeout,
-    ...input,
-    template: from.template,
-  };
 }

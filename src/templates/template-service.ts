@@ -25,6 +25,7 @@ import { ownedName } from './owner.js';
 import type { BuildRecord, TemplateConfig, TemplateParent, TemplateRecord, TemplateSource } from './records.js';
 import { TemplateStore } from './template-store.js';
 import { dirBytes, pruneImageCache, reconcileBuildJobs } from './maintenance.host.js';
+import { BuildBudget, type TemplateBudget } from './build-budget.js';
 
 export interface TemplateServiceOptions {
   host: HostEnvironment;
@@ -43,18 +44,7 @@ export interface TemplateServiceOptions {
   maxConcurrentBuildsPerTenant?: number;
 }
 
-/** The disk quota as template builds charge it (structurally the server's TenantDiskQuota). */
-export interface TemplateBudget {
-  reserveStored(owner: { tenantId: string; quotaBytes?: number }, resource: 'templates', bytes: number): void;
-  releaseStored(owner: { tenantId: string }, resource: 'templates', bytes: number): void;
-  /** Bytes left in the owner's quota. */
-  roomOf(owner: { tenantId: string; quotaBytes?: number }): number;
-  /** Replaces each tenant's template use with what the layer store holds (`TemplateService.diskUsageByTenant`). */
-  setTemplates(bytesByTenant: ReadonlyMap<string, number>): void;
-}
-
-/** A tenant's concurrent builds unless the operator says otherwise. */
-export const DEFAULT_MAX_BUILDS_PER_TENANT = 2;
+export { DEFAULT_MAX_BUILDS_PER_TENANT, type TemplateBudget } from './build-budget.js';
 
 interface JobOptions {
   /** Tenant id, or `_public` (the default) for an operator's template every tenant may use. */
@@ -129,13 +119,14 @@ export class TemplateService {
   readonly credentials: RegistryCredentials;
   private readonly imagesDir: string;
   private readonly tempRoot: string;
-  /** Builds running per owner (tenants are bounded: maxConcurrentBuildsPerTenant). */
-  private readonly running = new Map<string, number>();
+  /** Tenants' builds: bounded in number, their layers charged to their disk quota. */
+  private readonly bounds: BuildBudget;
 
   constructor(private readonly options: TemplateServiceOptions) {
     const dataDir = options.host.dataDir;
     this.store = new TemplateStore(dataDir);
     this.layers = new LayerStore(options.host.volume);
+    this.bounds = new BuildBudget({ layers: this.layers, store: this.store, ...options });
     this.credentials = new RegistryCredentials(dataDir);
     this.imagesDir = join(dataDir, 'images');
     this.tempRoot = join(dataDir, 'build-tmp');
@@ -332,14 +323,14 @@ export class TemplateService {
     const tags = [...new Set([tag, ...(options.tags ?? []).map((t) => parseTemplateRef(`${name}:${t}`).tag)])];
     await this.ensure();
     if (options.signal?.aborted) throw new SandboxError('ABORTED', `the build of ${name}:${tag} was cancelled before it started`);
-    const releaseSlot = this.takeBuildSlot(owner);
+    const releaseSlot = this.bounds.takeSlot(owner);
     try {
-      const layers = await this.layersFor(owner, options.quotaBytes);
+      const layers = await this.bounds.layersFor(owner, options.quotaBytes);
       return await this.runJob(options, source, { owner, name, tag, tags, layers }, make);
     } finally {
       releaseSlot();
       // What the tenant's layers hold now, read off the store (the build's, its cache, a quota hit's clean-up).
-      if (owner !== PUBLIC_OWNER) await this.refreshBudget();
+      if (owner !== PUBLIC_OWNER) await this.bounds.refresh();
     }
   }
 
@@ -365,7 +356,10 @@ export class TemplateService {
       return record;
     } catch (error) {
       // Past the quota nothing of the build stays: the layers it published before go too.
-      if (isSandboxError(error, 'QUOTA_EXCEEDED')) await this.dropPublished(leaseName, layers);
+      if (isSandboxError(error, 'QUOTA_EXCEEDED')) {
+        await this.layers.release(leaseName);
+        await this.bounds.dropPublished(layers);
+      }
       // A cancel surfaces wherever the build was (AbortSignal's own error included): say so.
       const cancelled = options.signal?.aborted && !(error instanceof SandboxError && error.code === 'ABORTED');
       throw await session.fail(cancelled ? new SandboxError('ABORTED', `the build of ${name}:${tag} was cancelled`) : error);
@@ -373,84 +367,6 @@ export class TemplateService {
       await rm(tempDir, { recursive: true, force: true });
       await this.layers.release(leaseName);
     }
-  }
-
-  /** A slot among the owner's concurrent builds (QUOTA_EXCEEDED past the bound); the public owner's are not bounded. */
-  private takeBuildSlot(owner: string): () => void {
-    if (owner === PUBLIC_OWNER) return () => undefined;
-    const limit = this.options.maxConcurrentBuildsPerTenant ?? DEFAULT_MAX_BUILDS_PER_TENANT;
-    const running = this.running.get(owner) ?? 0;
-    if (running >= limit) {
-      throw new SandboxError('QUOTA_EXCEEDED', `tenant ${owner} already runs ${running} of its ${limit} concurrent template builds`, {
-        details: { resource: 'builds', limit, used: running },
-        hint: 'Wait for a build to finish (or cancel one), then build again; the operator sets the bound (capsule serve --max-builds-per-tenant).',
-      });
-    }
-    this.running.set(owner, running + 1);
-    let released = false;
-    return () => {
-      if (released) return;
-      released = true;
-      const left = (this.running.get(owner) ?? 1) - 1;
-      if (left <= 0) this.running.delete(owner);
-      else this.running.set(owner, left);
-    };
-  }
-
-  /** The store a build publishes through: a tenant's owns its new layers and pays for them. */
-  private async layersFor(owner: string, quotaBytes: number | undefined): Promise<LayerStore> {
-    const budget = this.options.budget;
-    if (owner === PUBLIC_OWNER || !budget) return this.layers;
-    // Start from what the store holds (a prune or another process may have freed some).
-    await this.refreshBudget();
-    const payer = { tenantId: owner, ...(quotaBytes !== undefined ? { quotaBytes } : {}) };
-    return this.layers.charged({
-      owner,
-      reserve: (bytes) => budget.reserveStored(payer, 'templates', bytes),
-      release: (bytes) => budget.releaseStored(payer, 'templates', bytes),
-      room: () => budget.roomOf(payer),
-    });
-  }
-
-  /** Deletes what a failed build published that nothing else needs (after its lease ends). */
-  private async dropPublished(leaseName: string, layers: LayerStore): Promise<void> {
-    if (layers.published.length === 0) return;
-    const mine = new Set(layers.published);
-    await this.layers.release(leaseName);
-    await this.layers.collect({ roots: await this.store.layerRoots(), ...(this.options.isInUse ? { isInUse: this.options.isInUse } : {}), only: (layer) => mine.has(layer.key) });
-  }
-
-  /**
-   * Bytes of template layers each tenant is charged: the layers its templates stand on and the
-   * ones its builds made that no template refers to yet (a build's cache, a build in progress),
-   * each by what it added over its parent; layers under an operator's public template are free.
-   */
-  async diskUsageByTenant(): Promise<Map<string, number>> {
-    const metas = new Map((await this.layers.metas()).map((meta) => [meta.key, meta]));
-    const closure = (roots: Iterable<string>): Set<string> => {
-      const seen = new Set<string>();
-      for (const root of roots) for (let key: string | undefined = root; key !== undefined && !seen.has(key); key = metas.get(key)?.parent) seen.add(key);
-      return seen;
-    };
-    const rootsByOwner = await this.store.layerRootsByOwner();
-    const free = closure(rootsByOwner.get(PUBLIC_OWNER) ?? []);
-    const referenced = closure([...rootsByOwner.values()].flatMap((roots) => [...roots]));
-    const tenants = new Set([...rootsByOwner.keys(), ...[...metas.values()].flatMap((meta) => (meta.owner !== undefined ? [meta.owner] : []))]);
-    tenants.delete(PUBLIC_OWNER);
-    const usage = new Map<string, number>();
-    for (const tenant of tenants) {
-      const charged = closure(rootsByOwner.get(tenant) ?? []);
-      for (const meta of metas.values()) if (meta.owner === tenant && !referenced.has(meta.key)) charged.add(meta.key);
-      let bytes = 0;
-      for (const key of charged) if (!free.has(key)) bytes += metas.get(key)?.addedBytes ?? 0;
-      usage.set(tenant, bytes);
-    }
-    return usage;
-  }
-
-  /** Sets the budget's template use from the store (start-up, each build, removals, prune). */
-  async refreshBudget(): Promise<void> {
-    if (this.options.budget) this.options.budget.setTemplates(await this.diskUsageByTenant());
   }
 
   resolve(tenant: string, ref: string): Promise<TemplateRecord> {
@@ -479,8 +395,8 @@ export class TemplateService {
   async remove(owner: string, ref: string): Promise<string[]> {
     const removed = await this.store.remove(owner, ref);
     if (owner !== PUBLIC_OWNER) {
-      await this.layers.collect({ roots: await this.store.layerRoots(), ...(this.options.isInUse ? { isInUse: this.options.isInUse } : {}), only: (layer) => layer.owner === owner });
-      await this.refreshBudget();
+      await this.bounds.dropUnused(owner);
+      await this.bounds.refresh();
     }
     return removed;
   }
@@ -492,7 +408,7 @@ export class TemplateService {
     const collected = await this.layers.collect({ roots: await this.store.layerRoots(), ...(this.options.isInUse ? { isInUse: this.options.isInUse } : {}) });
     const kept = new Set((await this.layers.list()).map((layer) => layer.key));
     const freedImageCacheBytes = await pruneImageCache(this.layout, kept);
-    await this.refreshBudget();
+    await this.bounds.refresh();
     return { removedLayers: collected.removed, freedLayerBytes: collected.freedBytes, freedImageCacheBytes, removedTemps };
   }
 
@@ -502,6 +418,16 @@ export class TemplateService {
     const removed = [...(await this.layers.reconcile()), ...(await this.store.reconcile())];
     removed.push(...(await reconcileBuildJobs(this.options.host.cgroupPrefix, this.tempRoot)));
     return removed;
+  }
+
+  /** Bytes of template layers each tenant is charged (see BuildBudget.usageByTenant). */
+  diskUsageByTenant(): Promise<Map<string, number>> {
+    return this.bounds.usageByTenant();
+  }
+
+  /** Sets the disk budget's template use from the layer store (the server calls it at start). */
+  refreshBudget(): Promise<void> {
+    return this.bounds.refresh();
   }
 
   /** Bytes on the volume held by layers (exclusive, summed) and by the image blob cache. */
