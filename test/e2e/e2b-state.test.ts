@@ -130,6 +130,27 @@ describe('e2b SDK 2.51: snapshots, fork, lifecycle and volumes against Capsule',
     expect((await auto.getInfo()).state).toBe('running');
   });
 
+  it('/v1: spec.autoResume resumes a paused sandbox on its next process start; without it the call is refused', async () => {
+    const start = (sandboxId: string) => server.call('POST', `/v1/sandboxes/${sandboxId}/processes`, { body: { argv: ['true'] } });
+    const ids: string[] = [];
+    try {
+      for (const autoResume of [false, true]) {
+        const created = await server.json<{ sandboxId: string }>('POST', '/v1/sandboxes', { body: { spec: { autoResume, ttlMs: 120_000 } } });
+        expect(created.status).toBe(201);
+        ids.push(created.body.sandboxId);
+        const paused = await server.json<{ pause: Record<string, unknown> }>('POST', `/v1/sandboxes/${created.body.sandboxId}/pause`, { body: {} });
+        expect(paused.body.pause).toMatchObject({ ttl: 'running', resumesOn: autoResume ? 'call' : 'resume' });
+        const response = await start(created.body.sandboxId);
+        await response.body?.cancel();
+        expect(response.status).toBe(autoResume ? 200 : 409);
+        const after = await server.json<{ state: string }>('GET', `/v1/sandboxes/${created.body.sandboxId}`);
+        expect(after.body.state).toBe(autoResume ? 'running' : 'paused');
+      }
+    } finally {
+      for (const id of ids) await server.call('DELETE', `/v1/sandboxes/${id}`);
+    }
+  });
+
   it('pauses at the timeout with onTimeout "pause" instead of ending, and a connect resumes it', async () => {
     const sandbox = await create(undefined, { timeoutMs: 3_000, lifecycle: { onTimeout: 'pause' } });
     await sandbox.files.write('note.txt', 'still here');
