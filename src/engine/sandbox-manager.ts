@@ -2,7 +2,7 @@ import type { Readable } from 'node:stream';
 import { join } from 'node:path';
 import type { Duplex } from 'node:stream';
 import { SandboxError } from '../errors/index.js';
-import { DEFAULT_MAXIMA, parseSpec, type BackendName, type NetworkPolicyInput, type OperatorMaxima, type SandboxSpec, type SandboxSpecInput } from '../sandbox-spec/index.js';
+import { DEFAULT_MAXIMA, parseSpec, type BackendName, type NetworkPolicyInput, type OperatorMaxima, type SandboxSpec } from '../sandbox-spec/index.js';
 import type { Backend, BackendSandbox } from '../backends/backend.js';
 import type { HostMount } from '../host/mount-roots.host.js';
 import type { HostEnvironment } from '../host/host-env.host.js';
@@ -27,7 +27,7 @@ import { ProcessTable } from './process-table.js';
 import { SandboxTable, snapshot, type LiveSandbox } from './sandbox-table.js';
 import { startTemplate, withTemplate } from './template-start.js';
 import { hasTemplateRoot, HostOnlyCatalog, type TemplateCatalog, type TemplateImage } from './templates.js';
-import { Snapshots, type TakeSnapshotOptions } from './snapshots.js';
+import { fromSnapshotInput, Snapshots, type TakeSnapshotOptions } from './snapshots.js';
 import { forkAll } from './fork.js';
 import { Volumes } from './volumes.js';
 import { applyChanges, exportChanges, listChanges, type ChangesContext } from './changes/changes.js';
@@ -36,7 +36,7 @@ import type { CreateSandboxCommand, EngineCloseOptions, EngineCollectOptions, Fo
 import { UsageSampler } from './usage-sampler.js';
 import { WarmPool } from './warm-pool.js';
 import { ProcessLogs } from './process-logs.js';
-import { WorkspaceCapacity, type WorkspaceBudget } from './disk-budget.js';
+import { WorkspaceCapacity, type DiskBudget } from './disk-budget.js';
 
 export interface SandboxManagerOptions extends EngineHostOptions {
   store?: SandboxRecordStore;
@@ -79,8 +79,11 @@ export interface SandboxManagerOptions extends EngineHostOptions {
    * it takes. @default logs under `dataDir`, kept until removed, with no budget
    */
   processLogs?: ProcessLogs;
-  /** Where tenants' workspaces are charged (their disk quota). @default nothing is charged */
-  workspaceBudget?: WorkspaceBudget;
+  /**
+   * Where tenants' workspaces, snapshots and volumes are charged (their disk quota).
+   * @default nothing is charged
+   */
+  workspaceBudget?: DiskBudget;
   /**
    * How far the disk limits of live sandboxes may exceed what the workspace volume can back
    * (1: never; a create that does not fit is refused with CAPACITY_EXHAUSTED). @default 1
@@ -113,7 +116,7 @@ export class SandboxManager implements SandboxEngine {
   private readonly interpreters = new Interpreters();
   private readonly usageSampler: UsageSampler;
   private readonly logs: ProcessLogs;
-  private readonly workspaceBudget: WorkspaceBudget | undefined;
+  private readonly workspaceBudget: DiskBudget | undefined;
   private readonly capacity: WorkspaceCapacity;
   private closed = false;
   /** Let go at close (keepSandboxes): still running under their supervisors, not ours to end. */
@@ -155,8 +158,8 @@ export class SandboxManager implements SandboxEngine {
       const entry = this.table.get(sandboxId);
       if (entry && !isLiveState(entry.info.state)) this.table.delete(sandboxId);
     };
-    this.snapshotsOf = host ? new Snapshots(host.volume, options.snapshotStore ?? new MemorySnapshotRecords(), this.now) : undefined;
-    this.volumesOf = this.snapshotsOf ? new Volumes(this.snapshotsOf.disks, options.volumeStore ?? new MemoryVolumeRecords(), this.now) : undefined;
+    this.snapshotsOf = host ? new Snapshots(host.volume, options.snapshotStore ?? new MemorySnapshotRecords(), this.now, this.workspaceBudget) : undefined;
+    this.volumesOf = this.snapshotsOf ? new Volumes(this.snapshotsOf.disks, options.volumeStore ?? new MemoryVolumeRecords(), this.now, this.workspaceBudget) : undefined;
   }
 
   /**
@@ -333,9 +336,9 @@ export class SandboxManager implements SandboxEngine {
 
   // ---- volumes
 
-  createVolume(tenantId: string, input: { name: string; sizeBytes: number; shared?: boolean }): Promise<VolumeInfo> {
+  createVolume(tenantId: string, input: { name: string; sizeBytes: number; shared?: boolean }, owner: { quotaBytes?: number } = {}): Promise<VolumeInfo> {
     this.assertOpen();
-    return this.volumes.create(tenantId, input);
+    return this.volumes.create(tenantId, input, owner);
   }
 
   getVolume(tenantId: string, name: string): Promise<VolumeInfo> {
@@ -440,15 +443,28 @@ export class SandboxManager implements SandboxEngine {
     return snapshot(running);
   }
 
-  /** Continues a paused sandbox; resuming a running one is a no-op. */
+  /** Continues a paused sandbox; resuming a running one is a no-op. Concurrent resumes share one. */
   async resume(tenantId: string, sandboxId: string): Promise<SandboxInfo> {
     const entry = this.table.findLive(tenantId, sandboxId);
     if (entry.info.state === 'paused' && entry.sandbox) {
-      await resumeSandbox(entry as LiveSandbox & { sandbox: BackendSandbox }, this.now());
-      this.table.save(entry);
-      this.ttl.schedule(entry);
+      entry.resuming ??= (async () => {
+        await resumeSandbox(entry as LiveSandbox & { sandbox: BackendSandbox }, this.now());
+        this.table.save(entry);
+        this.ttl.schedule(entry);
+      })().finally(() => (entry.resuming = undefined));
     }
+    await entry.resuming;
     return snapshot(entry);
+  }
+
+  /**
+   * Before a call that acts inside the sandbox: a paused sandbox created with `autoResume` is
+   * resumed; any other (unknown, foreign, running, paused without it) is left for the call to judge.
+   */
+  async wake(tenantId: string, sandboxId: string): Promise<void> {
+    const entry = this.table.get(sandboxId);
+    if (entry?.info.tenantId !== tenantId || entry.info.state !== 'paused' || !entry.info.spec.autoResume) return;
+    await this.resume(tenantId, sandboxId);
   }
 
   async startProcess(tenantId: string, sandboxId: string, command: StartProcessCommand): Promise<ProcessHandle> {
@@ -770,27 +786,4 @@ function once(fn: () => void): () => void {
 /** A lost reason that takes longer than this (a supervisor that does not go) is not waited for. */
 function lostReasonLate(): Promise<string> {
   return new Promise((resolve) => setTimeout(() => resolve('the sandbox stopped on its own (its init or agent exited)'), 6000).unref());
-}
-/**
- * The spec of a sandbox made from a snapshot: the source's environment, working directory, user,
- * backend and TTL policy under what the caller asked; the template is the snapshot's own.
- */
-function fromSnapshotInput(input: SandboxSpecInput, from: SnapshotInfo): SandboxSpecInput {
-  if (input.template !== undefined && input.template !== from.template) {
-    throw new SandboxError('INVALID_SPEC', `snapshot ${from.snapshotId} is of template ${from.template}, not ${input.template}`, {
-      details: { field: 'template', template: input.template, snapshotTemplate: from.template },
-      hint: 'Leave spec.template out when creating from a snapshot: the snapshot\'s template is used.',
-    });
-  }
-  const source = from.spec;
-  return {
-    backend: source.backend,
-    env: source.env,
-    cwd: source.cwd,
-    ...(source.user !== undefined ? { user: source.user } : {}),
-    ttlMs: source.ttlMs,
-    onTimeout: source.onTimeout,
-    ...input,
-    template: from.template,
-  };
 }

@@ -128,6 +128,8 @@ export interface SandboxEngine {
   /** Pauses (keepMemory defaults to true); the answer's `pause` says what was kept. */
   pause(tenantId: string, sandboxId: string, options?: { keepMemory?: boolean }): Promise<SandboxInfo>;
   resume(tenantId: string, sandboxId: string): Promise<SandboxInfo>;
+  /** Resumes a paused sandbox created with `autoResume` before a call acts inside it; otherwise does nothing. */
+  wake(tenantId: string, sandboxId: string): Promise<void>;
   /** Replaces the network policy; file and process policy stay fixed. */
   setNetworkPolicy(tenantId: string, sandboxId: string, policy: NetworkPolicyInput): Promise<SandboxInfo>;
   /** The interpreter contexts of a running sandbox, shared by every API surface. */
@@ -151,7 +153,8 @@ export interface SandboxEngine {
   /** Applies the changes of `from`, a fork of this sandbox; CONFLICT with the paths both changed. */
   applyChanges(tenantId: string, sandboxId: string, options: { from: string }): Promise<ApplyResult>;
   /** A named volume of the tenant (ALREADY_EXISTS for a name it has). */
-  createVolume(tenantId: string, input: { name: string; sizeBytes: number; shared?: boolean }): Promise<VolumeInfo>;
+  /** A volume; its size is charged to the tenant's disk quota under `owner.quotaBytes` (the creating key's). */
+  createVolume(tenantId: string, input: { name: string; sizeBytes: number; shared?: boolean }, owner?: { quotaBytes?: number }): Promise<VolumeInfo>;
   getVolume(tenantId: string, name: string): Promise<VolumeInfo>;
   listVolumes(tenantId: string): Promise<VolumeInfo[]>;
   /** Deletes a volume and its data; CONFLICT while a live sandbox mounts it. */

@@ -118,6 +118,7 @@ export class CapsuleApp {
       quota: new TenantQuota(options.maxSandboxesPerTenant ?? 20, (tenantId) => records.countLive(tenantId)),
       closeSignal: this.closeController.signal,
       atomically: atomically(options.db),
+      wake: (tenantId, sandboxId) => options.engine.wake(tenantId, sandboxId),
       accessTokens: new EnvdTokens(),
       portUrls: new PortUrlSigner(),
       ...(options.publicDomain !== undefined && { publicDomain: options.publicDomain.toLowerCase().replace(/^\.+|\.+$/g, '') }),

@@ -44,6 +44,8 @@ export interface StartServerOptions {
    * (`capsule serve --disk-overcommit`): 1 refuses a create that does not fit (CAPACITY_EXHAUSTED). @default 1
    */
   diskOvercommit?: number;
+  /** Template builds one tenant may run at once (`capsule serve --max-builds-per-tenant`). @default 2 */
+  maxBuildsPerTenant?: number;
   /** Size of the workspace volume's image when it is first made (`capsule serve --volume-size`). @default 32 GiB */
   volumeBytes?: number;
   /** @default false */
@@ -135,8 +137,8 @@ export async function startServer(options: StartServerOptions): Promise<RunningS
     const sessions = new ConsoleSessions();
     const feed = new SandboxFeed();
     new OperationStore(db).settleInterrupted('startup');
-    // Metrics, output logs and the artifact store (docs/operations.md); logs, artifacts and
-    // workspaces are charged to each tenant's disk quota.
+    // Metrics, output logs and the artifact store (docs/operations.md); logs, artifacts,
+    // workspaces, snapshots, volumes and template layers are charged to each tenant's disk quota.
     const diskQuota = new TenantDiskQuota({ defaultBytes: options.tenantDiskQuotaBytes });
     const observability = (observed = await Observability.open({ dataDir: options.dataDir, records, diskQuota }));
     // Sandbox networking with the operator's settings; started only when a sandbox asks for a
@@ -148,6 +150,9 @@ export async function startServer(options: StartServerOptions): Promise<RunningS
       dataDir: options.dataDir,
       volumeBytes: options.volumeBytes,
       stepRunner: { run: (step, runOptions) => (steps.runner ?? unstarted()).run(step, runOptions) },
+      // A tenant's builds are charged to its disk quota and bounded in number.
+      budget: diskQuota,
+      ...(options.maxBuildsPerTenant !== undefined ? { maxConcurrentBuildsPerTenant: options.maxBuildsPerTenant } : {}),
     });
     const engine = await SandboxManager.open({
       dataDir: options.dataDir,
@@ -187,6 +192,8 @@ export async function startServer(options: StartServerOptions): Promise<RunningS
     steps.runner = engine.buildStepRunner();
     // Builds a crash cut short leave pending layers and temps: gone before anything new starts.
     await templates.reconcile();
+    // Template layers count against their tenants' quotas from the start, as snapshots and volumes do.
+    await templates.refreshBudget();
     const app = new CapsuleApp({
       engine,
       db,

@@ -17,6 +17,7 @@ interface ServeFlags {
   defaultTemplate?: string;
   tenantDiskQuota?: number;
   diskOvercommit?: number;
+  maxBuildsPerTenant?: number;
   volumeSize?: number;
   publicDomain?: string;
   supervise?: boolean;
@@ -57,7 +58,8 @@ export function serveCommand(context: CliContext): Command {
     .option('--default-template <ref>', "the template of sandboxes that name none: a public template (capsule template ls), or host (the host's /usr, read-only; the default)")
     .option('--mount-root <name=path>', 'a host directory tenants may mount read-only, by name, once their key is granted it (repeatable)', collect)
     .option('--egress-idle-timeout <ms>', 'close a sandbox connection through the egress proxy after this long with no bytes either way (default 300000)', numberOption('--egress-idle-timeout'))
-    .option('--tenant-disk-quota <size>', "each tenant's disk quota over its workspaces (by their disk limits), logs, artifacts and snapshots, e.g. 20GiB (default 20GiB)", bytesOption('--tenant-disk-quota'))
+    .option('--tenant-disk-quota <size>', "each tenant's disk quota over its workspaces (by their disk limits), logs, artifacts, snapshots, volumes and template layers, e.g. 20GiB (default 20GiB)", bytesOption('--tenant-disk-quota'))
+    .option('--max-builds-per-tenant <n>', 'template builds one tenant may run at once (default 2)', numberOption('--max-builds-per-tenant'))
     .option('--disk-overcommit <ratio>', 'how far the disk limits of live sandboxes may exceed what the workspace volume holds (default 1: never)', numberOption('--disk-overcommit'))
     .option('--volume-size <size>', 'size of the workspace volume image when it is first made (default 32GiB)', bytesOption('--volume-size'))
     .option('--public-domain <domain>', 'port P of sandbox ID is also served at http://P-ID.DOMAIN/ (point wildcard DNS *.DOMAIN at this server)')
@@ -82,6 +84,7 @@ export function serveCommand(context: CliContext): Command {
         warmPool: flags.warmPool,
         tenantDiskQuotaBytes: flags.tenantDiskQuota,
         diskOvercommit: flags.diskOvercommit,
+        maxBuildsPerTenant: flags.maxBuildsPerTenant,
         volumeBytes: flags.volumeSize,
         operatorDeny: [...(flags.deny ?? []), ...(context.env.CAPSULE_EGRESS_DENY ?? '').split(',').map((e) => e.trim()).filter((e) => e !== '')],
         logger: { level: flags.logLevel, stream: context.stderr },
