@@ -49,7 +49,7 @@ describe('superviseExec and its abort signal', () => {
   it('kills the process when a listener aborts on output that came before it listened', async () => {
     const { process, signals } = earlyTalker('started\n');
     const controller = new AbortController();
-    const result = superviseExec(sandboxRunning(process), { argv: ['sh'] }, {
+    const result = superviseExec(sandboxRunning(process), { argv: ['sh'], env: {}, cwd: '/workspace' }, {
       timeoutMs: 10 * 60_000,
       signal: controller.signal,
       onStdout: (chunk) => chunk.toString().includes('started') && controller.abort(),
@@ -67,7 +67,7 @@ describe('superviseExec and its abort signal', () => {
     const sandbox = sandboxRunning(process);
     const exec = sandbox.exec.bind(sandbox);
     sandbox.exec = (request) => exec(request).finally(() => controller.abort());
-    const result = superviseExec(sandbox, { argv: ['sh'] }, { timeoutMs: 10 * 60_000, signal: controller.signal });
+    const result = superviseExec(sandbox, { argv: ['sh'], env: {}, cwd: '/workspace' }, { timeoutMs: 10 * 60_000, signal: controller.signal });
     await new Promise((resolve) => setImmediate(resolve));
     expect(signals).toEqual(['SIGKILL']);
     expect((await result).error?.code).toBe('ABORTED');
