@@ -8,6 +8,8 @@ import { HostEnvironment } from '../host/host-env.host.js';
 import { EgressNetwork } from '../host/netns-network.host.js';
 import { InstanceLock } from '../host/lock.host.js';
 
+export { loadTokenKey, tokenKeyPath } from '../host/token-key.host.js';
+
 export type { EgressEvent } from '../host/egress/egress-proxy.js';
 export type { EgressLogEntry } from '../host/egress/denial-log.js';
 

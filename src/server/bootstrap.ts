@@ -5,7 +5,7 @@ import { SandboxError } from '../errors/index.js';
 import { createSandboxFiles } from '../engine/files/index.js';
 import { SandboxManager } from '../engine/sandbox-manager.js';
 import type { EngineEvent } from '../engine/events.js';
-import { lockDataDir, type EgressLogEntry, type EgressOptions } from '../engine/engine-host.js';
+import { loadTokenKey, lockDataDir, type EgressLogEntry, type EgressOptions } from '../engine/engine-host.js';
 import { DEFAULT_MAXIMA, type OperatorMaxima } from '../sandbox-spec/index.js';
 import { API_KEY_PATTERN, ApiKeyStore, AuditLog, OperationStore, SqliteSandboxRecords, SqliteSnapshotRecords, SqliteVolumeRecords, openDatabase, type SqliteDatabase } from '../store/index.js';
 import { CapsuleApp, type CapsuleAppOptions } from './app.js';
@@ -190,6 +190,8 @@ export async function startServer(options: StartServerOptions): Promise<RunningS
     const app = new CapsuleApp({
       engine,
       db,
+      // Access tokens and signed URLs outlive a restart, like the sandboxes they open.
+      tokenKey: loadTokenKey(options.dataDir),
       maxSandboxesPerTenant: options.maxSandboxesPerTenant,
       logger: options.logger,
       extensions: options.extensions,
