@@ -55,7 +55,7 @@ export class ProcessTable {
     let settle: ((result: Promise<ExecResult>) => void) | undefined;
     const settled = new Promise<ExecResult>((resolve) => (settle = (r) => resolve(r)));
     const meta = { argv: [...command.argv], cwd: command.cwd ?? spec.cwd, tag: command.tag, startedAt: new Date(now()).toISOString() };
-    const managed = new ManagedProcess(meta, spec.limits, settled);
+    const managed = new ManagedProcess(meta, spec.limits, settled, command.pty !== undefined);
     const observed = (): ObservedProcess => ({ tenantId: info.tenantId, sandboxId: info.sandboxId, backend: info.backend, pid: managed.pid });
     const user = userFor(spec.template, command.user ?? spec.user);
     const result = superviseExec(
@@ -69,7 +69,7 @@ export class ProcessTable {
         ...(user !== undefined ? { user } : {}),
         // Kept by the agent: a server that reattaches after a restart lists the process as it
         // was and holds it to the same wall clock.
-        label: JSON.stringify({ ...meta, timeoutMs: command.timeoutMs ?? spec.limits.wallClockMs }),
+        label: JSON.stringify({ ...meta, timeoutMs: command.timeoutMs ?? spec.limits.wallClockMs, ...(command.pty ? { pty: true } : {}) }),
       },
       {
         timeoutMs: command.timeoutMs ?? spec.limits.wallClockMs,
@@ -147,7 +147,7 @@ export class ProcessTable {
         ...(exit.lost && !limit ? { error: { code: 'SANDBOX_CRASHED', message: `sandbox ${info.sandboxId} stopped while the process ran` } } : {}),
       };
     });
-    const managed = new ManagedProcess(meta, spec.limits, result);
+    const managed = new ManagedProcess(meta, spec.limits, result, labelledPty(agent.label));
     managed.started(agent, log);
     agent.onStdout((chunk) => managed.output('stdout', chunk));
     agent.onStderr((chunk) => managed.output('stderr', chunk));
@@ -180,6 +180,15 @@ export class ProcessTable {
 }
 
 type ProcessMeta = Omit<ProcessInfo, 'pid' | 'running'>;
+
+/** Whether a process was started with a pty, from its label (ProcessTable.start). */
+function labelledPty(label: string | undefined): boolean {
+  try {
+    return (JSON.parse(label ?? '') as { pty?: unknown }).pty === true;
+  } catch {
+    return false;
+  }
+}
 
 /** The wall clock a process was started with, from its label (ProcessTable.start). */
 function labelledTimeout(label: string | undefined): number | undefined {

@@ -569,6 +569,7 @@ export class SandboxManager implements SandboxEngine {
   // ---- lifecycle
 
   private async reconcile(): Promise<void> {
+    this.endUnreadable();
     const live = this.options.store?.listLive() ?? [];
     // Sandboxes whose supervisor outlived the previous server: taken over as they run. Those
     // that had one which is gone (or does not answer) end with the reason; the rest (started by
@@ -593,6 +594,32 @@ export class SandboxManager implements SandboxEngine {
     }
     await this.snapshotsOf?.reconcile();
     await this.volumesOf?.reconcile();
+  }
+
+  /**
+   * Live rows whose record cannot be read: nothing of them can be reattached or recovered, so
+   * each ends, readable again, with the reason (its host resources go with reconcile: it is not
+   * in the live set). The spec it shows is the default one, as the reason says.
+   */
+  private endUnreadable(): void {
+    const store = this.options.store;
+    for (const row of store?.listUnreadableLive?.() ?? []) {
+      const now = new Date(this.now()).toISOString();
+      const info: SandboxInfo = {
+        sandboxId: row.sandboxId,
+        tenantId: row.tenantId,
+        state: 'failed',
+        backend: 'namespace',
+        spec: parseSpec({}, this.maxima),
+        metadata: row.metadata,
+        createdAt: row.createdAt,
+        expiresAt: now,
+        endedAt: now,
+        endReason: `crashed: its stored record was unreadable after a restart (${row.error}); its processes and files were removed, and the spec shown is the default, not its own`,
+      };
+      store?.upsert(info);
+      this.onEvent({ type: 'sandbox.crashed', sandbox: info });
+    }
   }
 
   /**

@@ -77,6 +77,8 @@ export type ProcessEvent =
 export interface ProcessHandle {
   readonly pid: number;
   readonly info: ProcessInfo;
+  /** Started with a pty (also when a restarted server took it over). */
+  readonly isPty: boolean;
   /** Every event from the start (kept output is replayed), then live ones, ending with `exit`. */
   events(signal?: AbortSignal): AsyncIterable<ProcessEvent>;
   /** The result, with at most 1 MiB of each stream inline (read back from the log). */
