@@ -29,7 +29,7 @@ interface Served {
 }
 
 async function serve(): Promise<Served> {
-  const child = spawn(process.execPath, [BIN, 'serve', '--port', '0', '--data-dir', dataDir, '--log-level', 'warn', '--warm-pool', '0'], {
+  const child = spawn(process.execPath, [BIN, 'serve', '--port', '0', '--data-dir', dataDir, '--log-level', 'warn', '--warm-pool', '0', '--no-supervise'], {
     env: { ...process.env, CAPSULE_API_KEY: apiKey },
   });
   children.push(child);

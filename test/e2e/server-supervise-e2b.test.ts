@@ -93,5 +93,5 @@ describe('sandboxes outlive capsule serve (E2B SDKs)', () => {
     await exited(third.child);
     expect(third.child.exitCode, third.stderr()).toBe(0);
     expect(third.stderr()).not.toContain('left');
-  });
+  }, 300_000);
 });

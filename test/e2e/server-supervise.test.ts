@@ -31,7 +31,7 @@ interface Served {
 }
 
 async function serve(...extra: string[]): Promise<Served> {
-  const args = [BIN, 'serve', '--port', '0', '--data-dir', dataDir, '--log-level', 'warn', '--warm-pool', '0', '--supervise', ...extra];
+  const args = [BIN, 'serve', '--port', '0', '--data-dir', dataDir, '--log-level', 'warn', '--warm-pool', '0', ...extra];
   const child = spawn(process.execPath, args, { env: { ...process.env, CAPSULE_API_KEY: apiKey } });
   children.push(child);
   let stdout = '';
