@@ -520,7 +520,9 @@ export class SandboxManager implements SandboxEngine {
     const left: string[] = [];
     if (options.keepSandboxes === true) {
       for (const entry of this.table.all()) {
-        if (entry.info.state !== 'running' || entry.ending || !entry.sandbox?.detach?.()) continue;
+        // Paused to disk (a gVisor checkpoint): nothing runs, the next start restores it as is.
+        const pausedToDisk = entry.info.state === 'paused' && entry.info.pause?.survivesRestart === true && !entry.ending;
+        if (!pausedToDisk && (entry.info.state !== 'running' || entry.ending || !entry.sandbox?.detach?.())) continue;
         // The record stays running; the next start reattaches to its supervisor.
         this.ttl.clear(entry);
         this.usageSampler.untrack(entry.info.sandboxId);

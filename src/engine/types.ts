@@ -160,8 +160,9 @@ export interface SandboxEngine {
   deleteVolume(tenantId: string, name: string): Promise<void>;
   /**
    * Stops the engine. Every live sandbox is killed, except with `keepSandboxes`: running ones held
-   * by a supervisor (`capsule serve --supervise`) are let go and keep running for the next start,
-   * which reattaches; their ids go to `onLeftRunning`.
+   * by a supervisor (`capsule serve`) are let go and keep running for the next start, which
+   * reattaches, and ones paused to disk (gVisor checkpoints) stay paused for it to restore; their
+   * ids go to `onLeftRunning`. The rest (a frozen namespace sandbox) is killed.
    */
   close(options?: EngineCloseOptions): Promise<void>;
 }
