@@ -86,9 +86,10 @@ export interface StartServerOptions {
   /** Where the built web console is. @default dist/console under the package root */
   uiDir?: string;
   /**
-   * Namespace sandboxes outlive a crash of the server (`capsule serve --supervise`): each is held
-   * by a supervisor daemon, and the next start reattaches to it with its processes and the output
-   * they wrote meanwhile. A clean stop still ends them. @default false
+   * Sandboxes (both backends) outlive the server: each is held by a supervisor daemon, and the
+   * next start reattaches to it with its processes, contexts, network policy and the output they
+   * wrote meanwhile; `close({ keepSandboxes: true })` leaves them running. `capsule serve` turns
+   * it on unless `--no-supervise`. @default false (an embedding process that did not ask)
    */
   superviseSandboxes?: boolean;
 }
