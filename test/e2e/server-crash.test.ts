@@ -10,7 +10,8 @@ import { expectNoLeaks, testDataDir } from '../helpers/sandbox.js';
 import { waitFor } from './server-helpers.js';
 
 /**
- * `capsule serve` as a child process, SIGKILLed with sandboxes and a stream running, then
+ * `capsule serve --no-supervise` (sandboxes tied to the server process, the old model) as a
+ * child process, SIGKILLed with sandboxes and a stream running, then
  * restarted on the same data directory. Runs on dist/: `npm run build` first.
  */
 const ROOT = resolve(import.meta.dirname, '../..');
