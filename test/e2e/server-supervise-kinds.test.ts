@@ -119,6 +119,29 @@ describe('sandboxes of every kind outlive capsule serve', () => {
     expect(await listSandboxCgroups(host.cgroupPrefix)).toEqual([]);
   }, 300_000);
 
+  it.skipIf(!isBuilt)('a stop keeps a gVisor sandbox paused to disk, and the next start resumes it with its process (needs npm run build)', async () => {
+    const first = await instance.serve();
+    const call = instance.api(first.url);
+    const gv = await create(call, { backend: 'gvisor' });
+    const started = await call<{ pid: number }>('POST', `/v1/sandboxes/${gv}/processes`, { argv: ['sh', '-c', COUNTER('/workspace/count')], background: true });
+    expect(started.status).toBe(201);
+    const file = join(host.volume.path(gv), 'count');
+    await countsPast(file, 1, 'the gVisor sandbox counts');
+    const paused = await call<{ state: string }>('POST', `/v1/sandboxes/${gv}/pause`, { keepMemory: true });
+    expect(paused.body.state, JSON.stringify(paused.body)).toBe('paused');
+    first.child.kill('SIGTERM');
+    await exited(first.child);
+    expect(first.stderr()).toContain(gv);
+
+    const second = await instance.serve();
+    const call2 = instance.api(second.url);
+    expect((await call2<Info>('GET', `/v1/sandboxes/${gv}`)).body.state).toBe('paused');
+    const atResume = counted(file);
+    expect((await call2<Info>('POST', `/v1/sandboxes/${gv}/resume`, {})).body.state).toBe('running');
+    await countsPast(file, atResume, 'the restored counter counts on');
+    expect((await call2('DELETE', `/v1/sandboxes/${gv}`)).status).toBe(200);
+  }, 180_000);
+
   it.skipIf(!isBuilt)('a killed runsc ends its gVisor sandbox with the reason; the other sandboxes run on (needs npm run build)', async () => {
     const served = await instance.serve();
     const call = instance.api(served.url);
