@@ -65,6 +65,10 @@ export async function superviseExec(
     timedOut = true;
     child.signal('SIGKILL');
   }, timeoutMs);
+  // Neither keeps the process alive: the agent's stream does while the exec matters, and a
+  // server that stops and leaves its sandboxes running (the next one re-arms the wall clock from
+  // the process's label) must not wait out a background process's wall clock.
+  timer.unref();
   const onAbort = (): void => {
     aborted = true;
     child.signal('SIGKILL');
@@ -105,6 +109,7 @@ export async function superviseExec(
       () => undefined, // the cgroup is gone: the sandbox is being destroyed, the exit tells why
     );
   }, MEMORY_POLL_MS);
+  poller.unref();
 
   const exit = await Promise.race([child.exited, sandbox.lost.then(() => child.exited)]);
   clearTimeout(timer);

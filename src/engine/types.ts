@@ -77,6 +77,8 @@ export type ProcessEvent =
 export interface ProcessHandle {
   readonly pid: number;
   readonly info: ProcessInfo;
+  /** Started with a pty (also when a restarted server took it over). */
+  readonly isPty: boolean;
   /** Every event from the start (kept output is replayed), then live ones, ending with `exit`. */
   events(signal?: AbortSignal): AsyncIterable<ProcessEvent>;
   /** The result, with at most 1 MiB of each stream inline (read back from the log). */
@@ -161,8 +163,9 @@ export interface SandboxEngine {
   deleteVolume(tenantId: string, name: string): Promise<void>;
   /**
    * Stops the engine. Every live sandbox is killed, except with `keepSandboxes`: running ones held
-   * by a supervisor (`capsule serve --supervise`) are let go and keep running for the next start,
-   * which reattaches; their ids go to `onLeftRunning`.
+   * by a supervisor (`capsule serve`) are let go and keep running for the next start, which
+   * reattaches, and ones paused to disk (gVisor checkpoints) stay paused for it to restore; their
+   * ids go to `onLeftRunning`. The rest (a frozen namespace sandbox) is killed.
    */
   close(options?: EngineCloseOptions): Promise<void>;
 }

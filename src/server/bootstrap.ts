@@ -5,7 +5,7 @@ import { SandboxError } from '../errors/index.js';
 import { createSandboxFiles } from '../engine/files/index.js';
 import { SandboxManager } from '../engine/sandbox-manager.js';
 import type { EngineEvent } from '../engine/events.js';
-import { lockDataDir, type EgressLogEntry, type EgressOptions } from '../engine/engine-host.js';
+import { loadTokenKey, lockDataDir, type EgressLogEntry, type EgressOptions } from '../engine/engine-host.js';
 import { DEFAULT_MAXIMA, type OperatorMaxima } from '../sandbox-spec/index.js';
 import { API_KEY_PATTERN, ApiKeyStore, AuditLog, OperationStore, SqliteSandboxRecords, SqliteSnapshotRecords, SqliteVolumeRecords, openDatabase, type SqliteDatabase } from '../store/index.js';
 import { CapsuleApp, type CapsuleAppOptions } from './app.js';
@@ -88,9 +88,10 @@ export interface StartServerOptions {
   /** Where the built web console is. @default dist/console under the package root */
   uiDir?: string;
   /**
-   * Namespace sandboxes outlive a crash of the server (`capsule serve --supervise`): each is held
-   * by a supervisor daemon, and the next start reattaches to it with its processes and the output
-   * they wrote meanwhile. A clean stop still ends them. @default false
+   * Sandboxes (both backends) outlive the server: each is held by a supervisor daemon, and the
+   * next start reattaches to it with its processes, contexts, network policy and the output they
+   * wrote meanwhile; `close({ keepSandboxes: true })` leaves them running. `capsule serve` turns
+   * it on unless `--no-supervise`. @default false (an embedding process that did not ask)
    */
   superviseSandboxes?: boolean;
 }
@@ -197,6 +198,8 @@ export async function startServer(options: StartServerOptions): Promise<RunningS
     const app = new CapsuleApp({
       engine,
       db,
+      // Access tokens and signed URLs outlive a restart, like the sandboxes they open.
+      tokenKey: loadTokenKey(options.dataDir),
       maxSandboxesPerTenant: options.maxSandboxesPerTenant,
       logger: options.logger,
       extensions: options.extensions,

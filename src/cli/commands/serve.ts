@@ -43,8 +43,10 @@ function parseMountRoots(flags: readonly string[]): Record<string, string> {
 
 /**
  * `capsule serve`: the HTTP API. Prints `URL:` and `API key:` lines on stdout; JSON logs go to
- * stderr. SIGTERM or SIGINT stops it gracefully (sandboxes are killed, records kept; with
- * --supervise they keep running unless --stop-sandboxes).
+ * stderr. Each sandbox is held by a supervisor of its own, so sandboxes outlive the server: a
+ * SIGTERM or SIGINT stop leaves them running and says which (the next start reattaches), a crash
+ * or an upgrade does not touch them. `--stop-sandboxes` makes a stop kill them (records kept);
+ * `--no-supervise` ties every sandbox to the server process again (they die with it).
  */
 export function serveCommand(context: CliContext): Command {
   return new Command('serve')
@@ -63,8 +65,9 @@ export function serveCommand(context: CliContext): Command {
     .option('--disk-overcommit <ratio>', 'how far the disk limits of live sandboxes may exceed what the workspace volume holds (default 1: never)', numberOption('--disk-overcommit'))
     .option('--volume-size <size>', 'size of the workspace volume image when it is first made (default 32GiB)', bytesOption('--volume-size'))
     .option('--public-domain <domain>', 'port P of sandbox ID is also served at http://P-ID.DOMAIN/ (point wildcard DNS *.DOMAIN at this server)')
-    .option('--supervise', 'namespace sandboxes outlive the server: a supervisor per sandbox holds it, the next start reattaches; a stop leaves them running')
-    .option('--stop-sandboxes', 'with --supervise: SIGTERM/SIGINT still kill every sandbox (the behaviour without --supervise)')
+    .option('--supervise', 'sandboxes outlive the server (the default): a supervisor per sandbox holds it, the next start reattaches; a stop leaves them running')
+    .option('--no-supervise', 'sandboxes die with the server process (a crash or a stop ends them; the next start recovers their files only)')
+    .option('--stop-sandboxes', 'SIGTERM/SIGINT kill every sandbox instead of leaving them running (records kept)')
     .option('--deny <domain-or-cidr>', 'operator deny list: no sandbox reaches it, whatever its allow list (repeatable; a domain covers its subdomains; also $CAPSULE_EGRESS_DENY, comma-separated)', collect)
     .addHelpText(
       'after',
@@ -90,7 +93,7 @@ export function serveCommand(context: CliContext): Command {
         logger: { level: flags.logLevel, stream: context.stderr },
         mountRoots: parseMountRoots(flags.mountRoot ?? []),
         ...(flags.defaultTemplate === undefined ? {} : { defaultTemplate: flags.defaultTemplate }),
-        superviseSandboxes: flags.supervise === true,
+        superviseSandboxes: flags.supervise !== false,
         ...(flags.egressIdleTimeout === undefined ? {} : { egressTimeouts: { idleTimeoutMs: flags.egressIdleTimeout } }),
         extensions: [registerMcpHttp],
         ...(flags.publicDomain !== undefined && { publicDomain: flags.publicDomain }),
@@ -117,7 +120,7 @@ export function serveCommand(context: CliContext): Command {
         process.on('SIGTERM', stop);
         process.on('SIGINT', stop);
       });
-      const keepSandboxes = flags.supervise === true && flags.stopSandboxes !== true;
+      const keepSandboxes = flags.supervise !== false && flags.stopSandboxes !== true;
       await server.close({
         keepSandboxes,
         onLeftRunning: (ids) => {
