@@ -1,5 +1,5 @@
 import type { BackendSandbox } from '../backends/backend.js';
-import { InterpreterService } from './interpreter/index.js';
+import { InterpreterService, type ContextSnapshot } from './interpreter/index.js';
 
 /**
  * The interpreter contexts of each running sandbox (src/engine/interpreter), made on first use.
@@ -13,6 +13,11 @@ export class Interpreters {
     let service = this.services.get(sandbox.id);
     if (!service) this.services.set(sandbox.id, (service = new InterpreterService(sandbox)));
     return service;
+  }
+
+  /** A sandbox's live contexts as a full snapshot keeps them; none when it never made one. */
+  async snapshot(sandboxId: string): Promise<ContextSnapshot[]> {
+    return (await this.services.get(sandboxId)?.snapshot()) ?? [];
   }
 
   /** Shuts a sandbox's contexts down (alongside its destroy, so a busy kernel cannot delay it). */

@@ -2,7 +2,7 @@ import type { Readable } from 'node:stream';
 import { join } from 'node:path';
 import type { Duplex } from 'node:stream';
 import { SandboxError } from '../errors/index.js';
-import { DEFAULT_MAXIMA, parseSpec, type BackendName, type NetworkPolicyInput, type OperatorMaxima, type SandboxSpec, type SandboxSpecInput } from '../sandbox-spec/index.js';
+import { DEFAULT_MAXIMA, parseSpec, type BackendName, type NetworkPolicyInput, type OperatorMaxima, type SandboxSpec } from '../sandbox-spec/index.js';
 import type { Backend, BackendSandbox } from '../backends/backend.js';
 import type { HostMount } from '../host/mount-roots.host.js';
 import type { HostEnvironment } from '../host/host-env.host.js';
@@ -29,6 +29,7 @@ import { startTemplate, withTemplate } from './template-start.js';
 import { hasTemplateRoot, HostOnlyCatalog, type TemplateCatalog, type TemplateImage } from './templates.js';
 import { Snapshots, type TakeSnapshotOptions } from './snapshots.js';
 import { forkAll } from './fork.js';
+import { adoptRestored, fromSnapshotInput } from './snapshot-create.js';
 import { Volumes } from './volumes.js';
 import { applyChanges, exportChanges, listChanges, type ChangesContext } from './changes/changes.js';
 import { TtlTimers } from './ttl.js';
@@ -187,6 +188,7 @@ export class SandboxManager implements SandboxEngine {
     this.assertOpen();
     const from = command.spec?.snapshot !== undefined ? this.snapshots.find(command.tenantId, command.spec.snapshot) : undefined;
     const input = from ? fromSnapshotInput(command.spec ?? {}, from) : (command.spec ?? {});
+    const full = from?.mode === 'full' ? await this.snapshots.full(from) : undefined;
     const image = from ? this.snapshotImage(from) : await this.templates.resolve(command.tenantId, input.template ?? this.templates.defaultRef);
     const spec = parseSpec(withTemplate(input, image), this.maxima);
     const backend = this.backend(spec.backend);
@@ -224,8 +226,10 @@ export class SandboxManager implements SandboxEngine {
     try {
       const template = image.layerDir !== undefined ? { layerDir: image.layerDir } : undefined;
       const workspaceFrom = from?.disk === 'workspace' ? { workspaceFrom: this.snapshots.diskOf(from) } : {};
-      const create = { id: entry.info.sandboxId, signal: command.signal, mounts, volumes, tenantId: command.tenantId, ...(template ? { template } : {}), ...workspaceFrom };
+      const restoreFrom = full ? { restoreFrom: full.checkpointDir } : {};
+      const create = { id: entry.info.sandboxId, signal: command.signal, mounts, volumes, tenantId: command.tenantId, ...(template ? { template } : {}), ...workspaceFrom, ...restoreFrom };
       this.attach(entry, warm ?? (await backend.create(spec, create)));
+      if (full) adoptRestored(entry as LiveSandbox & { sandbox: BackendSandbox }, full, this.interpreters);
       await startTemplate(entry, image, command.signal);
     } catch (error) {
       await this.end(entry, 'failed', `failed to start: ${(error as Error).message}`);
@@ -249,7 +253,7 @@ export class SandboxManager implements SandboxEngine {
     if (!entry.sandbox || entry.info.state === 'starting') {
       throw new SandboxError('SANDBOX_NOT_RUNNING', `sandbox ${sandboxId} is ${entry.info.state}`, { details: { sandboxId }, hint: 'Wait until it is running.' });
     }
-    return this.snapshots.take(entry as LiveSandbox & { sandbox: BackendSandbox }, options);
+    return this.snapshots.take(entry as LiveSandbox & { sandbox: BackendSandbox }, options, () => this.interpreters.snapshot(sandboxId));
   }
 
   getSnapshot(tenantId: string, snapshotId: string): SnapshotInfo {
@@ -274,7 +278,7 @@ export class SandboxManager implements SandboxEngine {
    * (its sandbox or its error); the source runs on, unharmed.
    */
   async fork(tenantId: string, sandboxId: string, options: ForkOptions): Promise<ForkResult> {
-    const taken = await this.snapshot(tenantId, sandboxId, { name: `fork of ${sandboxId}` });
+    const taken = await this.snapshot(tenantId, sandboxId, { name: `fork of ${sandboxId}`, ...(options.mode ? { mode: options.mode } : {}) });
     const forks = await forkAll(options.count, (index) =>
       this.create({
         tenantId,
@@ -630,12 +634,12 @@ export class SandboxManager implements SandboxEngine {
       const backend = this.backend(record.spec.backend);
       // The grant was checked at create; the roots must still exist and still pass the checks.
       const mounts = await this.mountsFor(record.spec, 'all');
+      const volumes = record.spec.volumes.length > 0 ? this.volumes.resolve(record.tenantId, record.spec, []) : [];
       if (record.state === 'paused' && record.pause?.survivesRestart && backend.restore) {
-        this.attach(entry, await backend.restore(record.sandboxId, record.spec, { mounts }));
+        this.attach(entry, await backend.restore(record.sandboxId, record.spec, { mounts, volumes }));
         this.table.save(entry);
         this.ttl.schedule(entry);
       } else {
-        const volumes = record.spec.volumes.length > 0 ? this.volumes.resolve(record.tenantId, record.spec, []) : [];
         this.attach(entry, await backend.create(record.spec, { id: record.sandboxId, reuseWorkspace: true, mounts, volumes, tenantId: record.tenantId }));
         delete entry.info.pause;
         this.markRunning(entry, this.now());
@@ -770,27 +774,4 @@ function once(fn: () => void): () => void {
 /** A lost reason that takes longer than this (a supervisor that does not go) is not waited for. */
 function lostReasonLate(): Promise<string> {
   return new Promise((resolve) => setTimeout(() => resolve('the sandbox stopped on its own (its init or agent exited)'), 6000).unref());
-}
-/**
- * The spec of a sandbox made from a snapshot: the source's environment, working directory, user,
- * backend and TTL policy under what the caller asked; the template is the snapshot's own.
- */
-function fromSnapshotInput(input: SandboxSpecInput, from: SnapshotInfo): SandboxSpecInput {
-  if (input.template !== undefined && input.template !== from.template) {
-    throw new SandboxError('INVALID_SPEC', `snapshot ${from.snapshotId} is of template ${from.template}, not ${input.template}`, {
-      details: { field: 'template', template: input.template, snapshotTemplate: from.template },
-      hint: 'Leave spec.template out when creating from a snapshot: the snapshot\'s template is used.',
-    });
-  }
-  const source = from.spec;
-  return {
-    backend: source.backend,
-    env: source.env,
-    cwd: source.cwd,
-    ...(source.user !== undefined ? { user: source.user } : {}),
-    ttlMs: source.ttlMs,
-    onTimeout: source.onTimeout,
-    ...input,
-    template: from.template,
-  };
 }

@@ -96,6 +96,26 @@ export class InterpreterContext {
     this.deadReason = undefined;
   }
 
+  /**
+   * Takes over a driver that runs already (the sandbox was restored from a full snapshot): the
+   * interpreter and its state are the snapshot's.
+   */
+  adopt(driver: DriverProcess): void {
+    this.attach(driver);
+    this.driver = driver;
+    this.deadReason = undefined;
+  }
+
+  /** The agent process id of its live driver, or undefined when it has none (dead, starting, closed). */
+  get driverProcessId(): number | undefined {
+    return this.isClosed || this.deadReason !== undefined ? undefined : this.driver?.processId;
+  }
+
+  /** The driver's environment (what a restart starts it with). */
+  get environment(): Record<string, string> {
+    return { ...this.env };
+  }
+
   /** Runs code after any earlier run of this context finished. */
   run(code: string, options: RunCodeOptions = {}): Promise<Execution> {
     const task = (): Promise<Execution> => this.execute(code, options);

@@ -122,6 +122,19 @@ export class DriverProcess {
     return driver;
   }
 
+  /**
+   * A driver that already runs (restored with its sandbox from a full snapshot, mid-way between
+   * two executions): no `ready` comes, its events start with the next request.
+   */
+  static adopt(process: AgentProcess, language: InterpreterLanguage): DriverProcess {
+    return new DriverProcess(process, language);
+  }
+
+  /** The agent's id of the driver process (what a full snapshot records). */
+  get processId(): number {
+    return this.process.id;
+  }
+
   get exited(): Promise<AgentExit> {
     return this.process.exited;
   }
