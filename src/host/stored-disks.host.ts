@@ -3,7 +3,7 @@ import { join } from 'node:path';
 import { randomBytes } from 'node:crypto';
 import { runCommand } from './run-command.host.js';
 import { pathExists } from './fs-util.js';
-import type { WorkspaceVolume } from './volume.host.js';
+import { subvolumeId, type WorkspaceVolume } from './volume.host.js';
 
 /** The user every template and volume stores its files as (raw ids, seen through idmapped mounts). */
 export const STORED_USER_ID = 1000;
@@ -98,9 +98,9 @@ export class StoredDisks {
 
   /** Bytes the snapshot's disk holds (its quota group's referenced bytes), or undefined. */
   async snapshotSizeBytes(snapshotId: string): Promise<number | undefined> {
-    const qgroup = await this.qgroupDir(this.snapshotDisk(snapshotId));
-    if (qgroup === undefined) return undefined;
-    return Number((await readFile(join(qgroup, 'referenced'), 'utf8')).trim());
+    // One spawn for the subvolume id; the volume knows its sysfs directory already.
+    const id = await subvolumeId(this.snapshotDisk(snapshotId));
+    return id === undefined ? undefined : (await this.volume.subvolumeUsage(id))?.referencedBytes;
   }
 
   listSnapshots(): Promise<string[]> {
