@@ -155,9 +155,13 @@ export class GvisorSandbox implements BackendSandbox {
     return this.cgroup.resetPeak();
   }
 
-  /** Every runsc process (sentry, gofer, stubs) is in the v2 group: freezing it stops the sandbox. */
-  freeze(): Promise<void> {
-    return this.cgroup.freeze(true);
+  /**
+   * Every runsc process (sentry, gofer, stubs) is in the v2 group: freezing it stops the sandbox.
+   * Not in the middle of a checkpoint: the freeze waits for the restored sandbox.
+   */
+  async freeze(): Promise<void> {
+    await this.checkpointing;
+    await this.cgroup.freeze(true);
   }
 
   thaw(): Promise<void> {
