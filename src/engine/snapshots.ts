@@ -26,8 +26,10 @@ const CONTEXTS_FILE = 'contexts.json';
 /**
  * Snapshots of sandboxes: a read-only btrfs snapshot of the sandbox's disk (its root with
  * /workspace inside, or the host template's bare workspace) taken while its cgroup is frozen, so
- * root and workspace are one instant; its processes only see a pause of a few milliseconds. The
- * record (tenant, lineage, the source's spec) is in the store; the data under `snapshots/<id>`.
+ * root and workspace are one instant; its processes only see a pause of a few milliseconds. Mode
+ * `full` (a backend with `checkpoint`: gVisor) also keeps processes and memory: the disk is
+ * snapshotted while the checkpoint holds the sandbox stopped (decision 017). The record (tenant,
+ * lineage, the source's spec) is in the store; the data under `snapshots/<id>`.
  */
 export class Snapshots {
   readonly disks: StoredDisks;
