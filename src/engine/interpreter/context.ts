@@ -100,7 +100,8 @@ export class InterpreterContext {
    * Takes over a driver that runs already (the sandbox was restored from a full snapshot): the
    * interpreter and its state are the snapshot's.
    */
-  adopt(driver: DriverProcess): void {
+  adopt(driver: DriverProcess, sequence: number): void {
+    this.sequence = sequence;
     this.attach(driver);
     this.driver = driver;
     this.deadReason = undefined;
@@ -109,6 +110,11 @@ export class InterpreterContext {
   /** The agent process id of its live driver, or undefined when it has none (dead, starting, closed). */
   get driverProcessId(): number | undefined {
     return this.isClosed || this.deadReason !== undefined ? undefined : this.driver?.processId;
+  }
+
+  /** How many executions this context has sent its interpreter. */
+  get executions(): number {
+    return this.sequence;
   }
 
   /** The driver's environment (what a restart starts it with). */

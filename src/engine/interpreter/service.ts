@@ -71,7 +71,7 @@ export class InterpreterService {
     }
     return [...this.contexts.values()].flatMap((context) => {
       const processId = context.driverProcessId;
-      return processId === undefined ? [] : [{ info: { ...context.info }, env: context.environment, processId, isDefault: defaults.has(context) }];
+      return processId === undefined ? [] : [{ info: { ...context.info }, env: context.environment, processId, isDefault: defaults.has(context), sequence: context.executions }];
     });
   }
 
@@ -82,7 +82,7 @@ export class InterpreterService {
   adoptContext(kept: ContextSnapshot, process: AgentProcess): void {
     if (this.isClosed || this.contexts.has(kept.info.id)) return;
     const context = new InterpreterContext({ sandbox: this.sandbox, info: { ...kept.info }, env: { ...kept.env }, stripper: this.stripper });
-    context.adopt(DriverProcess.adopt(process, kept.info.language));
+    context.adopt(DriverProcess.adopt(process, kept.info.language), kept.sequence ?? 0);
     this.contexts.set(kept.info.id, context);
     if (kept.isDefault && !this.defaults.has(kept.info.language)) this.defaults.set(kept.info.language, Promise.resolve(context));
   }

@@ -20,4 +20,9 @@ export interface ContextSnapshot {
   processId: number;
   /** It is the default context of its language (what runCode without contextId uses). */
   isDefault: boolean;
+  /**
+   * Executions the host had sent it: a restored context numbers its next ones after these, so
+   * events of one still running in the image (the context was busy) are never taken for a new one's.
+   */
+  sequence: number;
 }
