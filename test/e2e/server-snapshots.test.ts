@@ -298,6 +298,12 @@ describe('full snapshots on gVisor (processes and memory)', () => {
         return entry.sandbox;
       });
       expect(new Set(sandboxes.map((f) => f.sandboxId)).size).toBe(3);
+      // Another tenant can neither restore the memory in it nor fork the source.
+      const bob = await mintTenant(t, 'bob');
+      const stolen = await t.json<{ code: string }>('POST', '/v1/sandboxes', { key: bob.apiKey, body: { spec: { snapshot: snapshot.snapshotId } } });
+      expect(stolen.status).toBe(404);
+      expect(stolen.body.code).toBe('SNAPSHOT_NOT_FOUND');
+      expect((await t.json('POST', `/v1/sandboxes/${source.sandboxId}/fork`, { key: bob.apiKey, body: { count: 1, mode: 'full' } })).status).toBe(404);
 
       for (const [index, fork] of sandboxes.entries()) {
         expect(fork.info).toMatchObject({ origin: { snapshotId: snapshot.snapshotId }, backend: 'gvisor', state: 'running' });
