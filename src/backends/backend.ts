@@ -93,11 +93,25 @@ export interface BackendSandbox {
   /** Continues a paused sandbox: restored processes, or a fresh agent when memory was not kept. */
   resume?(): Promise<void>;
   /**
+   * A full snapshot: saves processes and memory to `dir`, calls `whileStopped` while nothing of
+   * the sandbox runs (the engine's disk snapshot, so disk and memory are one instant), then goes on
+   * from what was saved: its processes and every handle to them continue, having stopped for the
+   * instant of the save and the restore. New sandboxes start from `dir` (`CreateOptions.restoreFrom`).
+   * Absent on a backend that cannot keep processes in a snapshot (namespace).
+   */
+  checkpoint?(dir: string, whileStopped: () => Promise<void>): Promise<CheckpointResult>;
+  /**
    * Running processes the host can talk to. After `Backend.restore()` and `resume()` in a new
    * Capsule process these are new handles (same ids and pids, stdin and exit work; output written
    * while no host listened is gone) to the processes the previous Capsule process started.
    */
   processes?(): readonly AgentProcess[];
+}
+
+/** What a checkpoint kept. */
+export interface CheckpointResult {
+  /** Agent process ids (`AgentProcess.id`) of the processes that go on in what was saved. */
+  processIds: number[];
 }
 
 export interface ConnectPortOptions {
@@ -142,6 +156,13 @@ export interface CreateOptions {
   workspaceFrom?: string;
   /** The host directories of `spec.volumes`, in its order (the engine resolved them per tenant). */
   volumes?: readonly string[];
+  /**
+   * A full snapshot's checkpoint directory (`BackendSandbox.checkpoint` of another sandbox): the
+   * new sandbox resumes its processes and memory instead of starting a fresh agent, on a disk made
+   * from the same snapshot (`template` or `workspaceFrom`), with the spec's mounts at the same
+   * paths. Handles to the resumed processes are in `processes()`.
+   */
+  restoreFrom?: string;
   /**
    * The tenant the sandbox belongs to: the credential broker serves it only the handles the
    * operator granted to this tenant. @default 'default' (the operator's own, e.g. one-shot runs)
@@ -191,7 +212,7 @@ export interface Backend {
    * `survivesRestart` (gVisor: its checkpoint on disk), still paused; `resume()` continues it.
    * Absent on a backend whose pause does not survive a restart.
    */
-  restore?(id: string, spec: SandboxSpec, options?: { mounts?: readonly HostMount[] }): Promise<BackendSandbox>;
+  restore?(id: string, spec: SandboxSpec, options?: { mounts?: readonly HostMount[]; volumes?: readonly string[] }): Promise<BackendSandbox>;
   /**
    * Releases what the backend holds on the host beyond single sandboxes (namespace: the egress
    * proxy, the network namespace pool, host nftables rules). Sandboxes are destroyed first.

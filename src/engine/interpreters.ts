@@ -1,6 +1,6 @@
 import type { AgentProcess } from '../backends/agent/index.js';
 import type { BackendSandbox } from '../backends/backend.js';
-import { InterpreterService } from './interpreter/index.js';
+import { InterpreterService, type ContextSnapshot } from './interpreter/index.js';
 
 /**
  * The interpreter contexts of each running sandbox (src/engine/interpreter), made on first use.
@@ -22,6 +22,11 @@ export class Interpreters {
    */
   adopt(sandbox: BackendSandbox, processes: readonly AgentProcess[]): Set<AgentProcess> {
     return this.of(sandbox).adopt(processes);
+  }
+
+  /** A sandbox's live contexts as a full snapshot keeps them; none when it never made one. */
+  async snapshot(sandboxId: string): Promise<ContextSnapshot[]> {
+    return (await this.services.get(sandboxId)?.snapshot()) ?? [];
   }
 
   /** Shuts a sandbox's contexts down (alongside its destroy, so a busy kernel cannot delay it). */

@@ -27,8 +27,9 @@ import { ProcessTable } from './process-table.js';
 import { SandboxTable, snapshot, type LiveSandbox } from './sandbox-table.js';
 import { startTemplate, withTemplate } from './template-start.js';
 import { hasTemplateRoot, HostOnlyCatalog, type TemplateCatalog, type TemplateImage } from './templates.js';
-import { fromSnapshotInput, Snapshots, type TakeSnapshotOptions } from './snapshots.js';
+import { Snapshots, type TakeSnapshotOptions } from './snapshots.js';
 import { forkAll } from './fork.js';
+import { adoptRestored, fromSnapshotInput } from './snapshot-create.js';
 import { Volumes } from './volumes.js';
 import { applyChanges, exportChanges, listChanges, type ChangesContext } from './changes/changes.js';
 import { TtlTimers } from './ttl.js';
@@ -190,6 +191,7 @@ export class SandboxManager implements SandboxEngine {
     this.assertOpen();
     const from = command.spec?.snapshot !== undefined ? this.snapshots.find(command.tenantId, command.spec.snapshot) : undefined;
     const input = from ? fromSnapshotInput(command.spec ?? {}, from) : (command.spec ?? {});
+    const full = from?.mode === 'full' ? await this.snapshots.full(from) : undefined;
     const image = from ? this.snapshotImage(from) : await this.templates.resolve(command.tenantId, input.template ?? this.templates.defaultRef);
     const spec = parseSpec(withTemplate(input, image), this.maxima);
     const backend = this.backend(spec.backend);
@@ -227,8 +229,10 @@ export class SandboxManager implements SandboxEngine {
     try {
       const template = image.layerDir !== undefined ? { layerDir: image.layerDir } : undefined;
       const workspaceFrom = from?.disk === 'workspace' ? { workspaceFrom: this.snapshots.diskOf(from) } : {};
-      const create = { id: entry.info.sandboxId, signal: command.signal, mounts, volumes, tenantId: command.tenantId, ...(template ? { template } : {}), ...workspaceFrom };
+      const restoreFrom = full ? { restoreFrom: full.checkpointDir } : {};
+      const create = { id: entry.info.sandboxId, signal: command.signal, mounts, volumes, tenantId: command.tenantId, ...(template ? { template } : {}), ...workspaceFrom, ...restoreFrom };
       this.attach(entry, warm ?? (await backend.create(spec, create)));
+      if (full) adoptRestored(entry as LiveSandbox & { sandbox: BackendSandbox }, full, this.interpreters);
       await startTemplate(entry, image, command.signal);
     } catch (error) {
       await this.end(entry, 'failed', `failed to start: ${(error as Error).message}`);
@@ -252,7 +256,7 @@ export class SandboxManager implements SandboxEngine {
     if (!entry.sandbox || entry.info.state === 'starting') {
       throw new SandboxError('SANDBOX_NOT_RUNNING', `sandbox ${sandboxId} is ${entry.info.state}`, { details: { sandboxId }, hint: 'Wait until it is running.' });
     }
-    return this.snapshots.take(entry as LiveSandbox & { sandbox: BackendSandbox }, options);
+    return this.snapshots.take(entry as LiveSandbox & { sandbox: BackendSandbox }, options, () => this.interpreters.snapshot(sandboxId));
   }
 
   getSnapshot(tenantId: string, snapshotId: string): SnapshotInfo {
@@ -277,7 +281,7 @@ export class SandboxManager implements SandboxEngine {
    * (its sandbox or its error); the source runs on, unharmed.
    */
   async fork(tenantId: string, sandboxId: string, options: ForkOptions): Promise<ForkResult> {
-    const taken = await this.snapshot(tenantId, sandboxId, { name: `fork of ${sandboxId}` });
+    const taken = await this.snapshot(tenantId, sandboxId, { name: `fork of ${sandboxId}`, ...(options.mode ? { mode: options.mode } : {}) });
     const forks = await forkAll(options.count, (index) =>
       this.create({
         tenantId,
@@ -708,12 +712,12 @@ export class SandboxManager implements SandboxEngine {
       const backend = this.backend(record.spec.backend);
       // The grant was checked at create; the roots must still exist and still pass the checks.
       const mounts = await this.mountsFor(record.spec, 'all');
+      const volumes = record.spec.volumes.length > 0 ? this.volumes.resolve(record.tenantId, record.spec, []) : [];
       if (record.state === 'paused' && record.pause?.survivesRestart && backend.restore) {
-        this.attach(entry, await backend.restore(record.sandboxId, record.spec, { mounts }));
+        this.attach(entry, await backend.restore(record.sandboxId, record.spec, { mounts, volumes }));
         this.table.save(entry);
         this.ttl.schedule(entry);
       } else {
-        const volumes = record.spec.volumes.length > 0 ? this.volumes.resolve(record.tenantId, record.spec, []) : [];
         this.attach(entry, await backend.create(record.spec, { id: record.sandboxId, reuseWorkspace: true, mounts, volumes, tenantId: record.tenantId }));
         delete entry.info.pause;
         this.markRunning(entry, this.now());

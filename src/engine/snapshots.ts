@@ -1,5 +1,4 @@
 import { SandboxError } from '../errors/index.js';
-import type { SandboxSpecInput } from '../sandbox-spec/index.js';
 import type { BackendSandbox } from '../backends/backend.js';
 import type { WorkspaceVolume } from '../host/volume.host.js';
 import { StoredDisks } from '../host/stored-disks.host.js';
@@ -7,6 +6,7 @@ import type { SnapshotRecordStore } from '../store/snapshot-records.js';
 import type { SnapshotInfo } from '../wire/index.js';
 import type { DiskBudget } from './disk-budget.js';
 import { newSandboxId } from './ids.js';
+import type { ContextSnapshot } from './interpreter/index.js';
 import type { LiveSandbox } from './sandbox-table.js';
 
 export interface TakeSnapshotOptions {
@@ -14,11 +14,23 @@ export interface TakeSnapshotOptions {
   mode?: 'filesystem' | 'full';
 }
 
+/** What a sandbox made from a full snapshot resumes from. */
+export interface FullSnapshot {
+  /** The backend's checkpoint directory (CreateOptions.restoreFrom). */
+  checkpointDir: string;
+  /** The interpreter contexts whose drivers resume with it. */
+  contexts: ContextSnapshot[];
+}
+
+const CONTEXTS_FILE = 'contexts.json';
+
 /**
  * Snapshots of sandboxes: a read-only btrfs snapshot of the sandbox's disk (its root with
  * /workspace inside, or the host template's bare workspace) taken while its cgroup is frozen, so
- * root and workspace are one instant; its processes only see a pause of a few milliseconds. The
- * record (tenant, lineage, the source's spec) is in the store; the data under `snapshots/<id>`.
+ * root and workspace are one instant; its processes only see a pause of a few milliseconds. Mode
+ * `full` (a backend with `checkpoint`: gVisor) also keeps processes and memory: the disk is
+ * snapshotted while the checkpoint holds the sandbox stopped (decision 017). The record (tenant,
+ * lineage, the source's spec) is in the store; the data under `snapshots/<id>`.
  */
 export class Snapshots {
   readonly disks: StoredDisks;
@@ -53,12 +65,19 @@ export class Snapshots {
    * Takes a filesystem snapshot of a running or paused sandbox. Running, it is frozen for the
    * instant of the snapshot and thawed whatever happens; paused, it is still already.
    */
-  async take(entry: LiveSandbox & { sandbox: BackendSandbox }, options: TakeSnapshotOptions): Promise<SnapshotInfo> {
+  async take(entry: LiveSandbox & { sandbox: BackendSandbox }, options: TakeSnapshotOptions, contexts: () => Promise<ContextSnapshot[]> = () => Promise.resolve([])): Promise<SnapshotInfo> {
     const info = entry.info;
-    if (options.mode === 'full') {
+    const sandbox = entry.sandbox;
+    if (options.mode === 'full' && !sandbox.checkpoint) {
       throw new SandboxError('BACKEND_CANNOT_ENFORCE', `backend ${info.backend} cannot keep processes and memory in a snapshot on this server`, {
         details: { sandboxId: info.sandboxId, backend: info.backend, mode: 'full' },
-        hint: 'Take a filesystem snapshot (mode "filesystem"): files of root and workspace are kept, processes start anew in a sandbox made from it.',
+        hint: 'Take a filesystem snapshot (mode "filesystem"): files of root and workspace are kept, processes start anew in a sandbox made from it. Sandboxes of the gvisor backend can keep their processes (mode "full").',
+      });
+    }
+    if (options.mode === 'full' && info.state !== 'running') {
+      throw new SandboxError('SANDBOX_NOT_RUNNING', `sandbox ${info.sandboxId} is ${info.state}; a full snapshot is taken of a running sandbox`, {
+        details: { sandboxId: info.sandboxId, state: info.state, mode: 'full' },
+        hint: 'Resume it first, or take a filesystem snapshot of it as it is.',
       });
     }
     const snapshotId = `snap_${newSandboxId()}`;
@@ -69,14 +88,10 @@ export class Snapshots {
     const chargedBytes = (await this.disks.sandboxDiskBytes(info.sandboxId)) ?? 0;
     this.budget?.reserveStored(owner, 'snapshots', chargedBytes);
     const uncharge = () => this.budget?.releaseStored(owner, 'snapshots', chargedBytes);
-    const frozen = info.state === 'running';
+    let checkpoint: SnapshotInfo['checkpoint'];
     try {
-      if (frozen) await entry.sandbox.freeze();
-      try {
-        await this.disks.snapshotInto(disk.path, snapshotId);
-      } finally {
-        if (frozen) await entry.sandbox.thaw();
-      }
+      if (options.mode === 'full') checkpoint = await this.takeFull(sandbox, disk.path, snapshotId, await contexts());
+      else await this.takeFilesystem(entry, disk.path, snapshotId);
     } catch (error) {
       await this.disks.deleteSnapshot(snapshotId).catch(() => undefined);
       uncharge();
@@ -86,7 +101,7 @@ export class Snapshots {
       snapshotId,
       tenantId: info.tenantId,
       ...(options.name !== undefined ? { name: options.name } : {}),
-      mode: 'filesystem',
+      mode: checkpoint ? 'full' : 'filesystem',
       sandboxId: info.sandboxId,
       ...(info.origin ? { parentSnapshotId: info.origin.snapshotId } : {}),
       template: info.spec.template ?? 'host',
@@ -95,6 +110,7 @@ export class Snapshots {
       chargedBytes,
       createdAt: new Date(this.now()).toISOString(),
       spec: structuredClone(info.spec),
+      ...(checkpoint ? { checkpoint } : {}),
     };
     try {
       this.store.upsert(record);
@@ -109,8 +125,40 @@ export class Snapshots {
     return structuredClone(record);
   }
 
+  /** Running, the sandbox is frozen for the instant of the btrfs snapshot; paused, it is still already. */
+  private async takeFilesystem(entry: LiveSandbox & { sandbox: BackendSandbox }, diskPath: string, snapshotId: string): Promise<void> {
+    const frozen = entry.info.state === 'running';
+    if (frozen) await entry.sandbox.freeze();
+    try {
+      await this.disks.snapshotInto(diskPath, snapshotId);
+    } finally {
+      if (frozen) await entry.sandbox.thaw();
+    }
+  }
+
+  /**
+   * The backend's checkpoint of processes and memory, with the disk snapshotted while the
+   * checkpoint holds the sandbox stopped: disk and memory are one instant. The source goes on
+   * from the checkpoint; `contexts` (taken before) are kept for those whose drivers it saved.
+   */
+  private async takeFull(sandbox: BackendSandbox, diskPath: string, snapshotId: string, contexts: ContextSnapshot[]): Promise<SnapshotInfo['checkpoint']> {
+    const saved = await sandbox.checkpoint!(this.disks.snapshotCheckpoint(snapshotId), async () => {
+      await this.disks.snapshotInto(diskPath, snapshotId);
+    });
+    const kept = contexts.filter((c) => saved.processIds.includes(c.processId));
+    await this.disks.writeSnapshotFile(snapshotId, CONTEXTS_FILE, kept);
+    return { processCount: saved.processIds.length, contexts: kept.map((c) => ({ id: c.info.id, language: c.info.language })) };
+  }
+
+  /** What a sandbox made from this full snapshot resumes from. */
+  async full(snapshot: SnapshotInfo): Promise<FullSnapshot> {
+    const contexts = await this.disks.readSnapshotFile(snapshot.snapshotId, CONTEXTS_FILE);
+    return { checkpointDir: this.disks.snapshotCheckpoint(snapshot.snapshotId), contexts: Array.isArray(contexts) ? (contexts as ContextSnapshot[]) : [] };
+  }
+
   private async recordSize(record: SnapshotInfo): Promise<void> {
-    const size = await this.disks.snapshotSizeBytes(record.snapshotId).catch(() => undefined);
+    const disk = await this.disks.snapshotSizeBytes(record.snapshotId).catch(() => undefined);
+    const size = disk === undefined ? undefined : disk + (record.mode === 'full' ? await this.disks.checkpointBytes(record.snapshotId) : 0);
     const current = size === undefined ? undefined : this.store.get(record.tenantId, record.snapshotId);
     if (current && size !== undefined) this.store.upsert({ ...current, sizeBytes: size });
   }
@@ -151,26 +199,3 @@ export class Snapshots {
   }
 }
 
-/**
- * The spec of a sandbox made from a snapshot: the source's environment, working directory, user,
- * backend and TTL policy under what the caller asked; the template is the snapshot's own.
- */
-export function fromSnapshotInput(input: SandboxSpecInput, from: SnapshotInfo): SandboxSpecInput {
-  if (input.template !== undefined && input.template !== from.template) {
-    throw new SandboxError('INVALID_SPEC', `snapshot ${from.snapshotId} is of template ${from.template}, not ${input.template}`, {
-      details: { field: 'template', template: input.template, snapshotTemplate: from.template },
-      hint: 'Leave spec.template out when creating from a snapshot: the snapshot\'s template is used.',
-    });
-  }
-  const source = from.spec;
-  return {
-    backend: source.backend,
-    env: source.env,
-    cwd: source.cwd,
-    ...(source.user !== undefined ? { user: source.user } : {}),
-    ttlMs: source.ttlMs,
-    onTimeout: source.onTimeout,
-    ...input,
-    template: from.template,
-  };
-}

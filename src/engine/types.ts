@@ -33,6 +33,8 @@ export interface CreateSandboxCommand {
 
 export interface ForkOptions {
   count: number;
+  /** `full`: each fork resumes the source's processes and memory (gVisor). @default 'filesystem' */
+  mode?: 'filesystem' | 'full';
   /** Added to each fork's metadata (beside `forkOf` and `forkIndex`). */
   metadata?: Record<string, string>;
   signal?: AbortSignal;

@@ -122,10 +122,17 @@ export class SandboxCgroup {
     await writeFile(join(this.dir('memory'), 'memory.max_usage_in_bytes'), '0').catch(() => undefined);
   }
 
-  /** Freezes or thaws every process at once; returns when the kernel reports it done. */
+  /**
+   * Freezes or thaws every process at once; returns when the kernel reports it done. The control
+   * files are written and read synchronously (a few microseconds on cgroupfs): each trip through
+   * the thread pool costs a snapshot, whose sandbox stays frozen meanwhile, a millisecond on a
+   * busy host. A thaw is reported at once; a freeze waits for the events file when it is not.
+   */
   async freeze(frozen: boolean, timeoutMs = 5000): Promise<void> {
-    await writeFile(join(this.dir('unified'), 'cgroup.freeze'), frozen ? '1' : '0');
-    await waitForEvent(join(this.dir('unified'), 'cgroup.events'), 'frozen', frozen ? 1 : 0, timeoutMs);
+    const events = join(this.dir('unified'), 'cgroup.events');
+    writeFileSync(join(this.dir('unified'), 'cgroup.freeze'), frozen ? '1' : '0');
+    if (keyed(readFileSync(events, 'utf8'), 'frozen') === (frozen ? 1 : 0)) return;
+    await waitForEvent(events, 'frozen', frozen ? 1 : 0, timeoutMs);
   }
 
   async isPopulated(): Promise<boolean> {

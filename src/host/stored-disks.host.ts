@@ -1,9 +1,9 @@
-import { chmod, chown, mkdir, readdir, readFile, rm } from 'node:fs/promises';
+import { chmod, chown, mkdir, readdir, readFile, rename, rm, stat, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { randomBytes } from 'node:crypto';
 import { runCommand } from './run-command.host.js';
 import { pathExists } from './fs-util.js';
-import type { WorkspaceVolume } from './volume.host.js';
+import { subvolumeId, type WorkspaceVolume } from './volume.host.js';
 
 /** The user every template and volume stores its files as (raw ids, seen through idmapped mounts). */
 export const STORED_USER_ID = 1000;
@@ -13,6 +13,8 @@ export const STORED_USER_ID = 1000;
  * copy is a copy-on-write snapshot that costs milliseconds):
  *
  *   snapshots/<snapshotId>/disk              read-only: a sandbox's root (or bare workspace)
+ *   snapshots/<snapshotId>/checkpoint/       mode full: the backend's image of processes and memory
+ *   snapshots/<snapshotId>/contexts.json     mode full: the interpreter contexts in that image
  *   snapshots/<snapshotId>/volumes/<volId>   read-only: volumes the snapshot included
  *   volumes/<volumeId>                       a named volume, bounded by its own quota group
  *   clones/<sandboxId>/<n>                   a sandbox's writable copies of a snapshot's volumes
@@ -36,6 +38,30 @@ export class StoredDisks {
   /** The read-only copy of the sandbox's disk (a root with /workspace inside, or a bare workspace). */
   snapshotDisk(snapshotId: string): string {
     return join(this.snapshotDir(snapshotId), 'disk');
+  }
+
+  /** Mode full: where the backend writes its checkpoint (processes and memory) of the snapshot. */
+  snapshotCheckpoint(snapshotId: string): string {
+    return join(this.snapshotDir(snapshotId), 'checkpoint');
+  }
+
+  /** Bytes of the checkpoint's files (its image of memory and processes). */
+  async checkpointBytes(snapshotId: string): Promise<number> {
+    return treeBytes(this.snapshotCheckpoint(snapshotId));
+  }
+
+  /** Writes the engine's own JSON record `name` of a snapshot beside its data (root's alone). */
+  async writeSnapshotFile(snapshotId: string, name: string, value: unknown): Promise<void> {
+    await mkdir(this.snapshotDir(snapshotId), { recursive: true, mode: 0o700 });
+    const file = join(this.snapshotDir(snapshotId), name);
+    await writeFile(`${file}.tmp`, JSON.stringify(value), { mode: 0o600 });
+    await rename(`${file}.tmp`, file);
+  }
+
+  /** The record `name` of a snapshot, or undefined when it has none. */
+  async readSnapshotFile(snapshotId: string, name: string): Promise<unknown> {
+    const text = await readFile(join(this.snapshotDir(snapshotId), name), 'utf8').catch(() => undefined);
+    return text === undefined ? undefined : (JSON.parse(text) as unknown);
   }
 
   snapshotVolume(snapshotId: string, volumeId: string): string {
@@ -72,9 +98,9 @@ export class StoredDisks {
 
   /** Bytes the snapshot's disk holds (its quota group's referenced bytes), or undefined. */
   async snapshotSizeBytes(snapshotId: string): Promise<number | undefined> {
-    const qgroup = await this.qgroupDir(this.snapshotDisk(snapshotId));
-    if (qgroup === undefined) return undefined;
-    return Number((await readFile(join(qgroup, 'referenced'), 'utf8')).trim());
+    // One spawn for the subvolume id; the volume knows its sysfs directory already.
+    const id = await subvolumeId(this.snapshotDisk(snapshotId));
+    return id === undefined ? undefined : (await this.volume.subvolumeUsage(id))?.referencedBytes;
   }
 
   /**
@@ -205,6 +231,17 @@ export class StoredDisks {
     const dir = `/sys/fs/btrfs/${fsid}/qgroups/0_${id}`;
     return fsid !== undefined && (await pathExists(dir)) ? dir : undefined;
   }
+}
+
+/** Bytes of the regular files under `dir` (no symlinks followed); 0 when it is absent. */
+async function treeBytes(dir: string): Promise<number> {
+  let total = 0;
+  for (const entry of await readdir(dir, { withFileTypes: true }).catch(() => [])) {
+    const path = join(dir, entry.name);
+    if (entry.isDirectory()) total += await treeBytes(path);
+    else if (entry.isFile()) total += (await stat(path)).size;
+  }
+  return total;
 }
 
 /** Deletes a subvolume if it is there (read-only ones too). */

@@ -166,16 +166,34 @@ export class WorkspaceVolume {
    * owner becomes the new sandbox's host uid. NO quota yet, as createWithoutLimit.
    */
   async createWorkspaceFrom(id: string, sourceDir: string, uid: number): Promise<string> {
-    const path = this.path(id);
-    await runCommand(['btrfs', 'subvolume', 'snapshot', sourceDir, path]);
+    const { path, owned } = await this.cloneWorkspace(id, sourceDir, uid);
     try {
-      await runCommand(['chown', '-R', '--no-dereference', `${uid}:${uid}`, path]);
-      await chmod(path, 0o700);
+      await owned;
     } catch (error) {
       await this.delete(id).catch(() => undefined);
       throw error;
     }
     return path;
+  }
+
+  /**
+   * createWorkspaceFrom for a caller with other slow work to overlap (a sandbox's start): the
+   * clone and its top directory are `uid`'s when this returns; `owned` settles once every file
+   * inside is (a `chown -R`, one process spawn). The caller awaits `owned` before anything in the
+   * sandbox may touch the files, and deletes the workspace if it rejects.
+   */
+  async cloneWorkspace(id: string, sourceDir: string, uid: number): Promise<{ path: string; owned: Promise<void> }> {
+    const path = this.path(id);
+    await runCommand(['btrfs', 'subvolume', 'snapshot', sourceDir, path]);
+    try {
+      await own(path, uid);
+    } catch (error) {
+      await this.delete(id).catch(() => undefined);
+      throw error;
+    }
+    const owned = runCommand(['chown', '-R', '--no-dereference', `${uid}:${uid}`, path]).then(() => undefined);
+    owned.catch(() => undefined); // the caller awaits it; unawaited in between it is not unhandled
+    return { path, owned };
   }
 
   /** The subvolume holding the sandbox's files: its root (from a template) or its bare workspace. */
@@ -247,12 +265,15 @@ export class WorkspaceVolume {
    * the path) runs: nothing in a sandbox writes to its workspace before create() returns, and
    * both are awaited. A sandbox whose quota could not be set is destroyed.
    */
-  async limitWhile<T extends { destroy(): Promise<void> }>(id: string, diskBytes: number, starting: Promise<T>): Promise<T> {
-    const [started, limited] = await Promise.allSettled([starting, this.setLimit(id, diskBytes)]);
+  async limitWhile<T extends { destroy(): Promise<void> }>(id: string, diskBytes: number, starting: Promise<T>, alsoReady?: Promise<void>): Promise<T> {
+    // `alsoReady`: other preparation of the workspace done meanwhile (cloneWorkspace's `owned`).
+    const [started, limited, ready] = await Promise.allSettled([starting, this.setLimit(id, diskBytes), alsoReady]);
     if (started.status === 'rejected') throw started.reason;
-    if (limited.status === 'rejected') {
-      await started.value.destroy().catch(() => undefined);
-      throw limited.reason;
+    for (const step of [limited, ready]) {
+      if (step.status === 'rejected') {
+        await started.value.destroy().catch(() => undefined);
+        throw step.reason;
+      }
     }
     return started.value;
   }

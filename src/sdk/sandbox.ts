@@ -171,15 +171,19 @@ export class Sandbox {
   /**
    * A snapshot of this sandbox: root and workspace at one instant (it is frozen for it, its
    * processes go on). `Sandbox.create({ snapshot: info.snapshotId })` makes a sandbox from it.
+   * `mode: 'full'` (gVisor) keeps its processes and memory too: a sandbox made from it resumes them.
    */
   async snapshot(options: CallOptions & { name?: string; mode?: 'filesystem' | 'full' } = {}): Promise<SnapshotInfo> {
     const json = { ...(options.name !== undefined ? { name: options.name } : {}), ...(options.mode ? { mode: options.mode } : {}) };
     return this.http.json<SnapshotInfo>({ method: 'POST', path: `${this.path}/snapshots`, json, ...callOptions(options) });
   }
 
-  /** `count` new sandboxes from one snapshot of this one (up to 100); each fork on its own. */
-  async fork(count: number, options: CallOptions & { metadata?: Record<string, string> } = {}): Promise<ForkOutcome> {
-    const json = { count, ...(options.metadata ? { metadata: options.metadata } : {}) };
+  /**
+   * `count` new sandboxes from one snapshot of this one (up to 100); each fork on its own. With
+   * `mode: 'full'` (gVisor) each fork resumes this sandbox's processes, memory and interpreter contexts.
+   */
+  async fork(count: number, options: CallOptions & { metadata?: Record<string, string>; mode?: 'filesystem' | 'full' } = {}): Promise<ForkOutcome> {
+    const json = { count, ...(options.mode ? { mode: options.mode } : {}), ...(options.metadata ? { metadata: options.metadata } : {}) };
     type Wire = { snapshot: SnapshotInfo; forks: ({ sandbox: SandboxInfo } | { error: { code: string; message: string } })[] };
     const reply = await this.http.json<Wire>({ method: 'POST', path: `${this.path}/fork`, json, ...callOptions(options) });
     return {

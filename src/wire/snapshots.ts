@@ -2,6 +2,7 @@ import { z } from 'zod';
 import { SandboxSpecSchema, VOLUME_NAME } from '../sandbox-spec/index.js';
 import { SandboxInfoSchema } from './sandbox.js';
 import { SANDBOX_ID_PATTERN } from './common.js';
+import { INTERPRETER_LANGUAGES } from './constants.js';
 
 /** Snapshot ids: `snap_` and 20 lowercase base-32 characters (safe in paths and URLs). */
 export const SNAPSHOT_ID_PATTERN = /^snap_[a-z2-7]{20}$/;
@@ -32,6 +33,16 @@ export const SnapshotInfoSchema = z.object({
   createdAt: z.string(),
   /** The source sandbox's spec: a sandbox made from the snapshot starts with it unless told otherwise. */
   spec: SandboxSpecSchema,
+  /**
+   * Mode `full`: what its checkpoint keeps besides the disk: the processes that resume in every
+   * sandbox made from it, among them the drivers of these interpreter contexts (same ids there).
+   */
+  checkpoint: z
+    .object({
+      processCount: z.number().int().nonnegative(),
+      contexts: z.array(z.object({ id: z.string(), language: z.enum(INTERPRETER_LANGUAGES) })),
+    })
+    .optional(),
 });
 export type SnapshotInfo = z.infer<typeof SnapshotInfoSchema>;
 
@@ -50,6 +61,7 @@ export const MAX_FORKS = 100;
 
 export const ForkBody = z.strictObject({
   count: z.number().int().min(1).max(MAX_FORKS),
+  mode: z.enum(SNAPSHOT_MODES).optional().meta({ description: '`filesystem` (default): each fork starts fresh processes on a copy of the files. `full` (gVisor): each fork resumes the source\'s processes and memory.' }),
   metadata: z.record(z.string(), z.string()).optional(),
 });
 

@@ -33,6 +33,13 @@ describe('capsule snapshots and volumes', () => {
       const forks = (await cli('sandbox', 'fork', restored, '--count', '2')).stdout.trim().split('\n');
       expect(forks).toHaveLength(2);
       ids.push(...forks);
+      // The namespace backend keeps no processes in a snapshot: refused by code, nothing made.
+      const full = await runCli(['sandbox', 'fork', restored, '--count', '1', '--mode', 'full'], env);
+      expect(full.code).not.toBe(0);
+      expect(full.stderr).toContain('BACKEND_CANNOT_ENFORCE');
+      const badMode = await runCli(['sandbox', 'fork', restored, '--count', '1', '--mode', 'memory'], env);
+      expect(badMode.code).not.toBe(0);
+      expect(badMode.stderr).toContain('filesystem');
       const badVolume = await runCli(['sandbox', 'create', '--volume', 'cache'], env);
       expect(badVolume.code).not.toBe(0);
       expect(badVolume.stderr).toContain('NAME:/path');

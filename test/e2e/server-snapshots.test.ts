@@ -159,7 +159,7 @@ describe('snapshots belong to a tenant', () => {
     }
   }, 120_000);
 
-  it('the namespace backend refuses mode full with a stable code and a hint', async () => {
+  it('the namespace backend refuses mode full (snapshot and fork) with a stable code and a hint', async () => {
     const t = await startTestServer();
     const conn = { url: t.url, apiKey: t.apiKey };
     try {
@@ -168,7 +168,12 @@ describe('snapshots belong to a tenant', () => {
       expect(refused.status).toBe(422);
       expect(refused.body.code).toBe('BACKEND_CANNOT_ENFORCE');
       expect(refused.body.hint).toContain('filesystem');
+      const fork = await t.json<{ code: string; hint: string }>('POST', `/v1/sandboxes/${source.sandboxId}/fork`, { body: { count: 2, mode: 'full' } });
+      expect(fork.status).toBe(422);
+      expect(fork.body.code).toBe('BACKEND_CANNOT_ENFORCE');
+      expect(fork.body.hint).toContain('gvisor');
       expect(await Snapshots.list(conn)).toEqual([]);
+      expect((await Sandbox.list(conn)).sandboxes).toHaveLength(1);
     } finally {
       await cleanUp(conn);
       await t.server.close();
@@ -246,4 +251,133 @@ describe('fork', () => {
       await t.server.close();
     }
   }, 60_000);
+});
+
+/** Counts in the shell's memory and writes "TOKEN COUNT": a process started anew would have another token and start at 1. */
+const TOKEN_COUNTER = 't=$(od -An -N8 -tx1 /dev/urandom | tr -d " \\n"); i=0; while :; do i=$((i+1)); echo "$t $i" > /workspace/c.tmp; mv /workspace/c.tmp /workspace/c; sleep 0.02; done';
+
+async function tokenCount(sandbox: Sandbox): Promise<{ token: string; count: number }> {
+  const [token = '', count = '0'] = (await sh(sandbox, 'cat /workspace/c 2>/dev/null || echo - 0')).trim().split(' ');
+  return { token, count: Number(count) };
+}
+
+async function tokenCountAbove(sandbox: Sandbox, than: number): Promise<{ token: string; count: number }> {
+  return waitFor(async () => {
+    const read = await tokenCount(sandbox);
+    return read.count > than ? read : undefined;
+  }, { timeoutMs: 30_000, intervalMs: 50, what: `the counter of ${sandbox.sandboxId} above ${than}` });
+}
+
+async function mainResult(sandbox: Sandbox, code: string, contextId: string): Promise<string | undefined> {
+  const execution = await sandbox.runCode(code, { contextId });
+  expect(execution.error, JSON.stringify(execution.error)).toBeUndefined();
+  return execution.results.find((r) => r.isMainResult)?.text;
+}
+
+describe('full snapshots on gVisor (processes and memory)', () => {
+  const limits = { memoryBytes: 1024 * 1024 ** 2, pids: 256, wallClockMs: 600_000 };
+
+  it.skipIf(!gvisorReady)('fork x3 with mode full: each fork goes on with the Python variable and the counting process; the source is unharmed', async () => {
+    const t = await startTestServer();
+    const conn = { url: t.url, apiKey: t.apiKey };
+    try {
+      const source = await Sandbox.create({ backend: 'gvisor', ttlMs: 180_000, limits }, conn);
+      const context = await source.contexts.create({ language: 'python' });
+      const x = await mainResult(source, 'import secrets\nx = secrets.token_hex(8)\nx', context.id);
+      expect(x).toMatch(/^'[0-9a-f]{16}'$/);
+      await source.commands.run(['/bin/sh', '-c', TOKEN_COUNTER], { background: true, tag: 'counter' });
+      const before = await tokenCountAbove(source, 3);
+
+      const { snapshot, forks } = await source.fork(3, { mode: 'full' });
+      expect(snapshot).toMatchObject({ mode: 'full', backend: 'gvisor', sandboxId: source.sandboxId });
+      expect(snapshot.checkpoint?.contexts).toEqual([{ id: context.id, language: 'python' }]);
+      // The agent's own processes aside: the counter and the context's driver at least.
+      expect(snapshot.checkpoint?.processCount).toBeGreaterThanOrEqual(2);
+      const sandboxes = forks.map((entry, index) => {
+        if (!('sandbox' in entry)) throw new Error(`fork ${index} failed: ${entry.error.code}: ${entry.error.message}`);
+        return entry.sandbox;
+      });
+      expect(new Set(sandboxes.map((f) => f.sandboxId)).size).toBe(3);
+      // Another tenant can neither restore the memory in it nor fork the source.
+      const bob = await mintTenant(t, 'bob');
+      const stolen = await t.json<{ code: string }>('POST', '/v1/sandboxes', { key: bob.apiKey, body: { spec: { snapshot: snapshot.snapshotId } } });
+      expect(stolen.status).toBe(404);
+      expect(stolen.body.code).toBe('SNAPSHOT_NOT_FOUND');
+      expect((await t.json('POST', `/v1/sandboxes/${source.sandboxId}/fork`, { key: bob.apiKey, body: { count: 1, mode: 'full' } })).status).toBe(404);
+
+      for (const [index, fork] of sandboxes.entries()) {
+        expect(fork.info).toMatchObject({ origin: { snapshotId: snapshot.snapshotId }, backend: 'gvisor', state: 'running' });
+        expect(fork.info.spec.limits.memoryBytes).toBe(limits.memoryBytes);
+        // The same counting process, not a new one: its token, and a count past the snapshot's.
+        const at = await tokenCount(fork);
+        expect(at.token).toBe(before.token);
+        expect(at.count).toBeGreaterThanOrEqual(before.count);
+        expect((await tokenCountAbove(fork, at.count + 5)).token).toBe(before.token);
+        // It is listed, with the argv it was started with.
+        const listed = await fork.commands.list();
+        expect(listed.find((p) => p.tag === 'counter')).toMatchObject({ running: true, argv: ['/bin/sh', '-c', TOKEN_COUNTER] });
+        // The interpreter context is there under its id, with its variable; each fork changes it its own way.
+        expect((await fork.contexts.list()).map((c) => c.id)).toContain(context.id);
+        expect(await mainResult(fork, 'x', context.id)).toBe(x);
+        await mainResult(fork, `x = x + "-fork-${index}"`, context.id);
+        await sh(fork, `echo fork-${index} > /workspace/mine`);
+      }
+      for (const [index, fork] of sandboxes.entries()) {
+        expect(await mainResult(fork, 'x', context.id)).toBe(`${x!.slice(0, -1)}-fork-${index}'`);
+        expect(await sh(fork, 'cat /workspace/mine')).toBe(`fork-${index}\n`);
+      }
+
+      // The source ran on: its variable, its counter (same token, counting), its files.
+      expect((await source.getInfo()).state).toBe('running');
+      expect(await mainResult(source, 'x', context.id)).toBe(x);
+      expect((await tokenCountAbove(source, before.count + 5)).token).toBe(before.token);
+      expect(await sh(source, 'test -e /workspace/mine && echo yes || echo no')).toBe('no\n');
+
+      for (const fork of sandboxes) await fork.kill();
+      await source.kill();
+      await Snapshots.delete(snapshot.snapshotId, conn);
+      expect(existsSync(join(host.volume.mountPoint, 'snapshots', snapshot.snapshotId))).toBe(false);
+    } finally {
+      await cleanUp(conn);
+      await t.server.close();
+    }
+  }, 300_000);
+
+  it.skipIf(!gvisorReady)('a full snapshot outlives the server: created from after a restart, its processes resume; its spec is the source\'s', async () => {
+    const dbDir = mkdtempSync(join(testDataDir(), 'server-db-'));
+    const first = await startTestServer({ databaseDir: dbDir });
+    const conn = { url: first.url, apiKey: first.apiKey };
+    let snapshot: SnapshotInfo;
+    let before: { token: string; count: number };
+    try {
+      const source = await Sandbox.create({ backend: 'gvisor', ttlMs: 120_000, limits, env: { WHO: 'source' } }, conn);
+      await sh(source, 'echo kept > /workspace/kept');
+      await source.commands.run(['/bin/sh', '-c', TOKEN_COUNTER], { background: true });
+      before = await tokenCountAbove(source, 3);
+      snapshot = await source.snapshot({ mode: 'full', name: 'with processes' });
+      expect(snapshot.checkpoint?.contexts).toEqual([]);
+      // A full snapshot restores under the source's spec: another one is refused, by field.
+      const refused = await first.json<{ code: string; details: { field: string } }>('POST', '/v1/sandboxes', { body: { spec: { snapshot: snapshot.snapshotId, limits: { memoryBytes: 256 * 1024 ** 2 } } } });
+      expect(refused.status).toBe(422);
+      expect(refused.body).toMatchObject({ code: 'INVALID_SPEC', details: { field: 'limits' } });
+      await source.kill();
+    } catch (error) {
+      await cleanUp(conn);
+      throw error;
+    } finally {
+      await first.server.close();
+    }
+    const second = await startTestServer({ databaseDir: dbDir, env: { CAPSULE_API_KEY: first.apiKey } });
+    const again = { url: second.url, apiKey: first.apiKey };
+    try {
+      const made = await Sandbox.create({ snapshot: snapshot.snapshotId, ttlMs: 90_000 }, again);
+      expect(made.info.spec).toMatchObject({ backend: 'gvisor', env: { WHO: 'source' }, ttlMs: 90_000, limits: { memoryBytes: limits.memoryBytes } });
+      expect(await sh(made, 'cat /workspace/kept')).toBe('kept\n');
+      const resumed = await tokenCountAbove(made, before.count);
+      expect(resumed.token).toBe(before.token);
+    } finally {
+      await cleanUp(again);
+      await second.server.close();
+    }
+  }, 240_000);
 });

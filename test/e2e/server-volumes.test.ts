@@ -11,6 +11,7 @@ afterEach(expectNoLeaks);
 
 const host = new HostEnvironment({ dataDir: testDataDir() });
 const MiB = 1024 * 1024;
+const gvisorReady = existsSync('/usr/local/bin/runsc') || existsSync('/usr/bin/runsc');
 
 async function sh(sandbox: Sandbox, line: string): Promise<{ exitCode: number | null; stdout: string; stderr: string }> {
   const result = await sandbox.commands.run(['/bin/sh', '-c', line]);
@@ -130,17 +131,35 @@ describe('volumes', () => {
     }
   }, 120_000);
 
-  it('gVisor refuses volumes with a stable code rather than ignoring them', async () => {
+  it.skipIf(!gvisorReady)('gVisor mounts volumes read-write and read-only, with the size limit, and both backends share one', async () => {
     const t = await startTestServer();
     const conn = { url: t.url, apiKey: t.apiKey };
     try {
       await Volumes.create('v', 8 * MiB, conn);
-      const refused = await t.json<{ code: string }>('POST', '/v1/sandboxes', { body: { spec: { backend: 'gvisor', volumes: [{ name: 'v', path: '/data' }] } } });
-      expect(refused.status).toBe(422);
-      expect(refused.body.code).toBe('BACKEND_CANNOT_ENFORCE');
+      const writer = await Sandbox.create({ backend: 'gvisor', ttlMs: 60_000, volumes: [{ name: 'v', path: '/data' }] }, conn);
+      expect(await sh(writer, 'mkdir -p /data/d /data/open && chmod 777 /data/open && echo from-gvisor > /data/d/f && stat -c %u /data/d/f && id -u')).toMatchObject({ exitCode: 0, stdout: '1000\n1000\n' });
+      const full = await sh(writer, 'dd if=/dev/zero of=/data/big bs=1M count=32 2>&1; rm -f /data/big');
+      expect(full.stdout).toMatch(/Disk quota exceeded|No space left/);
+      // One writer: a second gVisor sandbox may read it only.
+      const second = await t.json<{ code: string }>('POST', '/v1/sandboxes', { body: { spec: { backend: 'gvisor', volumes: [{ name: 'v', path: '/data' }] } } });
+      expect(second.status).toBe(409);
+      const reader = await Sandbox.create({ backend: 'gvisor', ttlMs: 60_000, volumes: [{ name: 'v', path: '/data', readOnly: true }] }, conn);
+      expect(await sh(reader, 'cat /data/d/f')).toMatchObject({ exitCode: 0, stdout: 'from-gvisor\n' });
+      // A directory anyone may write to: only the read-only mount refuses the write.
+      const refused = await sh(reader, 'echo x > /data/open/other');
+      expect(refused.exitCode).not.toBe(0);
+      expect(refused.stderr).toMatch(/Read-only file system/);
+      await reader.kill();
+      await writer.kill();
+      // What gVisor wrote, a namespace sandbox reads and writes (and the other way round).
+      const ns = await Sandbox.create({ ttlMs: 60_000, volumes: [{ name: 'v', path: '/data' }] }, conn);
+      expect(await sh(ns, 'cat /data/d/f && echo from-namespace >> /data/d/f')).toMatchObject({ exitCode: 0, stdout: 'from-gvisor\n' });
+      await ns.kill();
+      const again = await Sandbox.create({ backend: 'gvisor', ttlMs: 60_000, volumes: [{ name: 'v', path: '/data' }] }, conn);
+      expect(await sh(again, 'cat /data/d/f && rm /data/d/f && ls -A /data/d /data/open')).toMatchObject({ exitCode: 0, stdout: 'from-gvisor\nfrom-namespace\n/data/d:\n\n/data/open:\n' });
     } finally {
       await cleanUp(conn);
       await t.server.close();
     }
-  }, 60_000);
+  }, 180_000);
 });

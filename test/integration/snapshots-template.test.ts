@@ -1,3 +1,4 @@
+import { existsSync } from 'node:fs';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { SandboxManager } from '../../src/engine/sandbox-manager.js';
 import { HostEnvironment } from '../../src/host/host-env.host.js';
@@ -59,4 +60,65 @@ describe('snapshots of template sandboxes', () => {
       for (const s of engine.listSnapshots(TENANT)) await engine.deleteSnapshot(TENANT, s.snapshotId);
     }
   }, 120_000);
+});
+
+const gvisorReady = existsSync('/usr/local/bin/runsc') || existsSync('/usr/bin/runsc');
+
+/** Polls `read` until it passes `than`; the deadline is reached only by a failure. */
+async function above(read: () => Promise<number>, than: number): Promise<number> {
+  const deadline = Date.now() + 30_000;
+  for (;;) {
+    const value = await read();
+    if (value > than) return value;
+    if (Date.now() > deadline) throw new Error(`stayed at ${value}, wanted more than ${than}`);
+    await new Promise((resolve) => setTimeout(resolve, 50));
+  }
+}
+
+describe('template sandboxes on gVisor', () => {
+  it.skipIf(!gvisorReady)('mount volumes through the idmapped view (read-only honoured), and a full snapshot resumes the root and its processes in a new sandbox', async () => {
+    const spec = { template: 'mini', backend: 'gvisor' as const, ttlMs: 120_000, limits: { wallClockMs: 120_000 } };
+    await engine.createVolume(TENANT, { name: 'tv', sizeBytes: 16 * 1024 * 1024 });
+    const made: string[] = [];
+    try {
+      const writer = await engine.create({ tenantId: TENANT, spec: { ...spec, volumes: [{ name: 'tv', path: '/data' }] } });
+      made.push(writer.sandboxId);
+      expect(await sh(writer.sandboxId, 'mkdir -p /data/open && echo w > /data/f && stat -c %U /data/f && whoami')).toBe('user\nuser\n');
+      await engine.kill(TENANT, writer.sandboxId);
+      const source = await engine.create({ tenantId: TENANT, spec: { ...spec, volumes: [{ name: 'tv', path: '/data', readOnly: true }] } });
+      made.push(source.sandboxId);
+      expect(await sh(source.sandboxId, 'cat /data/f')).toBe('w\n');
+      // The reader is the owner of /data/open (the same user, through the idmapped view): only the read-only mount refuses.
+      const refused = await (await engine.startProcess(TENANT, source.sandboxId, { argv: ['/bin/sh', '-c', 'echo x > /data/open/x'] })).result;
+      expect(refused.exitCode).not.toBe(0);
+      expect(refused.stderr).toMatch(/Read-only file system/);
+
+      await sh(source.sandboxId, 'echo conf > /etc/added', 'root');
+      // In the user's home on the root disk (the mini layer's /workspace is root's).
+      await engine.startProcess(TENANT, source.sandboxId, { argv: ['/bin/sh', '-c', 'i=0; while :; do i=$((i+1)); echo $i > /home/user/n; sleep 0.05; done'], tag: 'count' });
+      const count = async (id: string) => Number((await sh(id, 'cat /home/user/n 2>/dev/null || echo 0')).trim() || '0');
+      const before = await above(() => count(source.sandboxId), 20);
+      const snapshot = await engine.snapshot(TENANT, source.sandboxId, { mode: 'full' });
+      expect(snapshot).toMatchObject({ mode: 'full', disk: 'root', template: 'mini:latest' });
+      const copy = await engine.create({ tenantId: TENANT, spec: { snapshot: snapshot.snapshotId } });
+      made.push(copy.sandboxId);
+      expect(copy.spec).toMatchObject({ backend: 'gvisor', template: 'mini:latest', volumes: [{ name: 'tv', path: '/data', readOnly: true }] });
+      // The count resumed from memory (a new process would start at 1) and goes on.
+      const resumed = await count(copy.sandboxId);
+      expect(resumed).toBeGreaterThanOrEqual(before);
+      await above(() => count(copy.sandboxId), resumed + 5);
+      expect(engine.listProcesses(TENANT, copy.sandboxId).find((p) => p.tag === 'count')?.running).toBe(true);
+      expect(await sh(copy.sandboxId, 'cat /etc/added /data/f; whoami')).toBe('conf\nw\nuser\n');
+      // The source goes on too.
+      await above(() => count(source.sandboxId), before + 5);
+
+      for (const id of made) await engine.kill(TENANT, id);
+      await engine.deleteSnapshot(TENANT, snapshot.snapshotId);
+      await engine.deleteVolume(TENANT, 'tv');
+    } finally {
+      for (const id of made) await engine.kill(TENANT, id).catch(() => undefined);
+      for (const s of engine.listSnapshots(TENANT)) await engine.deleteSnapshot(TENANT, s.snapshotId);
+      await engine.deleteVolume(TENANT, 'tv').catch(() => undefined);
+    }
+  }, 180_000);
 });

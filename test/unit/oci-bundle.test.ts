@@ -62,6 +62,23 @@ describe('buildOciSpec', () => {
     expect(() => buildOciSpec(spec, { ...options, mountSources: [] })).toThrow(/mounts\[0\]/);
   });
 
+  it('binds volumes from where the launcher attached them, read-only when asked, never from a tenant path', () => {
+    const withVolumes = parseSpec({ backend: 'gvisor', volumes: [{ name: 'data', path: '/data' }, { name: 'refs', path: '/refs', readOnly: true }] });
+    const sources = ['/data/gvisor/bundles/s1/vol/0', '/data/gvisor/bundles/s1/vol/1'];
+    const bound = buildOciSpec(withVolumes, { ...options, mountSources: [], volumeSources: sources });
+    expect(bound.mounts.filter((m) => m.destination === '/data' || m.destination === '/refs')).toEqual([
+      { destination: '/data', type: 'bind', source: sources[0], options: ['bind', 'rw', 'nosuid', 'nodev'] },
+      { destination: '/refs', type: 'bind', source: sources[1], options: ['bind', 'ro', 'nosuid', 'nodev'] },
+    ]);
+    expect(() => buildOciSpec(withVolumes, { ...options, mountSources: [] })).toThrow(/volumes\[0\]/);
+    // A template's volumes are staged by the launcher (idmapped), like its root.
+    const staged = buildOciSpec(withVolumes, { ...options, mountSources: [], template: { hostBase: 0x10000000, size: 65536 } });
+    expect(staged.mounts.filter((m) => m.destination === '/data' || m.destination === '/refs').map((m) => `${m.destination}<-${m.source}:${m.options?.[1] ?? ''}`)).toEqual([
+      '/data<-/run/capsule-stage/volume-0:rw',
+      '/refs<-/run/capsule-stage/volume-1:ro',
+    ]);
+  });
+
   it("binds a network's resolv.conf over the prepared one", () => {
     const networked = buildOciSpec(spec, { ...options, resolvConf: '/run/capsule/net-s1/resolv.conf' });
     expect(networked.mounts.filter((m) => m.destination.startsWith('/etc')).map((m) => `${m.destination}<-${m.source}`)).toEqual([

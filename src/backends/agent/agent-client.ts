@@ -118,7 +118,7 @@ class RunningProcess implements AgentProcess {
 
   /** What a later client needs to take this process over from a file (a restart in between). */
   record(): AgentProcessRecord {
-    return { id: this.id, pid: this.pid, argv0: this.argv0, isPty: this.isPty, hasStdin: this.stdinOpen };
+    return { id: this.id, pid: this.pid, argv0: this.argv0, isPty: this.isPty, hasStdin: this.stdinOpen, ...(this.label !== undefined ? { label: this.label } : {}) };
   }
 
   /** Sends through another client from now on (the agent was handed over to it). */
@@ -250,6 +250,8 @@ export interface AgentProcessRecord {
   argv0: string;
   isPty: boolean;
   hasStdin: boolean;
+  /** What the host started it as (AgentStartOptions.label), for the process list of a later client. */
+  label?: string;
 }
 
 /** Drives one agent: start processes, stream their output, learn how they ended. */
@@ -300,6 +302,7 @@ export class AgentClient {
       if (this.running.has(record.id)) continue;
       const proc = new RunningProcess(record.id, record.argv0, record.isPty, record.hasStdin, (type, id, data) => this.send(type, id, data));
       proc.pid = record.pid;
+      proc.label = record.label;
       proc.pauseOutput = (paused) => this.pauseOutput(record.id, paused);
       this.running.set(record.id, proc);
       this.nextProcessId = Math.max(this.nextProcessId, record.id + 1);

@@ -10,6 +10,8 @@ import { reattachHolder } from '../namespace/agent-holder.host.js';
 import { supervisorState } from '../namespace/supervisor.host.js';
 import type { HostMount } from '../../host/mount-roots.host.js';
 import { hostMountsOf } from '../host-mounts.js';
+import { volumesOf } from '../volumes.js';
+import { lendVolume, returnVolume } from '../../host/stored-disks.host.js';
 import { buildOciSpec, hostPidsBackstop, type OciSpec } from './oci-bundle.js';
 import { GvisorLayout } from './layout.js';
 import { GvisorSandbox, type NetworkAttachment } from './gvisor-sandbox.host.js';
@@ -22,7 +24,7 @@ const UID_RANGE = 1_000_000;
 
 const CAPABILITIES: readonly Capability[] = [
   'limits.cpus', 'limits.memory', 'limits.pids', 'limits.disk', 'limits.fileSize',
-  'limits.openFiles', 'limits.tmp', 'mounts.readOnly', 'network.none', 'pause.freeze', 'pause.keepMemoryOnDisk',
+  'limits.openFiles', 'limits.tmp', 'mounts.readOnly', 'network.none', 'pause.freeze', 'pause.keepMemoryOnDisk', 'volumes',
 ];
 
 /**
@@ -83,12 +85,13 @@ export class GvisorBackend implements Backend {
 
   async create(spec: SandboxSpec, options: CreateOptions): Promise<BackendSandbox> {
     return this.open(spec, options.id, {
-      mode: 'run', reuseWorkspace: options.reuseWorkspace === true, signal: options.signal, mounts: options.mounts, template: options.template, workspaceFrom: options.workspaceFrom, tenantId: options.tenantId,
+      mode: 'run', reuseWorkspace: options.reuseWorkspace === true, signal: options.signal, mounts: options.mounts, volumes: options.volumes,
+      template: options.template, workspaceFrom: options.workspaceFrom, tenantId: options.tenantId, restoreFrom: options.restoreFrom,
     });
   }
 
   /** A sandbox a previous Capsule process paused to a checkpoint, still paused: resume() restores it. */
-  async restore(id: string, spec: SandboxSpec, options: { mounts?: readonly HostMount[] } = {}): Promise<BackendSandbox> {
+  async restore(id: string, spec: SandboxSpec, options: { mounts?: readonly HostMount[]; volumes?: readonly string[] } = {}): Promise<BackendSandbox> {
     const saved = await this.layout.readPauseState(id);
     if (saved === undefined) {
       throw new SandboxError('SANDBOX_NOT_FOUND', `sandbox ${id} has no gVisor checkpoint to restore`, {
@@ -96,7 +99,7 @@ export class GvisorBackend implements Backend {
         hint: 'Only a sandbox paused with keepMemory on the gvisor backend can be restored after a restart.',
       });
     }
-    return this.open(spec, id, { mode: 'paused', reuseWorkspace: true, mounts: options.mounts });
+    return this.open(spec, id, { mode: 'paused', reuseWorkspace: true, mounts: options.mounts, volumes: options.volumes });
   }
 
   /**
@@ -123,17 +126,22 @@ export class GvisorBackend implements Backend {
     const volume = this.host.volume;
     const fromTemplate = await volume.isRoot(id);
     const uid = fromTemplate ? this.host.uidRanges.allocate(id) : this.allocateUid(id);
+    // The volumes stay attached inside runsc's mount namespace; writable ones lent to a host
+    // template's uid are given back when the sandbox ends, as after a create.
+    const volumes = volumesOf(spec, options.volumes);
+    const lent = fromTemplate ? [] : volumes.filter((_, index) => spec.volumes[index]?.readOnly !== true);
     return GvisorSandbox.take(
       {
         id, spec, workspaceDir: fromTemplate ? join(volume.rootPath(id), 'workspace') : volume.path(id),
         cgroup: SandboxCgroup.attach(`${this.host.cgroupPrefix}${id}`), runsc, layout: this.layout, launcher: paths.launcher, network,
-        mounts: hostMountsOf(spec, options.mounts), dataDir: paths.dataDir, supervise: true,
+        mounts: hostMountsOf(spec, options.mounts), volumes, dataDir: paths.dataDir, supervise: true,
         ...(fromTemplate ? { template: { rootDir: volume.rootPath(id), hostBase: uid, size: RANGE_SIZE, toolsDir: paths.toolsDir } } : {}),
         diskUsed: () => volume.usedBytes(id),
         release: async () => {
           if (fromTemplate) this.host.uidRanges.release(id);
           else this.uidsInUse.delete(uid);
           await network?.release();
+          for (const dir of lent) await returnVolume(dir);
           await this.layout.removeCheckpoint(id);
           await this.layout.removeBundle(id);
           await volume.delete(id);
@@ -192,11 +200,12 @@ export class GvisorBackend implements Backend {
     spec: SandboxSpec,
     id: string,
     how: {
-      mode: 'run' | 'paused'; reuseWorkspace: boolean; signal?: AbortSignal; mounts?: readonly HostMount[]; template?: { layerDir: string };
-      workspaceFrom?: string | undefined; tenantId?: string | undefined;
+      mode: 'run' | 'paused'; reuseWorkspace: boolean; signal?: AbortSignal; mounts?: readonly HostMount[]; volumes?: readonly string[] | undefined;
+      template?: { layerDir: string } | undefined; workspaceFrom?: string | undefined; tenantId?: string | undefined; restoreFrom?: string | undefined;
     },
   ): Promise<BackendSandbox> {
     const mounts = hostMountsOf(spec, how.mounts);
+    const volumes = volumesOf(spec, how.volumes);
     const paths = await this.host.ensure();
     const { runsc } = await this.ready();
     if (spec.network.mode !== 'none' && !this.options.network?.capabilities.includes(`network.${spec.network.mode}`)) {
@@ -224,17 +233,19 @@ export class GvisorBackend implements Backend {
       // them when the container goes: the counters (OOM kills above all) stay readable after
       // the sandbox died of its memory limit.
       const networkMade = spec.network.mode === 'none' ? Promise.resolve(undefined) : this.options.network?.acquire(id, spec, how.tenantId);
+      const workspaceMade = how.reuseWorkspace
+        ? volume.adopt(id, spec.limits.diskBytes, uid)
+        : how.template
+          ? volume.createRoot(id, how.template.layerDir).then((made) => made.workspace)
+          : how.workspaceFrom !== undefined
+            ? volume.createWorkspaceFrom(id, how.workspaceFrom, uid)
+            : volume.createWithoutLimit(id, uid);
       const [madeRunscRoot, madeCgroup, madeWorkspace, madeNetwork, wroteBundle] = await Promise.allSettled([
         mkdir(this.layout.runscRoot, { recursive: true, mode: 0o700 }),
         SandboxCgroup.create(this.host.cgroupPrefix, id, limits),
-        // A fresh workspace gets its quota while runsc boots (below), before create() returns.
-        how.reuseWorkspace
-          ? volume.adopt(id, spec.limits.diskBytes, uid)
-          : how.template
-            ? volume.createRoot(id, how.template.layerDir).then((made) => made.workspace)
-            : how.workspaceFrom !== undefined
-              ? volume.createWorkspaceFrom(id, how.workspaceFrom, uid)
-              : volume.createWithoutLimit(id, uid),
+        // A fresh workspace gets its quota while runsc boots (below), before create() returns; a
+        // restored one at once: its processes write as soon as runsc restores them.
+        how.restoreFrom !== undefined ? workspaceMade.then(async (dir) => (await volume.setLimit(id, spec.limits.diskBytes), dir)) : workspaceMade,
         networkMade,
         Promise.resolve(networkMade).then((network) =>
           this.writeBundle(id, spec, { hostUid: uid, cgroupsPath: cgroupName, workspaceDir: volume.path(id), network, paths, mounts, fromTemplate }),
@@ -245,26 +256,41 @@ export class GvisorBackend implements Backend {
       if (madeNetwork.status === 'fulfilled' && madeNetwork.value) cleanup.push(() => madeNetwork.value!.release());
       cleanup.push(() => this.layout.removeBundle(id));
       for (const step of [madeRunscRoot, madeCgroup, madeWorkspace, madeNetwork, wroteBundle]) if (step.status === 'rejected') throw step.reason;
+      // The host template's sandbox has one uid: its writable volumes are lent to it until it ends.
+      const lent = fromTemplate ? [] : volumes.filter((_, index) => spec.volumes[index]?.readOnly !== true);
+      for (const dir of lent) {
+        cleanup.push(() => returnVolume(dir));
+        await lendVolume(dir, uid);
+      }
       const cgroup = (madeCgroup as PromiseFulfilledResult<SandboxCgroup>).value;
       const workspaceDir = (madeWorkspace as PromiseFulfilledResult<string>).value;
       const network = (madeNetwork as PromiseFulfilledResult<NetworkAttachment | undefined>).value;
       how.signal?.throwIfAborted();
       const sandbox = new GvisorSandbox({
-        id, spec, workspaceDir, cgroup, runsc, layout: this.layout, launcher: paths.launcher, network, mounts, dataDir: paths.dataDir,
+        id, spec, workspaceDir, cgroup, runsc, layout: this.layout, launcher: paths.launcher, network, mounts, volumes, dataDir: paths.dataDir,
         supervise: this.options.supervise === true,
         ...(fromTemplate ? { template: { rootDir: volume.rootPath(id), hostBase: uid, size: RANGE_SIZE, toolsDir: paths.toolsDir } } : {}),
         diskUsed: () => this.host.volume.usedBytes(id),
         release: async () => {
           releaseUid();
           await network?.release();
+          for (const dir of lent) await returnVolume(dir);
           await this.layout.removeCheckpoint(id);
           await this.layout.removeBundle(id);
           await this.host.volume.delete(id);
         },
       });
-      // Nothing runs in the sandbox before create() returns (the agent only waits for requests),
-      // so the quota is set while runsc boots instead of before: one btrfs spawn off the path.
-      const starting = (how.mode === 'run' ? sandbox.start() : sandbox.adoptCheckpoint()).then(() => sandbox);
+      if (how.mode === 'paused') {
+        await sandbox.adoptCheckpoint();
+        return sandbox;
+      }
+      if (how.restoreFrom !== undefined) {
+        await sandbox.startFrom(how.restoreFrom);
+        return sandbox;
+      }
+      // Nothing runs in a fresh sandbox before create() returns (the agent only waits for
+      // requests), so the quota is set while runsc boots instead of before: one btrfs spawn off the path.
+      const starting = sandbox.start().then(() => sandbox);
       return await (how.reuseWorkspace ? starting : this.host.volume.limitWhile(id, spec.limits.diskBytes, starting));
     } catch (error) {
       for (const step of cleanup.reverse()) await step().catch(() => undefined);
@@ -294,6 +320,7 @@ export class GvisorBackend implements Backend {
       ...(network?.resolvConf !== undefined ? { resolvConf: network.resolvConf } : {}),
       ...(network ? { netnsPath: network.path } : {}),
       mountSources: mounts.map((m) => this.layout.mountSource(id, m.index)),
+      volumeSources: spec.volumes.map((_, index) => this.layout.volumeSource(id, index)),
       ...(options.fromTemplate ? { template: { hostBase: options.hostUid, size: RANGE_SIZE } } : {}),
     });
     await rm(bundleDir, { recursive: true, force: true });
@@ -301,8 +328,10 @@ export class GvisorBackend implements Backend {
     // A template's root and mounts are staged by capsule-launch; the host template's root is a
     // skeleton of mount points in the bundle.
     if (!options.fromTemplate) {
-      await writeRootfs(oci.root.path, mounts.map((m) => ({ path: m.sandboxPath, kind: m.kind })));
+      const points = [...mounts.map((m) => ({ path: m.sandboxPath, kind: m.kind })), ...spec.volumes.map((v) => ({ path: v.path, kind: 'dir' as const }))];
+      await writeRootfs(oci.root.path, points);
       for (const m of mounts) await makeMountPoint(this.layout.mountSource(id, m.index), m.kind, 0o700);
+      for (let index = 0; index < spec.volumes.length; index++) await makeMountPoint(this.layout.volumeSource(id, index), 'dir', 0o700);
     }
     await writeFile(join(bundleDir, 'config.json'), JSON.stringify(oci, null, 1), { mode: 0o600 });
   }

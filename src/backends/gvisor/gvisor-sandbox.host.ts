@@ -5,47 +5,21 @@ import { join } from 'node:path';
 import { AgentClient, type AgentHandOver, type AgentProcess, type AgentProcessRecord, type AgentRelay } from '../agent/index.js';
 import { SandboxError } from '../../errors/index.js';
 import type { SandboxCgroup } from '../../host/cgroups.host.js';
-import { egressCounters, type EgressStats } from '../../host/egress/egress-proxy.js';
+import { egressCounters } from '../../host/egress/egress-proxy.js';
 import type { NetworkPolicy, SandboxSpec } from '../../sandbox-spec/index.js';
-import type { BackendSandbox, ConnectPortOptions, ExecRequest, PauseOptions, PauseResult, SandboxCounters } from '../backend.js';
+import type { BackendSandbox, CheckpointResult, ConnectPortOptions, ExecRequest, PauseOptions, PauseResult, SandboxCounters } from '../backend.js';
 import type { HostMount } from '../../host/mount-roots.host.js';
-import { launchMountArgs, mountRefusal } from '../host-mounts.js';
+import { mountRefusal } from '../host-mounts.js';
+import { checkpointImage, readCheckpointState, writeCheckpointState, type GvisorLayout } from './layout.js';
+import { gvisorLaunchArgs, type NetworkAttachment, type TemplateLaunch } from './launch-args.js';
 import { logTail, removeSupervisor, supervisorFiles } from '../namespace/supervisor.host.js';
-import { FIRST_MOUNT_FD, RESOLV_CONF_FD, ROOT_FD, STAGE, TOOLS_FD } from '../namespace/bwrap-args.js';
-import { STAGE_DIR } from '../../host/sandbox-layout.js';
-import type { GvisorLayout } from './layout.js';
 import { supervisedHolder, type AgentHolder } from '../namespace/agent-holder.host.js';
 import type { Runsc } from './runsc.host.js';
 
 const AGENT_READY_TIMEOUT_MS = 15_000;
 const STDERR_TAIL_BYTES = 4096;
 
-/**
- * runsc up to 2024-07 refuses `--network=sandbox` when /proc/sys/net/core/rmem_default exists in
- * the namespace it scrapes: its test for "the root network namespace". Linux 6.x namespaced that
- * sysctl, so it now exists in every namespace and the test is always true. runsc (only runsc:
- * its own sandbox pivots away from the host's /proc) therefore runs in a mount namespace of its
- * own where /proc/sys/net/core is an empty tmpfs. bwrap as root makes that namespace and keeps all
- * capabilities and every other namespace of the caller (the netns capsule-launch entered).
- */
-function hideRootNetnsMarker(): string[] {
-  return ['/usr/bin/bwrap', '--dev-bind', '/', '/', '--tmpfs', '/proc/sys/net/core', '--cap-add', 'ALL', '--'];
-}
-
-/** A network namespace made for one sandbox; runsc runs inside it with gVisor's own netstack. */
-export interface NetworkAttachment {
-  /** The namespace file, e.g. /run/netns/capsule-<id>. */
-  path: string;
-  /** resolv.conf bound at /etc/resolv.conf (the proxy's resolver). */
-  resolvConf?: string;
-  /** Environment every process starts from (proxy settings); a request's env goes on top. */
-  env?: Record<string, string>;
-  /** Replaces the sandbox's egress policy; new connections follow it at once. */
-  setPolicy?(policy: NetworkPolicy): void;
-  /** Denied and over-limit connections so far (the egress proxy's counters). */
-  stats?(): EgressStats | undefined;
-  release(): Promise<void>;
-}
+export type { NetworkAttachment } from './launch-args.js';
 
 export interface GvisorSandboxOptions {
   id: string;
@@ -58,12 +32,14 @@ export interface GvisorSandboxOptions {
   network: NetworkAttachment | undefined;
   /** Host mounts, attached by capsule-launch in runsc's private mount namespace at each launch. */
   mounts: readonly HostMount[];
+  /** Host directories of `spec.volumes` (resolved for the tenant), attached the same way. */
+  volumes: readonly string[];
   /**
    * A sandbox from a template: capsule-launch makes a user namespace with the sandbox's range
    * and attaches `rootDir` through an idmapped mount at the bundle's rootfs, in runsc's private
    * mount namespace, at every launch (run and restore).
    */
-  template?: { rootDir: string; hostBase: number; size: number; toolsDir: string };
+  template?: TemplateLaunch;
   /** Capsule's data directory: never mountable (capsule-launch --forbid). */
   dataDir: string;
   diskUsed: () => Promise<number | undefined>;
@@ -75,7 +51,7 @@ export interface GvisorSandboxOptions {
   supervise?: boolean;
 }
 
-type State = 'starting' | 'running' | 'pausing' | 'paused' | 'resuming' | 'destroyed';
+type State = 'starting' | 'running' | 'checkpointing' | 'pausing' | 'paused' | 'resuming' | 'lost' | 'destroyed';
 
 /** One runsc container and the agent inside it, reached over `runsc run`'s (or restore's) stdio. */
 export class GvisorSandbox implements BackendSandbox {
@@ -101,6 +77,8 @@ export class GvisorSandbox implements BackendSandbox {
   private stderrTail = '';
   private markLost!: () => void;
   private destroying: Promise<void> | undefined;
+  /** While a full snapshot's checkpoint stops the sandbox: exec and connectPort wait for it. */
+  private checkpointing: Promise<void> | undefined;
 
   constructor(options: GvisorSandboxOptions) {
     this.options = options;
@@ -136,14 +114,13 @@ export class GvisorSandbox implements BackendSandbox {
     this.state = 'paused';
   }
 
-  exec(request: ExecRequest): Promise<AgentProcess> {
+  async exec(request: ExecRequest): Promise<AgentProcess> {
+    await this.checkpointing;
     if (this.state !== 'running' || this.agent === undefined) {
-      return Promise.reject(
-        new SandboxError('SANDBOX_NOT_RUNNING', `sandbox ${this.id} is ${this.state === 'paused' ? 'paused' : this.state}`, {
-          details: { sandboxId: this.id, state: this.state },
-          hint: this.state === 'paused' ? 'Resume the sandbox before running processes in it.' : undefined,
-        }),
-      );
+      throw new SandboxError('SANDBOX_NOT_RUNNING', `sandbox ${this.id} is ${this.state}`, {
+        details: { sandboxId: this.id, state: this.state },
+        hint: this.state === 'paused' ? 'Resume the sandbox before running processes in it.' : undefined,
+      });
     }
     const base = this.options.network?.env;
     // From a template the agent is root; a request that names no user runs as the sandbox's user.
@@ -151,14 +128,13 @@ export class GvisorSandbox implements BackendSandbox {
     return this.agent.start(base ? { ...withUser, env: { ...base, ...request.env } } : withUser);
   }
 
-  connectPort(port: number, options?: ConnectPortOptions): Promise<AgentRelay> {
+  async connectPort(port: number, options?: ConnectPortOptions): Promise<AgentRelay> {
+    await this.checkpointing;
     if (this.state !== 'running' || this.agent === undefined) {
-      return Promise.reject(
-        new SandboxError('SANDBOX_NOT_RUNNING', `sandbox ${this.id} is ${this.state}`, {
-          details: { sandboxId: this.id, state: this.state },
-          hint: this.state === 'paused' ? 'Resume the sandbox before connecting to its ports.' : undefined,
-        }),
-      );
+      throw new SandboxError('SANDBOX_NOT_RUNNING', `sandbox ${this.id} is ${this.state}`, {
+        details: { sandboxId: this.id, state: this.state },
+        hint: this.state === 'paused' ? 'Resume the sandbox before connecting to its ports.' : undefined,
+      });
     }
     return this.agent.connectPort(port, options);
   }
@@ -218,9 +194,13 @@ export class GvisorSandbox implements BackendSandbox {
     return this.cgroup.resetPeak();
   }
 
-  /** Every runsc process (sentry, gofer, stubs) is in the v2 group: freezing it stops the sandbox. */
-  freeze(): Promise<void> {
-    return this.cgroup.freeze(true);
+  /**
+   * Every runsc process (sentry, gofer, stubs) is in the v2 group: freezing it stops the sandbox.
+   * Not in the middle of a checkpoint: the freeze waits for the restored sandbox.
+   */
+  async freeze(): Promise<void> {
+    await this.checkpointing;
+    await this.cgroup.freeze(true);
   }
 
   thaw(): Promise<void> {
@@ -228,40 +208,10 @@ export class GvisorSandbox implements BackendSandbox {
   }
 
   async pause(options: PauseOptions): Promise<PauseResult> {
-    if (this.state !== 'running') {
-      throw new SandboxError('CONFLICT', `sandbox ${this.id} is ${this.state}; only a running sandbox can be paused`, {
-        details: { sandboxId: this.id, state: this.state },
-      });
-    }
-    if (this.options.network) {
-      // runsc's netstack takes the namespace's address, routes and neighbours off eth0 when it
-      // starts: a second `runsc run` or a restore there has no network. Refused, never degraded.
-      throw new SandboxError('UNIMPLEMENTED', `sandbox ${this.id} has a network; pausing a gVisor sandbox with a network is not supported yet`, {
-        details: { sandboxId: this.id, backend: 'gvisor', mode: this.spec.network.mode },
-        hint: 'Pause gVisor sandboxes created with network mode "none", or use the namespace backend for a networked sandbox you need to pause.',
-      });
-    }
-    const agent = this.agent;
-    if (agent === undefined) throw new SandboxError('INTERNAL', `sandbox ${this.id} has no agent`);
+    const agent = this.stoppable('paused');
     this.state = 'pausing';
     if (options.keepMemory) {
-      // The agent lives on inside the checkpoint; its stream ends here, its processes do not.
-      agent.prepareHandOver();
-      try {
-        await mkdir(this.options.layout.imageDir(this.id), { recursive: true, mode: 0o700 });
-        await this.options.runsc.checkpoint(this.id, this.options.layout.imageDir(this.id));
-        // runsc writes the image (another tenant's memory, to any reader) 0644: root's alone.
-        await privatizeWritten(this.options.layout.imageDir(this.id));
-      } catch (error) {
-        agent.prepareHandOver(false);
-        this.state = 'running';
-        throw new SandboxError('INTERNAL', `checkpoint of sandbox ${this.id} failed: ${(error as Error).message}`, { cause: error });
-      }
-      await this.childExited; // runsc run (and its supervisor) ends once the container is saved
-      // runsc run may leave the saved container behind as "stopped"; restore needs the id free.
-      await this.options.runsc.deleteForce(this.id);
-      this.handOver = agent.handOver();
-      this.nextProcessId = this.handOver.nextProcessId;
+      await this.save(agent, this.options.layout.imageDir(this.id));
       // No process is left in the group: hand back the page cache it was charged (the image).
       await writeFile(join(this.cgroup.dir('memory'), 'memory.force_empty'), '0').catch(() => undefined);
     } else {
@@ -278,6 +228,112 @@ export class GvisorSandbox implements BackendSandbox {
     });
     this.state = 'paused';
     return { keepsMemory: options.keepMemory, survivesRestart: true };
+  }
+
+  /**
+   * A full snapshot: saves processes and memory to `dir` (`image/`, and `state.json` naming the
+   * agent's processes), calls `whileStopped` while nothing of the sandbox runs (the engine's disk
+   * snapshot, so disk and memory are one instant), then restores the sandbox from that image: its
+   * processes, and the caller's handles to them, go on. Exec and port connections meanwhile wait.
+   * Any number of new sandboxes can start from `dir` (`GvisorSandbox.startFrom`).
+   */
+  async checkpoint(dir: string, whileStopped: () => Promise<void>): Promise<CheckpointResult> {
+    const agent = this.stoppable('checkpointed');
+    this.state = 'checkpointing';
+    let done!: () => void;
+    this.checkpointing = new Promise((resolve) => (done = resolve));
+    try {
+      const image = checkpointImage(dir);
+      await this.save(agent, image);
+      const records = [...(this.handOver?.records ?? [])];
+      this.agent = undefined;
+      let failure: Error | undefined;
+      try {
+        await writeCheckpointState(dir, { nextProcessId: this.nextProcessId, processes: records, takenAt: new Date().toISOString() });
+        await whileStopped();
+      } catch (error) {
+        failure = error as Error;
+      }
+      // The sandbox goes on from its image whatever the snapshot's disk step did.
+      try {
+        await this.launch(['restore', `--image-path=${image}`, '--bundle', this.options.layout.bundleDir(this.id), this.id], 'ping');
+      } catch (error) {
+        this.state = 'lost';
+        this.markLost();
+        throw error;
+      }
+      this.handOver = undefined;
+      if (failure !== undefined) throw failure;
+      return { processIds: records.map((r) => r.id) };
+    } finally {
+      if (this.state === 'checkpointing') this.state = 'running';
+      this.checkpointing = undefined;
+      done();
+    }
+  }
+
+  /**
+   * Starts a new sandbox from a full snapshot's checkpoint (`checkpoint(dir)` of another
+   * sandbox): runsc restores its processes and memory in this sandbox's own bundle (its own id,
+   * cgroups and disk, mounts at the same paths), and `processes()` has handles to them.
+   */
+  async startFrom(dir: string): Promise<void> {
+    const saved = await readCheckpointState(dir);
+    if (saved === undefined) {
+      throw new SandboxError('SNAPSHOT_NOT_FOUND', `the checkpoint at ${dir} is missing`, {
+        hint: 'The full snapshot\'s data is gone; take a new snapshot of the source sandbox.',
+      });
+    }
+    this.nextProcessId = saved.nextProcessId;
+    this.toAdopt = saved.processes;
+    await this.launch(['restore', `--image-path=${checkpointImage(dir)}`, '--bundle', this.options.layout.bundleDir(this.id), this.id], 'ping');
+    this.toAdopt = [];
+  }
+
+  /** The agent of a running sandbox that may be stopped (pause, checkpoint), or why not. */
+  private stoppable(what: 'paused' | 'checkpointed'): AgentClient {
+    if (this.state !== 'running') {
+      throw new SandboxError('CONFLICT', `sandbox ${this.id} is ${this.state}; only a running sandbox can be ${what}`, {
+        details: { sandboxId: this.id, state: this.state },
+      });
+    }
+    if (this.options.network) {
+      // runsc's netstack takes the namespace's address, routes and neighbours off eth0 when it
+      // starts: a second `runsc run` or a restore there has no network. Refused, never degraded.
+      const verb = what === 'paused' ? 'pausing' : 'a full snapshot of';
+      throw new SandboxError('UNIMPLEMENTED', `sandbox ${this.id} has a network; ${verb} a gVisor sandbox with a network is not supported yet`, {
+        details: { sandboxId: this.id, backend: 'gvisor', mode: this.spec.network.mode },
+        hint: what === 'paused'
+          ? 'Pause gVisor sandboxes created with network mode "none", or use the namespace backend for a networked sandbox you need to pause.'
+          : 'Take a filesystem snapshot (mode "filesystem"), or create the sandbox with network mode "none" to keep its processes in a snapshot.',
+      });
+    }
+    if (this.agent === undefined) throw new SandboxError('INTERNAL', `sandbox ${this.id} has no agent`);
+    return this.agent;
+  }
+
+  /**
+   * `runsc checkpoint` into `image`: the container stops, the agent lives on inside the image.
+   * Its stream ends here, its processes do not: their handles wait in `handOver` for the next
+   * launch (a restore), which rebinds them.
+   */
+  private async save(agent: AgentClient, image: string): Promise<void> {
+    agent.prepareHandOver();
+    try {
+      await mkdir(image, { recursive: true, mode: 0o700 });
+      await this.options.runsc.checkpoint(this.id, image);
+      // runsc writes the image (another tenant's memory, to any reader) 0644: root's alone.
+      await privatizeWritten(image);
+    } catch (error) {
+      agent.prepareHandOver(false);
+      this.state = 'running';
+      throw new SandboxError('INTERNAL', `checkpoint of sandbox ${this.id} failed: ${(error as Error).message}`, { cause: error });
+    }
+    await this.childExited; // runsc run (and its supervisor) ends once the container is saved
+    // runsc run may leave the saved container behind as "stopped"; restore needs the id free.
+    await this.options.runsc.deleteForce(this.id);
+    this.handOver = agent.handOver();
+    this.nextProcessId = this.handOver.nextProcessId;
   }
 
   async resume(): Promise<void> {
@@ -311,42 +367,18 @@ export class GvisorSandbox implements BackendSandbox {
   }
 
   /**
-   * A sandbox from a template: runsc's gofer runs as the sandbox's host range and cannot reach
-   * the 0700 data directory, so everything it serves is staged under STAGE_DIR in runsc's private
-   * mount namespace: the root (idmapped through a namespace with the sandbox's range), the tools,
-   * a network's resolv.conf and host mounts (see buildOciSpec).
-   */
-  private templateLaunchArgs(template: NonNullable<GvisorSandboxOptions['template']>): string[] {
-    const resolvConf = this.options.network?.resolvConf;
-    return [
-      '--stage', STAGE_DIR,
-      '--userns', `${template.hostBase}:${template.size}`,
-      '--fd', `${ROOT_FD}:${template.rootDir}`, '--attach', `${ROOT_FD}:rw:idmap`, STAGE.root,
-      '--fd', `${TOOLS_FD}:${template.toolsDir}`, '--attach', `${TOOLS_FD}:ro`, STAGE.tools,
-      ...(resolvConf !== undefined ? ['--fd', `${RESOLV_CONF_FD}:${resolvConf}`, '--attach', `${RESOLV_CONF_FD}:ro`, STAGE.resolvConf] : []),
-      ...launchMountArgs(this.options.mounts, FIRST_MOUNT_FD, STAGE.mount),
-    ];
-  }
-
-  /**
    * Starts runsc through capsule-launch, which puts it (and so the sentry, gofer and stubs) in
    * the sandbox's v2 cgroup for freeze and kill, and stays as their subreaper. runsc moves the
    * sentry and gofer into the v1 groups named by cgroupsPath, where the limits are.
    */
   private async launch(runscArgs: string[], waitFor: 'ready' | 'ping'): Promise<void> {
-    const network = this.options.network;
-    const { mounts, layout, template } = this.options;
-    const args = [
-      // Forked straight into the v2 group: a migration would wait for an RCU grace period.
-      '--cgroup2-dir', this.cgroup.dir('unified'),
-      // runsc's gofer opens bundle mount sources as root: each is the launcher's checked mount,
-      // attached in a mount namespace of runsc's own, where nothing can swap it.
-      '--forbid', this.options.dataDir,
-      ...(template ? this.templateLaunchArgs(template) : launchMountArgs(mounts, FIRST_MOUNT_FD, (index) => layout.mountSource(this.id, index))),
-      ...(network ? ['--netns', network.path] : []),
-      '--', ...(network ? hideRootNetnsMarker() : []),
-      this.options.runsc.binary, ...this.options.runsc.flagsFor(network ? 'sandbox' : 'none'), ...runscArgs,
-    ];
+    const { network, layout, template } = this.options;
+    const args = gvisorLaunchArgs({
+      spec: this.spec, cgroup2Dir: this.cgroup.dir('unified'), dataDir: this.options.dataDir, mounts: this.options.mounts, volumes: this.options.volumes,
+      mountSource: (index) => layout.mountSource(this.id, index), volumeSource: (index) => layout.volumeSource(this.id, index),
+      template, network,
+      runsc: [this.options.runsc.binary, ...this.options.runsc.flagsFor(network ? 'sandbox' : 'none'), ...runscArgs],
+    });
     this.stderrTail = '';
     const clientOptions = this.handOver ? { handOver: this.handOver } : { firstProcessId: this.nextProcessId, adopt: this.toAdopt };
     let agent: AgentClient;

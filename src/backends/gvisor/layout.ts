@@ -17,10 +17,13 @@ export interface PauseState {
  * Where a Capsule instance keeps gVisor state, all under its data directory:
  *
  *   runsc/                 runsc --root: container state of this instance only
- *   gvisor/bundles/<id>/   config.json (the OCI spec) and rootfs/ (mount points)
+ *   gvisor/bundles/<id>/   config.json (the OCI spec), rootfs/ (mount points), mnt/<i> and
+ *                          vol/<i> (where the launcher attaches host mounts and volumes)
  *   checkpoints/<id>/      pause.json and image/ (runsc checkpoint --image-path)
  *
- * A new process restores a paused sandbox from bundles/<id> and checkpoints/<id> alone.
+ * A new process restores a paused sandbox from bundles/<id> and checkpoints/<id> alone. A full
+ * snapshot's checkpoint is a directory of the same shape elsewhere (state.json and image/, see
+ * `writeCheckpointState`), which any number of new sandboxes restore from.
  */
 export class GvisorLayout {
   readonly runscRoot: string;
@@ -43,6 +46,11 @@ export class GvisorLayout {
    */
   mountSource(id: string, index: number): string {
     return join(this.bundleDir(id), 'mnt', String(index));
+  }
+
+  /** Where capsule-launch attaches `spec.volumes[index]` for the gofer (host template only). */
+  volumeSource(id: string, index: number): string {
+    return join(this.bundleDir(id), 'vol', String(index));
   }
 
   checkpointDir(id: string): string {
@@ -80,4 +88,28 @@ export class GvisorLayout {
   removeCheckpoint(id: string): Promise<void> {
     return rm(this.checkpointDir(id), { recursive: true, force: true });
   }
+}
+
+/** The runsc image inside a checkpoint directory (a pause's or a full snapshot's). */
+export function checkpointImage(dir: string): string {
+  return join(dir, 'image');
+}
+
+/** What a full snapshot's checkpoint needs besides its image: the agent's processes at that instant. */
+export interface CheckpointState {
+  nextProcessId: number;
+  processes: AgentProcessRecord[];
+  takenAt: string;
+}
+
+export async function writeCheckpointState(dir: string, state: CheckpointState): Promise<void> {
+  await mkdir(dir, { recursive: true, mode: 0o700 });
+  const file = join(dir, 'state.json');
+  await writeFile(`${file}.tmp`, JSON.stringify(state), { mode: 0o600 });
+  await rename(`${file}.tmp`, file);
+}
+
+export async function readCheckpointState(dir: string): Promise<CheckpointState | undefined> {
+  const text = await readFile(join(dir, 'state.json'), 'utf8').catch(() => undefined);
+  return text === undefined ? undefined : (JSON.parse(text) as CheckpointState);
 }

@@ -42,6 +42,11 @@ export interface OciBundleOptions {
    * path a tenant named. @default [] (a spec with mounts then fails)
    */
   mountSources?: readonly string[];
+  /**
+   * Host path of each volume of `spec.volumes` (host template): where capsule-launch attaches the
+   * tenant's volume (GvisorLayout.volumeSource). A template's are staged. @default []
+   */
+  volumeSources?: readonly string[];
   /** Host file bound at /etc/resolv.conf instead of Capsule's empty one (a network's resolver). */
   resolvConf?: string;
   /**
@@ -123,6 +128,11 @@ export function buildOciSpec(spec: SandboxSpec, options: OciBundleOptions): OciS
     // Not recursive: the launcher attached exactly the one checked mount there.
     mounts.push({ destination: mount.sandboxPath, type: 'bind', source, options: ['bind', 'ro', 'nosuid', 'nodev'] });
   });
+  spec.volumes.forEach((volume, index) => {
+    const source = options.volumeSources?.[index];
+    if (source === undefined) throw new Error(`no host source for volumes[${index}]`);
+    mounts.push({ destination: volume.path, type: 'bind', source, options: volumeOptions(volume.readOnly) });
+  });
   mounts.push({ destination: TOOLS_DIR, type: 'bind', source: options.toolsDir, options: ro });
 
   const noCaps: string[] = [];
@@ -187,10 +197,13 @@ function buildTemplateOciSpec(spec: SandboxSpec, options: OciBundleOptions, temp
   spec.mounts.forEach((mount, index) => {
     mounts.push({ destination: mount.sandboxPath, type: 'bind', source: staged(STAGE.mount(index)), options: ['bind', 'ro', 'nosuid', 'nodev'] });
   });
+  spec.volumes.forEach((volume, index) => {
+    mounts.push({ destination: volume.path, type: 'bind', source: staged(STAGE.volume(index)), options: volumeOptions(volume.readOnly) });
+  });
   mounts.push({ destination: TOOLS_DIR, type: 'bind', source: staged(STAGE.tools), options: ro });
   const caps = [...ROOT_CAPABILITIES];
   const range = { containerID: 0, hostID: template.hostBase, size: template.size };
-  const base = buildOciSpec(spec, { ...options, template: undefined });
+  const base = buildOciSpec(spec, { ...options, template: undefined, volumeSources: spec.volumes.map((_, index) => staged(STAGE.volume(index))) });
   return {
     ...base,
     process: {
@@ -204,6 +217,11 @@ function buildTemplateOciSpec(spec: SandboxSpec, options: OciBundleOptions, temp
     mounts,
     linux: { ...base.linux, uidMappings: [range], gidMappings: [range] },
   };
+}
+
+/** A volume's bind: exactly the launcher's attached mount (not recursive), read-only when asked. */
+function volumeOptions(readOnly: boolean): string[] {
+  return ['bind', readOnly ? 'ro' : 'rw', 'nosuid', 'nodev'];
 }
 
 export type RunscPlatform = 'systrap' | 'ptrace';

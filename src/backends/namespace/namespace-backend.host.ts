@@ -104,12 +104,15 @@ export class NamespaceBackend implements Backend {
       // A fresh workspace gets its quota while the sandbox starts (below), before create()
       // returns: nothing in the sandbox writes to it until the caller runs something.
       const volume = this.host.volume;
+      // A snapshot's clone is given to the sandbox's uid while it starts (nothing in it touches
+      // the files before create() returns), as its quota is set.
+      let owned: Promise<void> | undefined;
       const workspaceDir = options.reuseWorkspace
         ? await volume.adopt(options.id, spec.limits.diskBytes, uid)
         : template
           ? (await volume.createRoot(options.id, template.layerDir)).workspace
           : options.workspaceFrom !== undefined
-            ? await volume.createWorkspaceFrom(options.id, options.workspaceFrom, uid)
+            ? await volume.cloneWorkspace(options.id, options.workspaceFrom, uid).then((made) => ((owned = made.owned), made.path))
             : await volume.createWithoutLimit(options.id, uid);
       cleanup.push(() => volume.delete(options.id));
       // The host template's sandbox has one uid: its writable volumes are lent to it until it ends.
@@ -137,7 +140,7 @@ export class NamespaceBackend implements Backend {
           }
         },
       });
-      return await (options.reuseWorkspace ? starting : this.host.volume.limitWhile(options.id, spec.limits.diskBytes, starting));
+      return await (options.reuseWorkspace ? starting : this.host.volume.limitWhile(options.id, spec.limits.diskBytes, starting, owned));
     } catch (error) {
       for (const step of cleanup.reverse()) await step().catch(() => undefined);
       if (options.signal?.aborted) throw new SandboxError('ABORTED', `creating sandbox ${options.id} was aborted`, { cause: error });

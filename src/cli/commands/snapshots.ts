@@ -1,4 +1,4 @@
-import { Command } from 'commander';
+import { Command, Option } from 'commander';
 import { Sandbox, Snapshots, Volumes, type SnapshotInfo, type VolumeInfo } from '../../sdk/index.js';
 import type { CliContext } from '../context.js';
 import { bytesOption, numberOption } from '../options.js';
@@ -32,8 +32,9 @@ export function sandboxSnapshotCommands(context: CliContext): Command[] {
     clientCommand('fork', 'Make N sandboxes from one snapshot of this one; prints one line per fork (its id, or its error)')
       .argument('<id>', 'sandbox id')
       .requiredOption('--count <n>', 'how many forks (1 to 100)', numberOption('--count'))
-      .action(async (id: string, flags: ClientFlags & { count: number }) => {
-        const result = await (await Sandbox.connect(id, connection(flags, context))).fork(flags.count);
+      .addOption(new Option('--mode <mode>', 'filesystem (default), or full: each fork resumes the processes and memory (gvisor)').choices(['filesystem', 'full']))
+      .action(async (id: string, flags: ClientFlags & { count: number; mode?: 'filesystem' | 'full' }) => {
+        const result = await (await Sandbox.connect(id, connection(flags, context))).fork(flags.count, { mode: flags.mode });
         if (flags.json) return printJson(context, { snapshot: result.snapshot, forks: result.forks.map((f) => ('sandbox' in f ? { sandbox: f.sandbox.info } : { error: { code: f.error.code, message: f.error.message } })) });
         for (const fork of result.forks) context.stdout.write('sandbox' in fork ? `${fork.sandbox.sandboxId}\n` : `error ${fork.error.code}: ${fork.error.message}\n`);
       }),

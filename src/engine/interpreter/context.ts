@@ -79,13 +79,6 @@ export class InterpreterContext {
     this.envVars = options.envVars;
   }
 
-  /** Takes over the driver an earlier server started for this context (after a reattach). */
-  adopt(driver: DriverProcess): void {
-    this.attach(driver);
-    this.driver = driver;
-    this.deadReason = undefined;
-  }
-
   /** Starts the interpreter; resolves when it is ready for code. */
   start(options: StartOptions = {}): Promise<void> {
     this.starting = this.launch(options);
@@ -119,6 +112,33 @@ export class InterpreterContext {
     this.attach(driver);
     this.driver = driver;
     this.deadReason = undefined;
+  }
+
+  /**
+   * Takes over a driver that runs already: the one an earlier server started for this context
+   * (after a reattach), or one restored with its sandbox from a full snapshot, whose executions
+   * went on to `sequence`. The interpreter and its state are that driver's.
+   */
+  adopt(driver: DriverProcess, sequence?: number): void {
+    if (sequence !== undefined) this.sequence = sequence;
+    this.attach(driver);
+    this.driver = driver;
+    this.deadReason = undefined;
+  }
+
+  /** The agent process id of its live driver, or undefined when it has none (dead, starting, closed). */
+  get driverProcessId(): number | undefined {
+    return this.isClosed || this.deadReason !== undefined ? undefined : this.driver?.processId;
+  }
+
+  /** How many executions this context has sent its interpreter. */
+  get executions(): number {
+    return this.sequence;
+  }
+
+  /** The driver's environment (what a restart starts it with). */
+  get environment(): Record<string, string> {
+    return { ...this.env };
   }
 
   /** Runs code after any earlier run of this context finished. */

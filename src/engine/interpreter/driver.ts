@@ -169,9 +169,18 @@ export class DriverProcess {
     return driver;
   }
 
-  /** A driver an earlier server started, from its agent process after a reattach: ready already. */
+  /**
+   * A driver that already runs: one an earlier server started (after a reattach), or one restored
+   * with its sandbox from a full snapshot, mid-way between two executions. No `ready` comes; its
+   * events start with the next request (after a reattach, from the first whole line).
+   */
   static adopt(process: AgentProcess, language: InterpreterLanguage): DriverProcess {
     return new DriverProcess(process, language, true);
+  }
+
+  /** The agent's id of the driver process (what a full snapshot records). */
+  get processId(): number {
+    return this.process.id;
   }
 
   get exited(): Promise<AgentExit> {

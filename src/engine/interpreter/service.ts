@@ -1,12 +1,12 @@
 import { randomBytes } from 'node:crypto';
 import { SandboxError } from '../../errors/index.js';
 import type { BackendSandbox } from '../../backends/backend.js';
+import type { AgentProcess } from '../../backends/agent/index.js';
 import { baseEnv } from '../../host/sandbox-layout.js';
 import { InterpreterContext } from './context.js';
 import { DriverProcess, parseDriverLabel } from './driver.js';
-import type { AgentProcess } from '../../backends/agent/index.js';
 import { TypeStripper } from './typescript.js';
-import { type CreateContextOptions, type RunCodeOptions } from './types.js';
+import { type ContextSnapshot, type CreateContextOptions, type RunCodeOptions } from './types.js';
 import { INTERPRETER_LANGUAGES, type ContextInfo, type Execution, type InterpreterLanguage } from '../../wire/index.js';
 
 const ID_PREFIX: Record<InterpreterLanguage, string> = { python: 'py', js: 'js', ts: 'ts' };
@@ -86,6 +86,31 @@ export class InterpreterService {
       });
     }
     return context.run(code, options);
+  }
+
+  /** The live contexts as a full snapshot keeps them (each with its driver's process id). */
+  async snapshot(): Promise<ContextSnapshot[]> {
+    const defaults = new Set<InterpreterContext>();
+    for (const pending of this.defaults.values()) {
+      const context = await pending.catch(() => undefined);
+      if (context) defaults.add(context);
+    }
+    return [...this.contexts.values()].flatMap((context) => {
+      const processId = context.driverProcessId;
+      return processId === undefined ? [] : [{ info: { ...context.info }, env: context.environment, processId, isDefault: defaults.has(context), sequence: context.executions }];
+    });
+  }
+
+  /**
+   * A context of a full snapshot whose driver goes on in this sandbox (restored from it): same
+   * id, same interpreter state; the default of its language if it was one.
+   */
+  adoptContext(kept: ContextSnapshot, process: AgentProcess): void {
+    if (this.isClosed || this.contexts.has(kept.info.id)) return;
+    const context = new InterpreterContext({ sandbox: this.sandbox, info: { ...kept.info }, env: { ...kept.env }, stripper: this.stripper });
+    context.adopt(DriverProcess.adopt(process, kept.info.language), kept.sequence ?? 0);
+    this.contexts.set(kept.info.id, context);
+    if (kept.isDefault && !this.defaults.has(kept.info.language)) this.defaults.set(kept.info.language, Promise.resolve(context));
   }
 
   /** Shuts every context down. */

@@ -43,6 +43,7 @@ export function snapshotRoutes(services: ServerServices): AnyRoute[] {
         201: { description: 'The snapshot the forks came from, and an entry per fork', schema: ForkResultSchema },
         404: error('No such sandbox'),
         409: error('The sandbox is not running or paused'),
+        422: error('The backend cannot keep processes in a snapshot (mode full: BACKEND_CANNOT_ENFORCE)'),
         429: error('The forks would exceed the tenant\'s quota of concurrent sandboxes'),
       },
       audit: ({ params }) => ({ sandboxId: params.sandboxId }),
@@ -54,6 +55,7 @@ export function snapshotRoutes(services: ServerServices): AnyRoute[] {
           for (let i = 0; i < body.count; i++) releases.push(quota.reserve(principal.tenantId));
           const result = await engine.fork(principal.tenantId, params.sandboxId, {
             count: body.count,
+            ...(body.mode ? { mode: body.mode } : {}),
             ...(body.metadata ? { metadata: body.metadata } : {}),
             signal,
             grants: { mountRoots: mountGrantOf(principal) },
