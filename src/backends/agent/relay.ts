@@ -28,6 +28,14 @@ export class AgentRelay extends Duplex {
   private unacknowledged = 0;
   private localEnded = false;
   private remoteEnded = false;
+  /**
+   * What reached this relay before its owner could have listened: the agent's answer to the
+   * connect and the server's reset can arrive in one read, and a stream destroyed with an error
+   * nobody listens to yet throws (and a later `close` listener never fires). Held until
+   * `release()`, one event-loop turn after the connect resolved, which is what a net.Socket
+   * guarantees: no event in the turn that handed it out.
+   */
+  private held: (() => void)[] | null = [];
 
   constructor(
     readonly relayId: number,
@@ -85,8 +93,25 @@ export class AgentRelay extends Duplex {
     callback(error);
   }
 
+  /** Delivers what was held; from now on frames and losses act at once. */
+  release(): void {
+    const held = this.held ?? [];
+    this.held = null;
+    for (const deliver of held) deliver();
+  }
+
+  /** The agent is gone (or the table closed): the relay ends with `reason`. */
+  lose(reason: Error | undefined): void {
+    if (this.held !== null) this.held.push(() => this.destroy(reason));
+    else this.destroy(reason);
+  }
+
   /** A frame of this relay from the agent. */
   receive(frame: Frame): void {
+    if (this.held !== null) {
+      this.held.push(() => this.receive(frame));
+      return;
+    }
     if (this.destroyed) return;
     switch (frame.type) {
       case FrameType.RelayFromAgent:
@@ -209,8 +234,11 @@ export class RelayTable {
       opening.cleanup();
       const { errno, message } = decodeRelayOpened(frame.payload);
       if (errno === 0) {
-        this.open.set(frame.id, opening.relay);
-        opening.resolve(opening.relay);
+        const relay = opening.relay;
+        this.open.set(frame.id, relay);
+        opening.resolve(relay);
+        // The caller's continuation runs in this turn's microtasks; the relay's events start after.
+        setImmediate(() => relay.release());
       } else {
         opening.reject(connectError(opening.relay.port, errno, message));
       }
@@ -228,7 +256,7 @@ export class RelayTable {
     this.opening.clear();
     const open = [...this.open.values()];
     this.open.clear();
-    for (const relay of open) relay.destroy(reason);
+    for (const relay of open) relay.lose(reason);
   }
 }
 
