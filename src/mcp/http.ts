@@ -5,7 +5,7 @@ import { presentedKey } from '../server/auth.js';
 import { defineRoute, registerRoute } from '../server/route.js';
 import type { ServerServices } from '../server/services.js';
 import { createMcpServer } from './server.js';
-import { SandboxHandles } from './tools.js';
+import { SandboxHandles } from '../agent-tools/index.js';
 
 /** Where this server answers on loopback: the MCP tools call the API there, with the caller's key. */
 function loopbackUrl(app: FastifyInstance): string {

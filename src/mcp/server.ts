@@ -1,6 +1,7 @@
 import { McpServer } from '@modelcontextprotocol/sdk/server/mcp.js';
 import type { ConnectionOptions } from '../sdk/index.js';
-import { callTool, SandboxHandles, TOOLS } from './tools.js';
+import { SandboxHandles, TOOLS } from '../agent-tools/index.js';
+import { callTool } from './tools.js';
 
 /** The MCP server's name and version, as clients see them. */
 export const MCP_SERVER_INFO = { name: 'capsule', version: '0.1.0' } as const;
@@ -15,6 +16,7 @@ export function createMcpServer(connection: ConnectionOptions, handles = new San
     instructions:
       'Capsule runs code in isolated Linux sandboxes. Call create_sandbox first and keep its sandboxId; ' +
       'then exec, run_code, write_file, read_file, list_files; start_command and wait_command for long jobs; ' +
+      'snapshot_sandbox, fork_sandbox and sandbox_changes to branch work and see what changed; ' +
       'port_url to reach a server inside; kill_sandbox (confirm: true) when done.',
   });
   for (const tool of TOOLS) {
@@ -24,7 +26,7 @@ export function createMcpServer(connection: ConnectionOptions, handles = new San
         title: tool.title,
         description: tool.description,
         inputSchema: tool.inputSchema,
-        annotations: { readOnlyHint: !tool.mutates, destructiveHint: tool.name === 'kill_sandbox', openWorldHint: false },
+        annotations: { readOnlyHint: !tool.mutates, destructiveHint: tool.destructive === true, openWorldHint: false },
       },
       (args: Record<string, unknown>) => callTool(tool, args, connection, handles),
     );
