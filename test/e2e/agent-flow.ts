@@ -24,6 +24,8 @@ async function failed(call: ToolCall, name: string, args: Record<string, unknown
 
 /** Runs the flow; every sandbox it made is killed before it returns. Returns the two sandbox ids. */
 export async function agentFlow(call: ToolCall, createArgs: Record<string, unknown> = { template: 'host' }): Promise<{ sandboxId: string; forkId: string }> {
+  // A template that does not exist: Capsule's code and hint, and nothing made.
+  expect(await failed(call, 'create_sandbox', { template: 'no-such-template' })).toMatch(/TEMPLATE_NOT_FOUND: [^\n]+\nHint: /);
   const created = await ok(call, 'create_sandbox', { ...createArgs, limits: { wallClockMs: 30_000 } });
   const sandboxId = String(created.sandboxId);
   expect(sandboxId).toMatch(/^[a-z2-7]{20}$/);
