@@ -19,6 +19,14 @@ export { TOOL_OUTPUT_BYTES } from './output.js';
 /** Every tool, in the order an agent meets them. */
 export const TOOLS: readonly ToolDefinition[] = [...SANDBOX_TOOLS.slice(0, 1), ...COMMAND_TOOLS, ...FILE_TOOLS, ...SANDBOX_TOOLS.slice(1)];
 
+/** Each catalog tool's argument schema, built once (unknown arguments are errors). */
+const SCHEMAS: ReadonlyMap<ToolDefinition, z.ZodObject> = new Map(TOOLS.map((tool) => [tool, z.strictObject(tool.inputSchema)]));
+
+/** The zod schema of a tool's arguments. */
+export function schemaOf(tool: ToolDefinition): z.ZodObject {
+  return SCHEMAS.get(tool) ?? z.strictObject(tool.inputSchema);
+}
+
 /** A tool's name (`create_sandbox`, `exec`, …). */
 export type ToolName = string;
 
@@ -65,7 +73,7 @@ export type ToolOutcome = { ok: true; answer: Record<string, unknown> } | { ok: 
  * calls the SDK. Never throws: a failure comes back with Capsule's code and hint.
  */
 export async function runTool(tool: ToolDefinition, args: unknown, connection: ConnectionOptions, handles: SandboxHandles): Promise<ToolOutcome> {
-  const parsed = z.strictObject(tool.inputSchema).safeParse(args ?? {});
+  const parsed = schemaOf(tool).safeParse(args ?? {});
   if (!parsed.success) {
     const problems = parsed.error.issues.map((issue) => `${issue.path.join('.') || '(arguments)'}: ${issue.message}`).join('; ');
     return {

@@ -130,6 +130,11 @@ describe.each(['namespace', 'gvisor'] as const)('port URLs on %s', (backend) => 
         expect((JSON.parse(reset.body) as { hint: string }).hint).toContain('Check the server in the sandbox');
       }
 
+      // Requests in a row reuse one connection inside the sandbox (the proxy keeps it alive).
+      const peers = new Set<number>();
+      for (let i = 0; i < 3; i++) peers.add((JSON.parse((await get(portPath(id, APP_PORT, '/again'), bearer(t.apiKey))).body) as { peer: number }).peer);
+      expect(peers.size).toBe(1);
+
       // A POST body streams through.
       const posted = await get(portPath(id, APP_PORT, '/upload'), { ...bearer(t.apiKey), 'content-type': 'application/json' }, 'POST', '{"a":1}');
       expect(posted.body).toBe('{"a":1}');
@@ -174,8 +179,13 @@ describe.each(['namespace', 'gvisor'] as const)('port URLs on %s', (backend) => 
       expect(await echo(`${base}/ws?capsule_token=${encodeURIComponent(wsSigned.token)}`, 'by host', { host: `${APP_PORT}-${id}.${DOMAIN}` })).toBe('by host');
       await expect(echo(`${base}${portPath(id, APP_PORT, '/ws')}`, 'x', bearer(otherKey))).rejects.toThrow('upgrade refused: 404');
       await expect(echo(`${base}${portPath(id, APP_PORT, '/ws')}`, 'x', {})).rejects.toThrow('upgrade refused: 401');
-    } finally {
+
+      // The kept-alive connections end with the sandbox, and their pools with them.
+      expect(t.server.app.services.portPool.size).toBeGreaterThan(0);
       await sandbox.kill();
+      await waitFor(() => Promise.resolve(t.server.app.services.portPool.size === 0 ? true : undefined), { what: 'the port pools of a killed sandbox to close' });
+    } finally {
+      await sandbox.kill().catch(() => undefined);
     }
   }, 180_000);
 });

@@ -55,8 +55,18 @@ export class AgentRelay extends Duplex {
     return this;
   }
 
-  setTimeout(_ms: number, callback?: () => void): this {
-    if (callback) this.once('timeout', callback);
+  /** The idle timeout in ms, as net.Socket has it (node:http's agent reads it); 0 is none. */
+  timeout = 0;
+  private idleTimer: NodeJS.Timeout | undefined;
+
+  /** Emits 'timeout' once `ms` pass with no byte either way (net.Socket's idle timeout); 0 disables it. */
+  setTimeout(ms: number, callback?: () => void): this {
+    if (callback) {
+      if (ms === 0) this.removeListener('timeout', callback);
+      else this.once('timeout', callback);
+    }
+    this.timeout = ms;
+    this.touch();
     return this;
   }
 
@@ -69,6 +79,7 @@ export class AgentRelay extends Duplex {
   }
 
   override _write(chunk: Buffer, _encoding: BufferEncoding, callback: (error?: Error | null) => void): void {
+    this.touch();
     this.sendData(chunk, callback);
   }
 
@@ -84,6 +95,7 @@ export class AgentRelay extends Duplex {
   }
 
   override _destroy(error: Error | null, callback: (error?: Error | null) => void): void {
+    clearTimeout(this.idleTimer);
     if (!(this.localEnded && this.remoteEnded)) this.send(FrameType.RelayClose, this.relayId, Buffer.from([0]));
     this.localEnded = this.remoteEnded = true;
     const stalled = this.stalled;
@@ -115,6 +127,7 @@ export class AgentRelay extends Duplex {
     if (this.destroyed) return;
     switch (frame.type) {
       case FrameType.RelayFromAgent:
+        this.touch();
         this.unacknowledged += frame.payload.length;
         if (this.push(frame.payload)) this.acknowledge();
         return;
@@ -153,6 +166,14 @@ export class AgentRelay extends Duplex {
     }
     if (rest.length > 0) this.stalled = { chunk: rest, callback };
     else callback();
+  }
+
+  /** Restarts the idle timer (activity either way); the timer never keeps the process alive. */
+  private touch(): void {
+    clearTimeout(this.idleTimer);
+    if (this.timeout <= 0 || this.destroyed) return;
+    this.idleTimer = setTimeout(() => this.emit('timeout'), this.timeout);
+    this.idleTimer.unref();
   }
 
   /** Gives the agent credit for what the reader took, in steps of half a window. */
