@@ -149,6 +149,16 @@ export interface CreateOptions {
   tenantId?: string;
 }
 
+/** What a reattach needs beyond the record's spec: what the engine resolves for a create too. */
+export interface ReattachOptions {
+  /** The sandbox's tenant (the broker's grants, when it has a network). @default 'default' */
+  tenantId?: string;
+  /** The spec's host mounts, resolved again (a resume after a pause mounts them anew). */
+  mounts?: readonly HostMount[];
+  /** The host directories of `spec.volumes`, in its order (lent volumes are given back at the end). */
+  volumes?: readonly string[];
+}
+
 export interface ReconcileReport {
   /** Host resources of sandboxes not in the live set, removed. */
   removed: string[];
@@ -175,7 +185,7 @@ export interface Backend {
    * previous Capsule process (same processes, output kept meanwhile replayed). Undefined when
    * there is none to take over; `reconcile` then removes what is left of it.
    */
-  reattach?(id: string, spec: SandboxSpec): Promise<BackendSandbox | undefined>;
+  reattach?(id: string, spec: SandboxSpec, options?: ReattachOptions): Promise<BackendSandbox | undefined>;
   /**
    * Takes over a sandbox that a previous Capsule process paused with a result saying
    * `survivesRestart` (gVisor: its checkpoint on disk), still paused; `resume()` continues it.

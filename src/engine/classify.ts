@@ -22,20 +22,23 @@ const SIGXFSZ = constants.signals.SIGXFSZ;
 /** btrfs refuses a write a few pages short of the quota; count that as reaching it. */
 const DISK_SLACK_BYTES = 1024 * 1024;
 
+/** The wall-clock limit `timeoutMs` ended a process that ran `durationMs`. */
+export function wallClockLimit(timeoutMs: number, durationMs: number): LimitHit {
+  return {
+    resource: 'wall_clock',
+    limit: timeoutMs,
+    used: durationMs,
+    unit: 'ms',
+    message:
+      `wall-clock limit ${formatDurationMs(timeoutMs)} exceeded (ran ${formatDurationMs(durationMs)}); ` +
+      'the whole process tree was killed. Raise limits.wallClockMs (--timeout) or make the program finish sooner.',
+  };
+}
+
 /** The limit that ended an exec, if any. Order matters: the kill we caused explains the rest. */
 export function classifyLimit(o: ExecObservation): LimitHit | undefined {
   const failed = o.exitCode !== 0;
-  if (o.timedOut) {
-    return {
-      resource: 'wall_clock',
-      limit: o.timeoutMs,
-      used: o.durationMs,
-      unit: 'ms',
-      message:
-        `wall-clock limit ${formatDurationMs(o.timeoutMs)} exceeded (ran ${formatDurationMs(o.durationMs)}); ` +
-        'the whole process tree was killed. Raise limits.wallClockMs (--timeout) or make the program finish sooner.',
-    };
-  }
+  if (o.timedOut) return wallClockLimit(o.timeoutMs, o.durationMs);
   if (o.after.oomKills > o.before.oomKills) {
     const peak = o.after.memoryPeakBytes;
     return {

@@ -25,6 +25,23 @@ export interface WorkspaceBudget {
   restoreWorkspace(owner: DiskOwner, diskBytes: number): void;
 }
 
+/** What else of a tenant's stays on the volume: snapshots, volumes and template layers. */
+export type StoredResource = 'snapshots' | 'volumes' | 'templates';
+
+/**
+ * The tenant disk quota as the engine and the template service charge it (the server's
+ * TenantDiskQuota): workspaces, and what outlives sandboxes — a snapshot by the bytes its sandbox
+ * had written beyond its origin when it was taken, a volume by its size limit, a template layer
+ * by the bytes its build step added.
+ */
+export interface DiskBudget extends WorkspaceBudget {
+  /** Before the thing is made: QUOTA_EXCEEDED when `bytes` more do not fit, else charges them. Synchronous. */
+  reserveStored(owner: DiskOwner, resource: StoredResource, bytes: number): void;
+  releaseStored(owner: DiskOwner, resource: StoredResource, bytes: number): void;
+  /** What exists already (at start-up): charged whatever the quota. */
+  restoreStored(owner: DiskOwner, resource: StoredResource, bytes: number): void;
+}
+
 export interface WorkspaceCapacityOptions {
   /** What the volume can back now (WorkspaceVolume.capacity). */
   measure: () => Promise<VolumeCapacity>;

@@ -8,6 +8,8 @@ import { HostEnvironment } from '../host/host-env.host.js';
 import { EgressNetwork } from '../host/netns-network.host.js';
 import { InstanceLock } from '../host/lock.host.js';
 
+export { loadTokenKey, tokenKeyPath } from '../host/token-key.host.js';
+
 export type { EgressEvent } from '../host/egress/egress-proxy.js';
 export type { EgressLogEntry } from '../host/egress/denial-log.js';
 
@@ -41,8 +43,9 @@ export interface EngineHostOptions {
   /** Networking of the default backends; ignored when `backends` is given. */
   egress?: EgressOptions;
   /**
-   * Namespace sandboxes are held by supervisors that outlive the server (NamespaceBackendOptions
-   * .supervise); ignored when `backends` is given. @default false
+   * Sandboxes of both backends are held by supervisors that outlive the server
+   * (NamespaceBackendOptions.supervise, GvisorBackendOptions.supervise); ignored when `backends`
+   * is given. @default false
    */
   supervise?: boolean;
 }
@@ -56,7 +59,7 @@ export function openEngineHost(options: EngineHostOptions): { host: HostEnvironm
   if (options.backends) return { host, backends: options.backends };
   const egress = options.egress;
   const supervise = options.supervise === true ? { supervise: true } : {};
-  if (!egress) return { host, backends: createBackends(host, { namespace: supervise }) };
+  if (!egress) return { host, backends: createBackends(host, { namespace: supervise, gvisor: supervise }) };
   const network = new EgressNetwork({
     host,
     operatorDeny: egress.operatorDeny,
@@ -68,7 +71,7 @@ export function openEngineHost(options: EngineHostOptions): { host: HostEnvironm
   });
   if (egress.onEvent) network.proxy.onEvent(egress.onEvent);
   // The broker the proxy serves is the one whose grants the engine checks at create.
-  return { host, backends: createBackends(host, { namespace: { network, ...supervise } }), broker: network.broker };
+  return { host, backends: createBackends(host, { namespace: { network, ...supervise }, gvisor: supervise }), broker: network.broker };
 }
 
 /**

@@ -1,3 +1,4 @@
+import type { AgentProcess } from '../backends/agent/index.js';
 import type { BackendSandbox } from '../backends/backend.js';
 import { InterpreterService } from './interpreter/index.js';
 
@@ -13,6 +14,14 @@ export class Interpreters {
     let service = this.services.get(sandbox.id);
     if (!service) this.services.set(sandbox.id, (service = new InterpreterService(sandbox)));
     return service;
+  }
+
+  /**
+   * After a reattach: the contexts whose drivers run among `processes` (an earlier server
+   * started them), adopted with their state. Returns the processes that were drivers.
+   */
+  adopt(sandbox: BackendSandbox, processes: readonly AgentProcess[]): Set<AgentProcess> {
+    return this.of(sandbox).adopt(processes);
   }
 
   /** Shuts a sandbox's contexts down (alongside its destroy, so a busy kernel cannot delay it). */

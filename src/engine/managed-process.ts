@@ -35,6 +35,8 @@ export class ManagedProcess implements ProcessHandle {
     info: Omit<ProcessInfo, 'pid' | 'running'>,
     private readonly caps: Caps,
     result: Promise<ExecResult>,
+    /** Started with a terminal: its output is the terminal's. */
+    readonly isPty = false,
   ) {
     this.info = { ...info, pid: 0, running: true };
     this.ended = result.then(

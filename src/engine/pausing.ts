@@ -20,7 +20,13 @@ export async function pauseSandbox(entry: LiveSandbox & { sandbox: BackendSandbo
     });
   }
   entry.info.state = 'paused';
-  entry.info.pause = { ...result, pausedAt: new Date(nowMs).toISOString() };
+  const spec = entry.info.spec;
+  entry.info.pause = {
+    ...result,
+    pausedAt: new Date(nowMs).toISOString(),
+    ttl: spec.onTimeout === 'pause' ? 'suspended' : 'running',
+    resumesOn: spec.autoResume ? 'call' : 'resume',
+  };
 }
 
 /**

@@ -1,3 +1,4 @@
+import { wallClockLimit } from './classify.js';
 import { SandboxError } from '../errors/index.js';
 import type { AgentProcess } from '../backends/agent/index.js';
 import type { BackendSandbox } from '../backends/backend.js';
@@ -54,7 +55,7 @@ export class ProcessTable {
     let settle: ((result: Promise<ExecResult>) => void) | undefined;
     const settled = new Promise<ExecResult>((resolve) => (settle = (r) => resolve(r)));
     const meta = { argv: [...command.argv], cwd: command.cwd ?? spec.cwd, tag: command.tag, startedAt: new Date(now()).toISOString() };
-    const managed = new ManagedProcess(meta, spec.limits, settled);
+    const managed = new ManagedProcess(meta, spec.limits, settled, command.pty !== undefined);
     const observed = (): ObservedProcess => ({ tenantId: info.tenantId, sandboxId: info.sandboxId, backend: info.backend, pid: managed.pid });
     const user = userFor(spec.template, command.user ?? spec.user);
     const result = superviseExec(
@@ -66,8 +67,9 @@ export class ProcessTable {
         stdin: command.stdin ?? false,
         ...(command.pty ? { pty: command.pty } : {}),
         ...(user !== undefined ? { user } : {}),
-        // Kept by the agent: a server that reattaches after a restart lists the process as it was.
-        label: JSON.stringify(meta),
+        // Kept by the agent: a server that reattaches after a restart lists the process as it
+        // was and holds it to the same wall clock.
+        label: JSON.stringify({ ...meta, timeoutMs: command.timeoutMs ?? spec.limits.wallClockMs, ...(command.pty ? { pty: true } : {}) }),
       },
       {
         timeoutMs: command.timeoutMs ?? spec.limits.wallClockMs,
@@ -113,23 +115,39 @@ export class ProcessTable {
     const owner = { tenantId: info.tenantId, sandboxId: info.sandboxId, quotaBytes, pid: agent.pid };
     // It runs already: its log takes room as it goes, without a reservation that could refuse it.
     const log = logs.open(owner, 0, (high) => agent.throttle?.(high));
-    const started = now();
-    const result = agent.exited.then((exit): ExecResult => ({
-      outcome: exit.lost ? 'error' : exit.exitCode === 0 ? 'ok' : 'exit_nonzero',
-      exitCode: exit.exitCode,
-      signal: exit.signal,
-      stdout: '',
-      stderr: '',
-      stdoutTruncated: false,
-      stderrTruncated: false,
-      stdoutBytes: 0,
-      stderrBytes: 0,
-      durationMs: now() - started,
-      usage: { memoryPeakBytes: 0, cpuTimeMs: 0, cpuThrottledMs: 0, diskUsedBytes: null },
-      warnings: [],
-      ...(exit.lost ? { error: { code: 'SANDBOX_CRASHED', message: `sandbox ${info.sandboxId} stopped while the process ran` } } : {}),
-    }));
-    const managed = new ManagedProcess(labelled(agent.label, { argv: ['(restored)'], cwd: spec.cwd, startedAt: new Date(started).toISOString() }), spec.limits, result);
+    const adoptedAt = now();
+    const meta = labelled(agent.label, { argv: ['(restored)'], cwd: spec.cwd, startedAt: new Date(adoptedAt).toISOString() });
+    // The wall clock it was started with still runs from its start, across the restart.
+    const startedAt = Date.parse(meta.startedAt);
+    const timeoutMs = labelledTimeout(agent.label) ?? spec.limits.wallClockMs;
+    let timedOut = false;
+    const timer = setTimeout(() => {
+      timedOut = true;
+      agent.signal('SIGKILL');
+    }, Math.max(0, startedAt + timeoutMs - adoptedAt));
+    timer.unref();
+    const result = agent.exited.then((exit): ExecResult => {
+      clearTimeout(timer);
+      const durationMs = now() - startedAt;
+      const limit = timedOut ? wallClockLimit(timeoutMs, durationMs) : undefined;
+      return {
+        outcome: limit ? 'limit_exceeded' : exit.lost ? 'error' : exit.exitCode === 0 ? 'ok' : 'exit_nonzero',
+        exitCode: exit.exitCode,
+        signal: exit.signal,
+        stdout: '',
+        stderr: '',
+        stdoutTruncated: false,
+        stderrTruncated: false,
+        stdoutBytes: 0,
+        stderrBytes: 0,
+        durationMs,
+        usage: { memoryPeakBytes: 0, cpuTimeMs: 0, cpuThrottledMs: 0, diskUsedBytes: null },
+        warnings: [],
+        ...(limit ? { limit } : {}),
+        ...(exit.lost && !limit ? { error: { code: 'SANDBOX_CRASHED', message: `sandbox ${info.sandboxId} stopped while the process ran` } } : {}),
+      };
+    });
+    const managed = new ManagedProcess(meta, spec.limits, result, labelledPty(agent.label));
     managed.started(agent, log);
     agent.onStdout((chunk) => managed.output('stdout', chunk));
     agent.onStderr((chunk) => managed.output('stderr', chunk));
@@ -162,6 +180,25 @@ export class ProcessTable {
 }
 
 type ProcessMeta = Omit<ProcessInfo, 'pid' | 'running'>;
+
+/** Whether a process was started with a pty, from its label (ProcessTable.start). */
+function labelledPty(label: string | undefined): boolean {
+  try {
+    return (JSON.parse(label ?? '') as { pty?: unknown }).pty === true;
+  } catch {
+    return false;
+  }
+}
+
+/** The wall clock a process was started with, from its label (ProcessTable.start). */
+function labelledTimeout(label: string | undefined): number | undefined {
+  try {
+    const timeoutMs = (JSON.parse(label ?? '') as { timeoutMs?: unknown }).timeoutMs;
+    return typeof timeoutMs === 'number' && timeoutMs > 0 ? timeoutMs : undefined;
+  } catch {
+    return undefined;
+  }
+}
 
 /** What the label the process was started with says of it (ProcessTable.start), else `fallback`. */
 function labelled(label: string | undefined, fallback: ProcessMeta): ProcessMeta {

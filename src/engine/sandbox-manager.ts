@@ -2,7 +2,7 @@ import type { Readable } from 'node:stream';
 import { join } from 'node:path';
 import type { Duplex } from 'node:stream';
 import { SandboxError } from '../errors/index.js';
-import { DEFAULT_MAXIMA, parseSpec, type BackendName, type NetworkPolicyInput, type OperatorMaxima, type SandboxSpec, type SandboxSpecInput } from '../sandbox-spec/index.js';
+import { DEFAULT_MAXIMA, parseSpec, type BackendName, type NetworkPolicyInput, type OperatorMaxima, type SandboxSpec } from '../sandbox-spec/index.js';
 import type { Backend, BackendSandbox } from '../backends/backend.js';
 import type { HostMount } from '../host/mount-roots.host.js';
 import type { HostEnvironment } from '../host/host-env.host.js';
@@ -27,7 +27,7 @@ import { ProcessTable } from './process-table.js';
 import { SandboxTable, snapshot, type LiveSandbox } from './sandbox-table.js';
 import { startTemplate, withTemplate } from './template-start.js';
 import { hasTemplateRoot, HostOnlyCatalog, type TemplateCatalog, type TemplateImage } from './templates.js';
-import { Snapshots, type TakeSnapshotOptions } from './snapshots.js';
+import { fromSnapshotInput, Snapshots, type TakeSnapshotOptions } from './snapshots.js';
 import { forkAll } from './fork.js';
 import { Volumes } from './volumes.js';
 import { applyChanges, exportChanges, listChanges, type ChangesContext } from './changes/changes.js';
@@ -36,7 +36,7 @@ import type { CreateSandboxCommand, EngineCloseOptions, EngineCollectOptions, Fo
 import { UsageSampler } from './usage-sampler.js';
 import { WarmPool } from './warm-pool.js';
 import { ProcessLogs } from './process-logs.js';
-import { WorkspaceCapacity, type WorkspaceBudget } from './disk-budget.js';
+import { WorkspaceCapacity, type DiskBudget } from './disk-budget.js';
 
 export interface SandboxManagerOptions extends EngineHostOptions {
   store?: SandboxRecordStore;
@@ -79,8 +79,11 @@ export interface SandboxManagerOptions extends EngineHostOptions {
    * it takes. @default logs under `dataDir`, kept until removed, with no budget
    */
   processLogs?: ProcessLogs;
-  /** Where tenants' workspaces are charged (their disk quota). @default nothing is charged */
-  workspaceBudget?: WorkspaceBudget;
+  /**
+   * Where tenants' workspaces, snapshots and volumes are charged (their disk quota).
+   * @default nothing is charged
+   */
+  workspaceBudget?: DiskBudget;
   /**
    * How far the disk limits of live sandboxes may exceed what the workspace volume can back
    * (1: never; a create that does not fit is refused with CAPACITY_EXHAUSTED). @default 1
@@ -113,7 +116,7 @@ export class SandboxManager implements SandboxEngine {
   private readonly interpreters = new Interpreters();
   private readonly usageSampler: UsageSampler;
   private readonly logs: ProcessLogs;
-  private readonly workspaceBudget: WorkspaceBudget | undefined;
+  private readonly workspaceBudget: DiskBudget | undefined;
   private readonly capacity: WorkspaceCapacity;
   private closed = false;
   /** Let go at close (keepSandboxes): still running under their supervisors, not ours to end. */
@@ -155,8 +158,8 @@ export class SandboxManager implements SandboxEngine {
       const entry = this.table.get(sandboxId);
       if (entry && !isLiveState(entry.info.state)) this.table.delete(sandboxId);
     };
-    this.snapshotsOf = host ? new Snapshots(host.volume, options.snapshotStore ?? new MemorySnapshotRecords(), this.now) : undefined;
-    this.volumesOf = this.snapshotsOf ? new Volumes(this.snapshotsOf.disks, options.volumeStore ?? new MemoryVolumeRecords(), this.now) : undefined;
+    this.snapshotsOf = host ? new Snapshots(host.volume, options.snapshotStore ?? new MemorySnapshotRecords(), this.now, this.workspaceBudget) : undefined;
+    this.volumesOf = this.snapshotsOf ? new Volumes(this.snapshotsOf.disks, options.volumeStore ?? new MemoryVolumeRecords(), this.now, this.workspaceBudget) : undefined;
   }
 
   /**
@@ -333,9 +336,9 @@ export class SandboxManager implements SandboxEngine {
 
   // ---- volumes
 
-  createVolume(tenantId: string, input: { name: string; sizeBytes: number; shared?: boolean }): Promise<VolumeInfo> {
+  createVolume(tenantId: string, input: { name: string; sizeBytes: number; shared?: boolean }, owner: { quotaBytes?: number } = {}): Promise<VolumeInfo> {
     this.assertOpen();
-    return this.volumes.create(tenantId, input);
+    return this.volumes.create(tenantId, input, owner);
   }
 
   getVolume(tenantId: string, name: string): Promise<VolumeInfo> {
@@ -420,9 +423,18 @@ export class SandboxManager implements SandboxEngine {
         hint: 'Create the sandbox with network.mode "allowlist" (an empty allow list reaches nothing) to change its policy later.',
       });
     }
-    await entry.sandbox.setNetworkPolicy(spec.network);
+    // Recorded first, then applied: a server that restarts registers the recorded policy, so a
+    // tightening acknowledged here is never undone by a crash.
+    const previous = entry.info.spec.network;
     entry.info.spec.network = spec.network;
     this.table.save(entry);
+    try {
+      await entry.sandbox.setNetworkPolicy(spec.network);
+    } catch (error) {
+      entry.info.spec.network = previous;
+      this.table.save(entry);
+      throw error;
+    }
     return snapshot(entry);
   }
 
@@ -440,15 +452,28 @@ export class SandboxManager implements SandboxEngine {
     return snapshot(running);
   }
 
-  /** Continues a paused sandbox; resuming a running one is a no-op. */
+  /** Continues a paused sandbox; resuming a running one is a no-op. Concurrent resumes share one. */
   async resume(tenantId: string, sandboxId: string): Promise<SandboxInfo> {
     const entry = this.table.findLive(tenantId, sandboxId);
     if (entry.info.state === 'paused' && entry.sandbox) {
-      await resumeSandbox(entry as LiveSandbox & { sandbox: BackendSandbox }, this.now());
-      this.table.save(entry);
-      this.ttl.schedule(entry);
+      entry.resuming ??= (async () => {
+        await resumeSandbox(entry as LiveSandbox & { sandbox: BackendSandbox }, this.now());
+        this.table.save(entry);
+        this.ttl.schedule(entry);
+      })().finally(() => (entry.resuming = undefined));
     }
+    await entry.resuming;
     return snapshot(entry);
+  }
+
+  /**
+   * Before a call that acts inside the sandbox: a paused sandbox created with `autoResume` is
+   * resumed; any other (unknown, foreign, running, paused without it) is left for the call to judge.
+   */
+  async wake(tenantId: string, sandboxId: string): Promise<void> {
+    const entry = this.table.get(sandboxId);
+    if (entry?.info.tenantId !== tenantId || entry.info.state !== 'paused' || !entry.info.spec.autoResume) return;
+    await this.resume(tenantId, sandboxId);
   }
 
   async startProcess(tenantId: string, sandboxId: string, command: StartProcessCommand): Promise<ProcessHandle> {
@@ -511,7 +536,9 @@ export class SandboxManager implements SandboxEngine {
     const left: string[] = [];
     if (options.keepSandboxes === true) {
       for (const entry of this.table.all()) {
-        if (entry.info.state !== 'running' || entry.ending || !entry.sandbox?.detach?.()) continue;
+        // Paused to disk (a gVisor checkpoint): nothing runs, the next start restores it as is.
+        const pausedToDisk = entry.info.state === 'paused' && entry.info.pause?.survivesRestart === true && !entry.ending;
+        if (!pausedToDisk && (entry.info.state !== 'running' || entry.ending || !entry.sandbox?.detach?.())) continue;
         // The record stays running; the next start reattaches to its supervisor.
         this.ttl.clear(entry);
         this.usageSampler.untrack(entry.info.sandboxId);
@@ -560,42 +587,100 @@ export class SandboxManager implements SandboxEngine {
   // ---- lifecycle
 
   private async reconcile(): Promise<void> {
+    this.endUnreadable();
     const live = this.options.store?.listLive() ?? [];
-    const liveIds = new Set(live.map((r) => r.sandboxId));
-    // Sandboxes whose supervisor outlived the previous server: taken over as they run.
+    // Sandboxes whose supervisor outlived the previous server: taken over as they run. Those
+    // that had one which is gone (or does not answer) end with the reason; the rest (started by
+    // a server without supervision) are recovered on their files.
     const reattached = new Map<string, BackendSandbox>();
+    const lost = new Map<string, string>();
     for (const record of live) {
-      const sandbox = await this.tryReattach(record);
-      if (sandbox) reattached.set(record.sandboxId, sandbox);
+      const outcome = await this.tryReattach(record);
+      if (outcome?.sandbox) reattached.set(record.sandboxId, outcome.sandbox);
+      else if (outcome?.lost !== undefined) lost.set(record.sandboxId, outcome.lost);
     }
     const kept = new Set(reattached.keys());
+    // What is left of a lost sandbox (workspace, namespace, bundle) goes with the rest.
+    const liveIds = new Set(live.map((r) => r.sandboxId).filter((id) => !lost.has(id)));
     for (const backend of this.backends.values()) await backend.reconcile(liveIds, kept);
     for (const record of live) {
       const sandbox = reattached.get(record.sandboxId);
+      const why = lost.get(record.sandboxId);
       if (sandbox) this.resumeReattached(record, sandbox);
+      else if (why !== undefined) await this.end(this.newEntry({ ...record }), 'failed', `crashed: ${why}`);
       else await this.recover(record);
     }
     await this.snapshotsOf?.reconcile();
     await this.volumesOf?.reconcile();
   }
 
-  private async tryReattach(record: SandboxInfo): Promise<BackendSandbox | undefined> {
+  /**
+   * Live rows whose record cannot be read: nothing of them can be reattached or recovered, so
+   * each ends, readable again, with the reason (its host resources go with reconcile: it is not
+   * in the live set). The spec it shows is the default one, as the reason says.
+   */
+  private endUnreadable(): void {
+    const store = this.options.store;
+    for (const row of store?.listUnreadableLive?.() ?? []) {
+      const now = new Date(this.now()).toISOString();
+      const info: SandboxInfo = {
+        sandboxId: row.sandboxId,
+        tenantId: row.tenantId,
+        state: 'failed',
+        backend: 'namespace',
+        spec: parseSpec({}, this.maxima),
+        metadata: row.metadata,
+        createdAt: row.createdAt,
+        expiresAt: now,
+        endedAt: now,
+        endReason: `crashed: its stored record was unreadable after a restart (${row.error}); its processes and files were removed, and the spec shown is the default, not its own`,
+      };
+      store?.upsert(info);
+      this.onEvent({ type: 'sandbox.crashed', sandbox: info });
+    }
+  }
+
+  /**
+   * A running record's sandbox taken over from its supervisor; `lost` with the reason when it
+   * had one that is gone; undefined when it never had one (or its TTL ran out meanwhile).
+   */
+  private async tryReattach(record: SandboxInfo): Promise<{ sandbox?: BackendSandbox; lost?: string } | undefined> {
     if (record.state !== 'running' || Date.parse(record.expiresAt) <= this.now()) return undefined;
     const backend = this.backends.get(record.spec.backend);
+    if (!backend?.reattach) return undefined;
     try {
-      return await backend?.reattach?.(record.sandboxId, record.spec);
-    } catch {
-      return undefined; // recovered as before: a new sandbox on its workspace
+      // The roots must still exist and pass the checks; volumes are the tenant's, as at create.
+      const mounts = await this.mountsFor(record.spec, 'all');
+      const volumes = record.spec.volumes.length > 0 ? this.volumes.resolve(record.tenantId, record.spec, []) : [];
+      const sandbox = await backend.reattach(record.sandboxId, record.spec, { tenantId: record.tenantId, mounts, volumes });
+      return sandbox ? { sandbox } : undefined;
+    } catch (error) {
+      const message = (error as Error).message;
+      return { lost: error instanceof SandboxError && error.code === 'SANDBOX_CRASHED' ? message : `could not reattach after the restart: ${message}` };
     }
   }
 
   /** A running sandbox taken over from its supervisor: its processes, with what they wrote meanwhile. */
   private resumeReattached(record: SandboxInfo, sandbox: BackendSandbox): void {
     const entry = this.newEntry({ ...record });
+    this.chargeRestored(entry);
     this.attach(entry, sandbox);
-    for (const agent of sandbox.processes?.() ?? []) entry.processes.adopt(entry.info, agent);
+    const drivers = this.interpreters.adopt(sandbox, sandbox.processes?.() ?? []);
+    for (const agent of sandbox.processes?.() ?? []) if (!drivers.has(agent)) entry.processes.adopt(entry.info, agent);
     this.markRunning(entry, this.now());
     this.onEvent({ type: 'sandbox.recovered', sandbox: snapshot(entry) });
+  }
+
+  /** A sandbox kept over a restart: its disk counts against the volume and its tenant's quota until it ends. */
+  private chargeRestored(entry: LiveSandbox): void {
+    const { tenantId, spec } = entry.info;
+    const diskBytes = spec.limits.diskBytes;
+    const releaseVolume = this.capacity.restore(diskBytes);
+    this.workspaceBudget?.restoreWorkspace({ tenantId }, diskBytes);
+    entry.releaseDisk = once(() => {
+      releaseVolume();
+      this.workspaceBudget?.releaseWorkspace({ tenantId }, diskBytes);
+    });
   }
 
   private get snapshots(): Snapshots {
@@ -614,14 +699,7 @@ export class SandboxManager implements SandboxEngine {
    */
   private async recover(record: SandboxInfo): Promise<void> {
     const entry = this.newEntry({ ...record });
-    // Its disk is there: it counts against the volume and its tenant's quota until it ends.
-    const diskBytes = record.spec.limits.diskBytes;
-    const releaseVolume = this.capacity.restore(diskBytes);
-    this.workspaceBudget?.restoreWorkspace({ tenantId: record.tenantId }, diskBytes);
-    entry.releaseDisk = once(() => {
-      releaseVolume();
-      this.workspaceBudget?.releaseWorkspace({ tenantId: record.tenantId }, diskBytes);
-    });
+    this.chargeRestored(entry);
     if (Date.parse(record.expiresAt) <= this.now()) {
       await this.end(entry, 'expired', 'ttl expired while the server was down');
       return;
@@ -770,27 +848,4 @@ function once(fn: () => void): () => void {
 /** A lost reason that takes longer than this (a supervisor that does not go) is not waited for. */
 function lostReasonLate(): Promise<string> {
   return new Promise((resolve) => setTimeout(() => resolve('the sandbox stopped on its own (its init or agent exited)'), 6000).unref());
-}
-/**
- * The spec of a sandbox made from a snapshot: the source's environment, working directory, user,
- * backend and TTL policy under what the caller asked; the template is the snapshot's own.
- */
-function fromSnapshotInput(input: SandboxSpecInput, from: SnapshotInfo): SandboxSpecInput {
-  if (input.template !== undefined && input.template !== from.template) {
-    throw new SandboxError('INVALID_SPEC', `snapshot ${from.snapshotId} is of template ${from.template}, not ${input.template}`, {
-      details: { field: 'template', template: input.template, snapshotTemplate: from.template },
-      hint: 'Leave spec.template out when creating from a snapshot: the snapshot\'s template is used.',
-    });
-  }
-  const source = from.spec;
-  return {
-    backend: source.backend,
-    env: source.env,
-    cwd: source.cwd,
-    ...(source.user !== undefined ? { user: source.user } : {}),
-    ttlMs: source.ttlMs,
-    onTimeout: source.onTimeout,
-    ...input,
-    template: from.template,
-  };
 }

@@ -18,6 +18,8 @@ export interface LiveSandbox {
   quotaBytes?: number;
   /** Gives back its disk limit to the volume and the tenant's quota; once. */
   releaseDisk?: () => void;
+  /** Set while a resume runs: concurrent resumes (auto-resume by several calls at once) wait for it. */
+  resuming?: Promise<void>;
 }
 
 /**

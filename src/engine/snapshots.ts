@@ -1,9 +1,11 @@
 import { SandboxError } from '../errors/index.js';
+import type { SandboxSpecInput } from '../sandbox-spec/index.js';
 import type { BackendSandbox } from '../backends/backend.js';
 import type { WorkspaceVolume } from '../host/volume.host.js';
 import { StoredDisks } from '../host/stored-disks.host.js';
 import type { SnapshotRecordStore } from '../store/snapshot-records.js';
 import type { SnapshotInfo } from '../wire/index.js';
+import type { DiskBudget } from './disk-budget.js';
 import { newSandboxId } from './ids.js';
 import type { LiveSandbox } from './sandbox-table.js';
 
@@ -25,6 +27,8 @@ export class Snapshots {
     private readonly volume: WorkspaceVolume,
     private readonly store: SnapshotRecordStore,
     private readonly now: () => number,
+    /** Where each snapshot is charged to its tenant's disk quota. @default nothing is charged */
+    private readonly budget?: DiskBudget,
   ) {
     this.disks = new StoredDisks(volume);
   }
@@ -59,6 +63,12 @@ export class Snapshots {
     }
     const snapshotId = `snap_${newSandboxId()}`;
     const disk = await this.volume.diskPath(info.sandboxId);
+    // Charged before anything is made: what the sandbox has written beyond its origin, which the
+    // snapshot keeps (writes in the milliseconds before the freeze are not counted).
+    const owner = { tenantId: info.tenantId, ...(entry.quotaBytes !== undefined ? { quotaBytes: entry.quotaBytes } : {}) };
+    const chargedBytes = (await this.disks.sandboxDiskBytes(info.sandboxId)) ?? 0;
+    this.budget?.reserveStored(owner, 'snapshots', chargedBytes);
+    const uncharge = () => this.budget?.releaseStored(owner, 'snapshots', chargedBytes);
     const frozen = info.state === 'running';
     try {
       if (frozen) await entry.sandbox.freeze();
@@ -69,6 +79,7 @@ export class Snapshots {
       }
     } catch (error) {
       await this.disks.deleteSnapshot(snapshotId).catch(() => undefined);
+      uncharge();
       throw error;
     }
     const record: SnapshotInfo = {
@@ -81,6 +92,7 @@ export class Snapshots {
       template: info.spec.template ?? 'host',
       backend: info.backend,
       disk: disk.kind,
+      chargedBytes,
       createdAt: new Date(this.now()).toISOString(),
       spec: structuredClone(info.spec),
     };
@@ -88,6 +100,7 @@ export class Snapshots {
       this.store.upsert(record);
     } catch (error) {
       await this.disks.deleteSnapshot(snapshotId).catch(() => undefined);
+      uncharge();
       throw error;
     }
     // Its size is read off the path (two btrfs spawns): GET and list show it once known.
@@ -112,7 +125,7 @@ export class Snapshots {
    * it is what their `changes` are measured against. `dependents` lists them.
    */
   async delete(tenantId: string, snapshotId: string, dependents: readonly string[]): Promise<void> {
-    this.find(tenantId, snapshotId);
+    const record = this.find(tenantId, snapshotId);
     if (dependents.length > 0) {
       throw new SandboxError('CONFLICT', `snapshot ${snapshotId} is the origin of ${dependents.length} live sandbox${dependents.length === 1 ? '' : 'es'}`, {
         details: { snapshotId, sandboxes: [...dependents] },
@@ -121,6 +134,7 @@ export class Snapshots {
     }
     await this.disks.deleteSnapshot(snapshotId);
     this.store.delete(tenantId, snapshotId);
+    this.budget?.releaseStored({ tenantId }, 'snapshots', record.chargedBytes ?? 0);
   }
 
   /**
@@ -128,8 +142,35 @@ export class Snapshots {
    * read-only views a crash left. Records whose data is gone stay listed with their lineage.
    */
   async reconcile(): Promise<void> {
-    const known = new Set(this.store.all().map((r) => r.snapshotId));
+    const records = this.store.all();
+    const known = new Set(records.map((r) => r.snapshotId));
+    // Each kept snapshot counts against its tenant's quota again, as when it was taken.
+    for (const record of records) this.budget?.restoreStored({ tenantId: record.tenantId }, 'snapshots', record.chargedBytes ?? 0);
     for (const id of await this.disks.listSnapshots()) if (!known.has(id)) await this.disks.deleteSnapshot(id);
     await this.disks.clearScratch();
   }
+}
+
+/**
+ * The spec of a sandbox made from a snapshot: the source's environment, working directory, user,
+ * backend and TTL policy under what the caller asked; the template is the snapshot's own.
+ */
+export function fromSnapshotInput(input: SandboxSpecInput, from: SnapshotInfo): SandboxSpecInput {
+  if (input.template !== undefined && input.template !== from.template) {
+    throw new SandboxError('INVALID_SPEC', `snapshot ${from.snapshotId} is of template ${from.template}, not ${input.template}`, {
+      details: { field: 'template', template: input.template, snapshotTemplate: from.template },
+      hint: 'Leave spec.template out when creating from a snapshot: the snapshot\'s template is used.',
+    });
+  }
+  const source = from.spec;
+  return {
+    backend: source.backend,
+    env: source.env,
+    cwd: source.cwd,
+    ...(source.user !== undefined ? { user: source.user } : {}),
+    ttlMs: source.ttlMs,
+    onTimeout: source.onTimeout,
+    ...input,
+    template: from.template,
+  };
 }

@@ -1,6 +1,6 @@
 import { HOST_TEMPLATE } from '../sandbox-spec/index.js';
 import { HostEnvironment } from '../host/host-env.host.js';
-import { isTemplateId, parseTemplateRef, TemplateService, type StepRunner } from '../templates/index.js';
+import { isTemplateId, parseTemplateRef, TemplateService, type StepRunner, type TemplateBudget } from '../templates/index.js';
 import { HOST_IMAGE, type TemplateCatalog, type TemplateImage } from './templates.js';
 
 /**
@@ -37,7 +37,18 @@ export class StoredTemplates implements TemplateCatalog {
  * snapshots on): pass the host to `SandboxManager.open`, then give the service the engine's
  * `buildStepRunner()` through `stepRunner`, which is called only once a build runs a step.
  */
-export function openTemplateHost(options: { dataDir: string; volumeBytes?: number; stepRunner: StepRunner }): { host: HostEnvironment; service: TemplateService } {
+export function openTemplateHost(options: {
+  dataDir: string;
+  volumeBytes?: number;
+  stepRunner: StepRunner;
+  /** Where tenants' builds are charged (TemplateServiceOptions.budget). */
+  budget?: TemplateBudget;
+  maxConcurrentBuildsPerTenant?: number;
+}): { host: HostEnvironment; service: TemplateService } {
   const host = new HostEnvironment({ dataDir: options.dataDir, volumeBytes: options.volumeBytes });
-  return { host, service: new TemplateService({ host, stepRunner: options.stepRunner }) };
+  const bounds = {
+    ...(options.budget ? { budget: options.budget } : {}),
+    ...(options.maxConcurrentBuildsPerTenant !== undefined ? { maxConcurrentBuildsPerTenant: options.maxConcurrentBuildsPerTenant } : {}),
+  };
+  return { host, service: new TemplateService({ host, stepRunner: options.stepRunner, ...bounds }) };
 }

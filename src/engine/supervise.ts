@@ -57,6 +57,25 @@ export async function superviseExec(
     }
     throw error;
   }
+  // Before the output listeners: the first listener is handed the output that came early, at
+  // once, and a listener that aborts on what it reads must find the abort already watched.
+  let timedOut = false;
+  let aborted = false;
+  const timer = setTimeout(() => {
+    timedOut = true;
+    child.signal('SIGKILL');
+  }, timeoutMs);
+  // Neither keeps the process alive: the agent's stream does while the exec matters, and a
+  // server that stops and leaves its sandboxes running (the next one re-arms the wall clock from
+  // the process's label) must not wait out a background process's wall clock.
+  timer.unref();
+  const onAbort = (): void => {
+    aborted = true;
+    child.signal('SIGKILL');
+  };
+  options.signal?.addEventListener('abort', onAbort, { once: true });
+  // Aborted while the process was starting: the listener above will never hear it.
+  if (options.signal?.aborted === true) onAbort();
   options.onStart?.(child);
   child.onStdout((chunk) => {
     stdout.push(chunk);
@@ -72,17 +91,6 @@ export async function superviseExec(
     child.closeStdin();
   }
 
-  let timedOut = false;
-  let aborted = false;
-  const timer = setTimeout(() => {
-    timedOut = true;
-    child.signal('SIGKILL');
-  }, timeoutMs);
-  const onAbort = (): void => {
-    aborted = true;
-    child.signal('SIGKILL');
-  };
-  options.signal?.addEventListener('abort', onAbort, { once: true });
   const warnAt = limits.memoryBytes * limits.memoryWarnRatio;
   const poller = setInterval(() => {
     if (warnings.length > 0) return;
@@ -101,6 +109,7 @@ export async function superviseExec(
       () => undefined, // the cgroup is gone: the sandbox is being destroyed, the exit tells why
     );
   }, MEMORY_POLL_MS);
+  poller.unref();
 
   const exit = await Promise.race([child.exited, sandbox.lost.then(() => child.exited)]);
   clearTimeout(timer);

@@ -77,6 +77,8 @@ export type ProcessEvent =
 export interface ProcessHandle {
   readonly pid: number;
   readonly info: ProcessInfo;
+  /** Started with a pty (also when a restarted server took it over). */
+  readonly isPty: boolean;
   /** Every event from the start (kept output is replayed), then live ones, ending with `exit`. */
   events(signal?: AbortSignal): AsyncIterable<ProcessEvent>;
   /** The result, with at most 1 MiB of each stream inline (read back from the log). */
@@ -128,6 +130,8 @@ export interface SandboxEngine {
   /** Pauses (keepMemory defaults to true); the answer's `pause` says what was kept. */
   pause(tenantId: string, sandboxId: string, options?: { keepMemory?: boolean }): Promise<SandboxInfo>;
   resume(tenantId: string, sandboxId: string): Promise<SandboxInfo>;
+  /** Resumes a paused sandbox created with `autoResume` before a call acts inside it; otherwise does nothing. */
+  wake(tenantId: string, sandboxId: string): Promise<void>;
   /** Replaces the network policy; file and process policy stay fixed. */
   setNetworkPolicy(tenantId: string, sandboxId: string, policy: NetworkPolicyInput): Promise<SandboxInfo>;
   /** The interpreter contexts of a running sandbox, shared by every API surface. */
@@ -151,15 +155,17 @@ export interface SandboxEngine {
   /** Applies the changes of `from`, a fork of this sandbox; CONFLICT with the paths both changed. */
   applyChanges(tenantId: string, sandboxId: string, options: { from: string }): Promise<ApplyResult>;
   /** A named volume of the tenant (ALREADY_EXISTS for a name it has). */
-  createVolume(tenantId: string, input: { name: string; sizeBytes: number; shared?: boolean }): Promise<VolumeInfo>;
+  /** A volume; its size is charged to the tenant's disk quota under `owner.quotaBytes` (the creating key's). */
+  createVolume(tenantId: string, input: { name: string; sizeBytes: number; shared?: boolean }, owner?: { quotaBytes?: number }): Promise<VolumeInfo>;
   getVolume(tenantId: string, name: string): Promise<VolumeInfo>;
   listVolumes(tenantId: string): Promise<VolumeInfo[]>;
   /** Deletes a volume and its data; CONFLICT while a live sandbox mounts it. */
   deleteVolume(tenantId: string, name: string): Promise<void>;
   /**
    * Stops the engine. Every live sandbox is killed, except with `keepSandboxes`: running ones held
-   * by a supervisor (`capsule serve --supervise`) are let go and keep running for the next start,
-   * which reattaches; their ids go to `onLeftRunning`.
+   * by a supervisor (`capsule serve`) are let go and keep running for the next start, which
+   * reattaches, and ones paused to disk (gVisor checkpoints) stay paused for it to restore; their
+   * ids go to `onLeftRunning`. The rest (a frozen namespace sandbox) is killed.
    */
   close(options?: EngineCloseOptions): Promise<void>;
 }

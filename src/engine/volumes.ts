@@ -3,6 +3,7 @@ import type { SandboxSpec } from '../sandbox-spec/index.js';
 import type { StoredDisks } from '../host/stored-disks.host.js';
 import type { VolumeRecordStore } from '../store/volume-records.js';
 import type { SandboxInfo, VolumeInfo } from '../wire/index.js';
+import type { DiskBudget } from './disk-budget.js';
 import { newSandboxId } from './ids.js';
 import { hasTemplateRoot } from './templates.js';
 
@@ -16,9 +17,15 @@ export class Volumes {
     private readonly disks: StoredDisks,
     private readonly store: VolumeRecordStore,
     private readonly now: () => number,
+    /** Where each volume's size limit is charged to its tenant's disk quota. @default nothing is charged */
+    private readonly budget?: DiskBudget,
   ) {}
 
-  async create(tenantId: string, input: { name: string; sizeBytes: number; shared?: boolean }): Promise<VolumeInfo> {
+  /**
+   * A new volume; its size limit is charged to the tenant's disk quota (QUOTA_EXCEEDED, before
+   * anything is made) under `owner.quotaBytes`, the creating key's quota.
+   */
+  async create(tenantId: string, input: { name: string; sizeBytes: number; shared?: boolean }, owner: { quotaBytes?: number } = {}): Promise<VolumeInfo> {
     const info: VolumeInfo = {
       volumeId: `vol_${newSandboxId()}`,
       tenantId,
@@ -27,7 +34,10 @@ export class Volumes {
       shared: input.shared === true,
       createdAt: new Date(this.now()).toISOString(),
     };
+    const charged = { tenantId, ...(owner.quotaBytes !== undefined ? { quotaBytes: owner.quotaBytes } : {}) };
+    this.budget?.reserveStored(charged, 'volumes', info.sizeBytes);
     if (!this.store.insert(info)) {
+      this.budget?.releaseStored(charged, 'volumes', info.sizeBytes);
       throw new SandboxError('ALREADY_EXISTS', `volume ${input.name} already exists`, {
         details: { volume: input.name },
         hint: 'Choose another name, or use the existing volume (`capsule volume ls`).',
@@ -37,6 +47,7 @@ export class Volumes {
       await this.disks.createVolume(info.volumeId, info.sizeBytes);
     } catch (error) {
       this.store.delete(tenantId, info.name);
+      this.budget?.releaseStored(charged, 'volumes', info.sizeBytes);
       throw error;
     }
     return info;
@@ -74,6 +85,7 @@ export class Volumes {
     }
     await this.disks.deleteVolume(info.volumeId);
     this.store.delete(tenantId, name);
+    this.budget?.releaseStored({ tenantId }, 'volumes', info.sizeBytes);
   }
 
   /**
@@ -108,7 +120,9 @@ export class Volumes {
 
   /** At start-up: volume data without a record (a crash between the two) is deleted. */
   async reconcile(): Promise<void> {
-    const known = new Set(this.store.all().map((r) => r.volumeId));
+    const records = this.store.all();
+    const known = new Set(records.map((r) => r.volumeId));
+    for (const record of records) this.budget?.restoreStored({ tenantId: record.tenantId }, 'volumes', record.sizeBytes);
     for (const id of await this.disks.listVolumes()) if (!known.has(id)) await this.disks.deleteVolume(id);
   }
 

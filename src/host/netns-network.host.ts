@@ -1,5 +1,5 @@
 import { access, mkdir, readdir, rm, writeFile } from 'node:fs/promises';
-import { constants, readFileSync } from 'node:fs';
+import { constants, readFileSync, renameSync, writeFileSync } from 'node:fs';
 import { createHash } from 'node:crypto';
 import { join, resolve } from 'node:path';
 import type { NetworkPolicy } from '../sandbox-spec/index.js';
@@ -12,7 +12,7 @@ import { descriptorBudget, parseOpenFilesLimit, type EgressTimeouts } from './eg
 import { DEFAULT_MAXIMA } from '../sandbox-spec/index.js';
 import { applyRuleset, deleteTable, hostRuleset, kernelConnectionCap, listTables, sandboxRuleset } from './nftables.host.js';
 import {
-  destroyNetns, ensureAnchor, listInstanceNetns, NetnsPool, NetworkNames, removeAnchor, slotOwner, type NetnsSlot,
+  destroyNetns, ensureAnchor, listInstanceNetns, NetnsPool, NetworkNames, removeAnchor, slotOwner, slotRecord, type NetnsSlot,
 } from './netns-pool.host.js';
 
 export interface EgressNetworkOptions {
@@ -110,6 +110,8 @@ export class EgressNetwork {
       log: options.log,
       timeouts: options.timeouts,
       ...(openFiles === undefined ? {} : { maxDescriptors: descriptorBudget(openFiles, options.descriptorReserve) }),
+      // Beside the slot's owner: a server that reattaches after a crash counts on from there.
+      recordConnections: (sandboxId, upTo) => this.recordConnections(sandboxId, upTo),
     });
     this.pool = new NetnsPool({
       names: this.names,
@@ -151,6 +153,30 @@ export class EgressNetwork {
     const slot = await this.pool.take(sandboxId);
     this.slots.set(sandboxId, slot);
     this.proxy.register(sandboxId, slot.address, policy, tenantId);
+    return this.attachment(slot);
+  }
+
+  /**
+   * Takes back the namespace a sandbox kept while no server ran (its supervisor held it): the
+   * slot recorded for it, its in-namespace rules loaded again (this start's proxy ports), and its
+   * policy registered with the proxy, with the connections counted so far. Until then the proxy
+   * refused the sandbox's address and nothing else was reachable from the namespace; the policy
+   * given is the sandbox's record, the one in force when the previous server went.
+   */
+  async reattach(sandboxId: string, policy: NetworkPolicy, tenantId?: string): Promise<NetworkAttachment> {
+    await this.start();
+    const slot = await this.pool.reclaim(sandboxId);
+    if (slot === undefined) {
+      throw new SandboxError('SANDBOX_CRASHED', `the network namespace of sandbox ${sandboxId} is gone`, { details: { sandboxId } });
+    }
+    this.slots.set(sandboxId, slot);
+    await applyRuleset(sandboxRuleset(this.proxyAddress, this.proxy.ports), slot.path);
+    const record = await slotRecord(this.stateDir, slot.name);
+    this.proxy.register(sandboxId, slot.address, policy, tenantId, { connections: record.connections });
+    return this.attachment(slot);
+  }
+
+  private attachment(slot: NetnsSlot): NetworkAttachment {
     const proxyUrl = `http://${this.proxyAddress}:${this.proxy.ports.proxy}`;
     return {
       netnsPath: slot.path,
@@ -161,6 +187,15 @@ export class EgressNetwork {
         NO_PROXY: 'localhost,127.0.0.1,::1', no_proxy: 'localhost,127.0.0.1,::1',
       },
     };
+  }
+
+  /** The bound of a sandbox's lifetime connection count, in its slot's record (written whole, by rename). */
+  private recordConnections(sandboxId: string, upTo: number): void {
+    const slot = this.slots.get(sandboxId);
+    if (!slot) return;
+    const file = join(this.stateDir, slot.name);
+    writeFileSync(`${file}.tmp`, `sandbox ${sandboxId}\nconnections ${upTo}\n`, { mode: 0o600 });
+    renameSync(`${file}.tmp`, file);
   }
 
   /** Replaces the policy of a live sandbox; new connections follow at once. */
@@ -200,14 +235,22 @@ export class EgressNetwork {
 
   /** Whether a namespace of this instance belongs to this running network (pool or attached). */
   owns(netns: string): boolean {
-    return this.pool.isIdle(netns) || this.pool.isUsed(netns);
+    return this.pool.isIdle(netns) || [...this.slots.values()].some((slot) => slot.name === netns);
   }
 
   /**
-   * After a crash: removes namespaces of this instance whose sandbox is not live and, when no
-   * network of this instance runs in this process, the anchor and host table too.
+   * After a crash: removes namespaces of this instance that neither this running network holds
+   * (ready in its pool, attached or reattached here) nor a sandbox in `reattached` (taken over by
+   * this start; its namespace is reattached after) owns, and, when no network of this instance
+   * runs in this process, the anchor and host table too. A live sandbox that was not reattached
+   * starts on a new namespace (or ends): its old one goes.
    */
-  static async reconcile(host: HostEnvironment, liveIds: ReadonlySet<string>, running?: EgressNetwork): Promise<{ removed: string[]; failures: string[] }> {
+  static async reconcile(
+    host: HostEnvironment,
+    _liveIds: ReadonlySet<string>,
+    running?: EgressNetwork,
+    reattached: ReadonlySet<string> = new Set(),
+  ): Promise<{ removed: string[]; failures: string[] }> {
     const names = new NetworkNames(host.cgroupPrefix);
     const stateDir = join(host.dataDir, 'net', 'slots');
     const removed: string[] = [];
@@ -215,11 +258,12 @@ export class EgressNetwork {
     for (const netns of await listInstanceNetns(names)) {
       if (running?.owns(netns)) continue;
       const owner = await slotOwner(stateDir, netns);
-      if (owner !== undefined && owner !== 'idle' && liveIds.has(owner)) continue;
+      if (owner !== undefined && owner !== 'idle' && reattached.has(owner)) continue;
       try {
         const slot = names.slotOf(netns);
         await destroyNetns(netns, slot === undefined ? undefined : names.veth(slot));
         await rm(join(stateDir, netns), { force: true });
+        if (slot !== undefined) running?.pool.forget(slot);
         removed.push(`netns:${netns}`);
       } catch (error) {
         failures.push(`netns ${netns}: ${(error as Error).message}`);

@@ -167,6 +167,21 @@ export class NetnsPool {
     return slot;
   }
 
+  /**
+   * The namespace an earlier process of the instance gave `sandboxId` (its slot file says so), if
+   * it still exists; `start()` kept it out of the pool. Undefined when there is none.
+   */
+  async reclaim(sandboxId: string): Promise<NetnsSlot | undefined> {
+    const { names, subnetBase } = this.options;
+    for (const name of await listInstanceNetns(names)) {
+      const slot = names.slotOf(name);
+      if (slot === undefined || (await slotOwner(this.options.stateDir, name)) !== sandboxId) continue;
+      this.used.add(slot);
+      return { slot, name, path: join(NETNS_DIR, name), address: `${subnetBase}.${slot}` };
+    }
+    return undefined;
+  }
+
   /** Deletes a sandbox's namespace (with its veth pair). */
   async release(slot: NetnsSlot): Promise<void> {
     try {
@@ -175,6 +190,11 @@ export class NetnsPool {
     } finally {
       this.used.delete(slot.slot);
     }
+  }
+
+  /** A slot whose namespace an earlier process left and reconcile deleted: free for new ones. */
+  forget(slot: number): void {
+    this.used.delete(slot);
   }
 
   /** Whether `name` is a namespace this pool holds ready (not a leak, not an orphan). */
@@ -286,6 +306,13 @@ export async function destroyNetns(name: string, veth?: string): Promise<void> {
 }
 
 const VETH_GONE_TIMEOUT_MS = 2000;
+
+/** What a slot's state file records of its sandbox: the connections counted up to (see EgressProxy). */
+export async function slotRecord(stateDir: string, name: string): Promise<{ connections?: number }> {
+  const text = await readFile(join(stateDir, name), 'utf8').catch(() => '');
+  const connections = /^connections (\d+)$/m.exec(text)?.[1];
+  return connections === undefined ? {} : { connections: Number(connections) };
+}
 
 /** Who holds a slot according to its state file: `idle`, a sandbox id, or unknown. */
 export async function slotOwner(stateDir: string, name: string): Promise<string | undefined> {

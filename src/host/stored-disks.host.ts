@@ -77,6 +77,15 @@ export class StoredDisks {
     return Number((await readFile(join(qgroup, 'referenced'), 'utf8')).trim());
   }
 
+  /**
+   * Bytes a live sandbox's disk holds as its own limit counts them (a root's exclusive bytes, a
+   * workspace's referenced ones), after a commit so that recent writes show; undefined when unknown.
+   */
+  async sandboxDiskBytes(sandboxId: string): Promise<number | undefined> {
+    await runCommand(['btrfs', 'filesystem', 'sync', this.volume.mountPoint]);
+    return this.volume.usedBytes(sandboxId);
+  }
+
   listSnapshots(): Promise<string[]> {
     return readdir(this.at('snapshots')).catch(() => [] as string[]);
   }

@@ -236,6 +236,13 @@ export const SandboxSpecSchema = z.strictObject({
    * (its TTL is then suspended until it is resumed). @default 'kill'
    */
   onTimeout: z.enum(['kill', 'pause']).default('kill'),
+  /**
+   * A paused sandbox resumes by itself on the next call that acts inside it (a process, a file,
+   * code, a port; E2B's envd traffic), as a resume call or an E2B `connect` would; its TTL then
+   * runs again as after any resume. Without it, those calls are SANDBOX_NOT_RUNNING until it is
+   * resumed. E2B's `lifecycle.autoResume`. @default false
+   */
+  autoResume: z.boolean().default(false),
 });
 
 export type SandboxSpecInput = z.input<typeof SandboxSpecSchema>;

@@ -1,4 +1,4 @@
-import { randomBytes } from 'node:crypto';
+import { createHmac, randomBytes } from 'node:crypto';
 import type { Duplex, Readable } from 'node:stream';
 import Fastify, { type FastifyInstance, type FastifyServerOptions } from 'fastify';
 import { z } from 'zod';
@@ -52,6 +52,12 @@ export interface CapsuleAppOptions {
    * registered, with the same services. They share the error handler and the raw-body parsers.
    */
   extensions?: ((app: FastifyInstance, services: ServerServices) => void)[];
+  /**
+   * The instance's token key (`<dataDir>/keys/tokens.key`): envd access tokens, signed file URLs
+   * and signed port URLs are made with keys derived from it, so they stay valid across restarts.
+   * @default a random key per app (tokens die with it)
+   */
+  tokenKey?: Buffer;
   /** Metrics, artifacts, usage samples and output logs; each adds its routes when present. */
   observability?: Pick<ServerServices, 'metrics' | 'artifacts' | 'processLogs' | 'diskQuota'>;
   /** Templates and their builds (/v1/templates). @default none: the routes are not there */
@@ -74,6 +80,11 @@ export interface ConsoleOptions {
   dataDir?: string;
   /** Where the built console is. @default dist/console under the package root */
   uiDir?: string;
+}
+
+/** One key per use from the instance's token key, so a token of one kind is never valid as another. */
+function derivedKey(key: Buffer, purpose: string): Buffer {
+  return createHmac('sha256', key).update(`capsule-token-key\0${purpose}`).digest();
 }
 
 /** A request Node's HTTP parser refused (bad headers, too large): answered on the socket. */
@@ -119,8 +130,9 @@ export class CapsuleApp {
       quota: new TenantQuota(options.maxSandboxesPerTenant ?? 20, (tenantId) => records.countLive(tenantId)),
       closeSignal: this.closeController.signal,
       atomically: atomically(options.db),
-      accessTokens: new EnvdTokens(),
-      portUrls: new PortUrlSigner(),
+      wake: (tenantId, sandboxId) => options.engine.wake(tenantId, sandboxId),
+      accessTokens: new EnvdTokens(options.tokenKey && derivedKey(options.tokenKey, 'envd-access-token')),
+      portUrls: new PortUrlSigner(options.tokenKey && derivedKey(options.tokenKey, 'port-url')),
       portPool: new PortConnectionPool((tenantId, sandboxId, port) => options.engine.connectPort(tenantId, sandboxId, port)),
       ...(options.publicDomain !== undefined && { publicDomain: options.publicDomain.toLowerCase().replace(/^\.+|\.+$/g, '') }),
       ...options.observability,

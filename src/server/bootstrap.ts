@@ -5,7 +5,7 @@ import { SandboxError } from '../errors/index.js';
 import { createSandboxFiles } from '../engine/files/index.js';
 import { SandboxManager } from '../engine/sandbox-manager.js';
 import type { EngineEvent } from '../engine/events.js';
-import { lockDataDir, type EgressLogEntry, type EgressOptions } from '../engine/engine-host.js';
+import { loadTokenKey, lockDataDir, type EgressLogEntry, type EgressOptions } from '../engine/engine-host.js';
 import { DEFAULT_MAXIMA, type OperatorMaxima } from '../sandbox-spec/index.js';
 import { API_KEY_PATTERN, ApiKeyStore, AuditLog, OperationStore, SqliteSandboxRecords, SqliteSnapshotRecords, SqliteVolumeRecords, openDatabase, type SqliteDatabase } from '../store/index.js';
 import { CapsuleApp, type CapsuleAppOptions } from './app.js';
@@ -44,6 +44,8 @@ export interface StartServerOptions {
    * (`capsule serve --disk-overcommit`): 1 refuses a create that does not fit (CAPACITY_EXHAUSTED). @default 1
    */
   diskOvercommit?: number;
+  /** Template builds one tenant may run at once (`capsule serve --max-builds-per-tenant`). @default 2 */
+  maxBuildsPerTenant?: number;
   /** Size of the workspace volume's image when it is first made (`capsule serve --volume-size`). @default 32 GiB */
   volumeBytes?: number;
   /** @default false */
@@ -86,9 +88,10 @@ export interface StartServerOptions {
   /** Where the built web console is. @default dist/console under the package root */
   uiDir?: string;
   /**
-   * Namespace sandboxes outlive a crash of the server (`capsule serve --supervise`): each is held
-   * by a supervisor daemon, and the next start reattaches to it with its processes and the output
-   * they wrote meanwhile. A clean stop still ends them. @default false
+   * Sandboxes (both backends) outlive the server: each is held by a supervisor daemon, and the
+   * next start reattaches to it with its processes, contexts, network policy and the output they
+   * wrote meanwhile; `close({ keepSandboxes: true })` leaves them running. `capsule serve` turns
+   * it on unless `--no-supervise`. @default false (an embedding process that did not ask)
    */
   superviseSandboxes?: boolean;
 }
@@ -135,8 +138,8 @@ export async function startServer(options: StartServerOptions): Promise<RunningS
     const sessions = new ConsoleSessions();
     const feed = new SandboxFeed();
     new OperationStore(db).settleInterrupted('startup');
-    // Metrics, output logs and the artifact store (docs/operations.md); logs, artifacts and
-    // workspaces are charged to each tenant's disk quota.
+    // Metrics, output logs and the artifact store (docs/operations.md); logs, artifacts,
+    // workspaces, snapshots, volumes and template layers are charged to each tenant's disk quota.
     const diskQuota = new TenantDiskQuota({ defaultBytes: options.tenantDiskQuotaBytes });
     const observability = (observed = await Observability.open({ dataDir: options.dataDir, records, diskQuota }));
     // Sandbox networking with the operator's settings; started only when a sandbox asks for a
@@ -148,6 +151,9 @@ export async function startServer(options: StartServerOptions): Promise<RunningS
       dataDir: options.dataDir,
       volumeBytes: options.volumeBytes,
       stepRunner: { run: (step, runOptions) => (steps.runner ?? unstarted()).run(step, runOptions) },
+      // A tenant's builds are charged to its disk quota and bounded in number.
+      budget: diskQuota,
+      ...(options.maxBuildsPerTenant !== undefined ? { maxConcurrentBuildsPerTenant: options.maxBuildsPerTenant } : {}),
     });
     const engine = await SandboxManager.open({
       dataDir: options.dataDir,
@@ -187,9 +193,13 @@ export async function startServer(options: StartServerOptions): Promise<RunningS
     steps.runner = engine.buildStepRunner();
     // Builds a crash cut short leave pending layers and temps: gone before anything new starts.
     await templates.reconcile();
+    // Template layers count against their tenants' quotas from the start, as snapshots and volumes do.
+    await templates.refreshBudget();
     const app = new CapsuleApp({
       engine,
       db,
+      // Access tokens and signed URLs outlive a restart, like the sandboxes they open.
+      tokenKey: loadTokenKey(options.dataDir),
       maxSandboxesPerTenant: options.maxSandboxesPerTenant,
       logger: options.logger,
       extensions: options.extensions,

@@ -1,30 +1,42 @@
 import { SandboxError } from '../errors/index.js';
-import type { DiskOwner, WorkspaceBudget } from '../engine/disk-budget.js';
+import type { DiskBudget, DiskOwner } from '../engine/disk-budget.js';
 import type { LogDiskBudget } from '../engine/process-logs.js';
 import { formatBytes } from '../sandbox-spec/index.js';
 
 /** What a tenant's disk quota counts. */
-export const DISK_RESOURCES = ['workspaces', 'logs', 'artifacts', 'snapshots'] as const;
+export const DISK_RESOURCES = ['workspaces', 'logs', 'artifacts', 'snapshots', 'volumes', 'templates'] as const;
 export type DiskResource = (typeof DISK_RESOURCES)[number];
 export type DiskUsage = Record<DiskResource, number>;
 
 /** Each tenant's disk quota unless its key says otherwise. */
 export const DEFAULT_TENANT_DISK_QUOTA_BYTES = 20 * 1024 ** 3;
 
-const empty = (): DiskUsage => ({ workspaces: 0, logs: 0, artifacts: 0, snapshots: 0 });
+const empty = (): DiskUsage => ({ workspaces: 0, logs: 0, artifacts: 0, snapshots: 0, volumes: 0, templates: 0 });
+
+/** What to delete to free each resource, for a refusal's hint. */
+const HOW_TO_FREE: Record<DiskResource, string> = {
+  workspaces: 'kill sandboxes you no longer need (each counts by its limits.diskBytes)',
+  logs: 'the logs of an ended sandbox go an hour after it ends',
+  artifacts: 'delete artifacts (DELETE /v1/artifacts/{sha256})',
+  snapshots: 'delete snapshots (capsule snapshot rm, DELETE /v1/snapshots/{id})',
+  volumes: 'delete volumes (capsule volume rm, DELETE /v1/volumes/{name}; each counts by its size)',
+  templates: 'remove templates you built (capsule template rm, DELETE /v1/templates/{ref}: their layers go with them)',
+};
 
 /**
  * Each tenant's disk quota over its workspaces (counted by their disk limits: what they may
- * use), its processes' logs, its artifacts and its snapshots. Usage is kept as running totals,
- * charged where the disk is taken and given back where it is freed, and set from disk at start
- * (logs, artifacts) and by recovery (workspaces). Work past the quota is refused with
- * QUOTA_EXCEEDED naming what it was for, the quota and the use.
+ * use), its processes' logs, its artifacts, its snapshots (what each held beyond its origin when
+ * taken), its volumes (by their size limits) and the template layers its builds added. Usage is
+ * kept as running totals, charged where the disk is taken and given back where it is freed, and
+ * set from disk at start (logs, artifacts, template layers) and from the records (workspaces,
+ * snapshots, volumes). Work past the quota is refused with QUOTA_EXCEEDED naming what it was
+ * for, the quota, the use and what to delete.
  *
  * The quota applies per tenant; its size comes from the key acting (`Principal.diskQuotaBytes`,
  * the key's grant, when present) or the operator's default. A sandbox's later work (its
  * processes' logs) is charged under the quota it was created with.
  */
-export class TenantDiskQuota implements WorkspaceBudget, LogDiskBudget {
+export class TenantDiskQuota implements DiskBudget, LogDiskBudget {
   readonly defaultBytes: number;
   private readonly usage = new Map<string, DiskUsage>();
   /** Bytes the artifact store holds per tenant (set from the store), apart from collections in progress. */
@@ -50,18 +62,27 @@ export class TenantDiskQuota implements WorkspaceBudget, LogDiskBudget {
     return { ...(this.usage.get(tenantId) ?? empty()) };
   }
 
+  /** Bytes the owner may still use. */
+  roomOf(owner: DiskOwner): number {
+    const usage = this.usageOf(owner.tenantId);
+    return Math.max(0, this.limitOf(owner) - DISK_RESOURCES.reduce((sum, r) => sum + usage[r], 0));
+  }
+
   /** Throws QUOTA_EXCEEDED unless `bytes` more for `resource` fit the owner's quota. */
   check(owner: DiskOwner, resource: DiskResource, bytes: number): void {
     const usage = this.usageOf(owner.tenantId);
     const used = DISK_RESOURCES.reduce((sum, r) => sum + usage[r], 0);
     const limit = this.limitOf(owner);
     if (used + bytes <= limit) return;
-    const parts = DISK_RESOURCES.map((r) => `${r} ${formatBytes(usage[r])}`).join(', ');
+    const parts = DISK_RESOURCES.filter((r) => usage[r] > 0 || r === resource).map((r) => `${r} ${formatBytes(usage[r])}`).join(', ');
+    // What to delete, the largest use first.
+    const frees = DISK_RESOURCES.filter((r) => usage[r] > 0 && r !== 'logs')
+      .sort((x, y) => usage[y] - usage[x])
+      .map((r) => HOW_TO_FREE[r]);
     throw new SandboxError('QUOTA_EXCEEDED', `tenant ${owner.tenantId} has used ${formatBytes(used)} of its ${formatBytes(limit)} disk quota (${parts}); ${resource} need ${formatBytes(bytes)} more`, {
       details: { resource: 'disk', for: resource, unit: 'bytes', limit, used, requested: bytes, usage },
       hint:
-        'Free disk: kill sandboxes you no longer need (each counts by its limits.diskBytes) or ask for a smaller limits.diskBytes, ' +
-        'delete artifacts (DELETE /v1/artifacts/{sha256}); the logs of an ended sandbox go an hour after it ends. ' +
+        `Free disk: ${[...frees, HOW_TO_FREE.logs].join('; ')}. ` +
         "The operator sets the quota: capsule serve --tenant-disk-quota, or a key's diskQuotaBytes.",
     });
   }
@@ -133,16 +154,41 @@ export class TenantDiskQuota implements WorkspaceBudget, LogDiskBudget {
     }
   }
 
-  // Snapshots: the snapshot store (not built yet) charges and frees their images here.
+  // Snapshots, volumes and template layers (the engine and the template service, DiskBudget).
+
+  reserveStored(owner: DiskOwner, resource: 'snapshots' | 'volumes' | 'templates', bytes: number): void {
+    this.check(owner, resource, bytes);
+    this.add(owner.tenantId, resource, bytes);
+  }
+
+  releaseStored(owner: DiskOwner, resource: 'snapshots' | 'volumes' | 'templates', bytes: number): void {
+    this.add(owner.tenantId, resource, -bytes);
+  }
+
+  restoreStored(owner: DiskOwner, resource: 'snapshots' | 'volumes' | 'templates', bytes: number): void {
+    this.add(owner.tenantId, resource, bytes);
+  }
 
   /** Room for a snapshot's images of `bytes`, or QUOTA_EXCEEDED. */
   reserveSnapshot(owner: DiskOwner, bytes: number): void {
-    this.check(owner, 'snapshots', bytes);
-    this.add(owner.tenantId, 'snapshots', bytes);
+    this.reserveStored(owner, 'snapshots', bytes);
   }
 
   releaseSnapshot(owner: DiskOwner, bytes: number): void {
-    this.add(owner.tenantId, 'snapshots', -bytes);
+    this.releaseStored(owner, 'snapshots', bytes);
+  }
+
+  /**
+   * What each tenant's template layers hold, read off the layer store (at start, before each build
+   * and after a build or removal): replaces the running total, builds in progress included.
+   */
+  setTemplates(bytesByTenant: ReadonlyMap<string, number>, tenantIds: Iterable<string> = this.usage.keys()): void {
+    for (const tenantId of new Set([...tenantIds, ...bytesByTenant.keys()])) {
+      const usage = this.usage.get(tenantId);
+      const bytes = bytesByTenant.get(tenantId) ?? 0;
+      if (usage) usage.templates = bytes;
+      else if (bytes > 0) this.usage.set(tenantId, { ...empty(), templates: bytes });
+    }
   }
 
   private add(tenantId: string, resource: DiskResource, bytes: number): void {

@@ -38,6 +38,14 @@ export function toSandboxError(error: unknown): SandboxError {
       hint: 'Send JSON bodies as application/json and raw bytes as application/octet-stream.',
     });
   }
+  if (isDiskFull(error)) {
+    // The server's own disk (database, logs, spools), not a sandbox's quota: nothing new can be
+    // recorded, so nothing new is made; what runs goes on.
+    return new SandboxError('CAPACITY_EXHAUSTED', 'the server\'s data disk is full: nothing new can be recorded, so this was refused (running sandboxes go on)', {
+      details: { resource: 'data_disk' },
+      hint: 'Retry later; the operator frees space on the filesystem of the data directory (capsule serve --data-dir).',
+    });
+  }
   if (code.startsWith('FST_ERR_CTP_') || error instanceof SyntaxError || (status >= 400 && status < 500)) {
     return new SandboxError('INVALID_ARGUMENT', `the request is malformed: ${fastifyError.message ?? 'unreadable'}`, {
       details: { field: code.startsWith('FST_ERR_CTP_') || error instanceof SyntaxError ? 'body' : 'request' },
@@ -47,6 +55,15 @@ export function toSandboxError(error: unknown): SandboxError {
   return new SandboxError('INTERNAL', 'internal error; the server logged the details under this request id', {
     hint: 'Retry later; if it persists, give the operator the requestId.',
   });
+}
+
+/** SQLite's "database or disk is full" and the kernel's ENOSPC/EDQUOT, also as the cause of another error. */
+function isDiskFull(error: unknown): boolean {
+  for (let cause = error, depth = 0; cause !== null && typeof cause === 'object' && depth < 4; cause = (cause as { cause?: unknown }).cause, depth += 1) {
+    const code = (cause as { code?: unknown }).code;
+    if (code === 'SQLITE_FULL' || code === 'ENOSPC' || code === 'EDQUOT') return true;
+  }
+  return false;
 }
 
 /** Sends `error` as `{ code, message, details?, hint?, requestId }` with its status (and Retry-After when it has one). */

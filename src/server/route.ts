@@ -88,6 +88,12 @@ export interface RouteDefinition<P = unknown, Q = unknown, B = unknown> {
   bodyDoc?: z.ZodType;
   /** For OpenAPI; routes of another API's shape (the E2B facade) are documented by that API. */
   responses?: Record<number, ResponseDoc>;
+  /**
+   * The call acts inside a sandbox (its processes, files, code, ports; envd): before the handler,
+   * a paused sandbox created with `autoResume` is resumed. The sandbox is the principal's (an envd
+   * access token) or the `sandboxId` path parameter.
+   */
+  wakes?: boolean;
   /** What an idempotent replay returns instead of the body, when the body holds a secret. */
   replayBody?(body: unknown): unknown;
   /** Present on audited routes: what to record. Runs before the attempt record is written. */
@@ -111,6 +117,8 @@ export interface SeamServices {
   /** Aborted when the server closes: ends streams that would otherwise never end (watch). */
   closeSignal: AbortSignal;
   atomically<T>(fn: () => T): T;
+  /** Resumes a paused sandbox created with `autoResume` (SandboxEngine.wake); routes with `wakes` call it. */
+  wake?(tenantId: string, sandboxId: string): Promise<void>;
 }
 
 const ANONYMOUS: Principal = { tenantId: '', keyId: '', isAdmin: false, grants: { mountRoots: [] } };
@@ -166,6 +174,7 @@ async function serve(services: SeamServices, route: AnyRoute, request: FastifyRe
 
   let result: RouteResult;
   try {
+    if (route.wakes) await wakeSandbox(services, context);
     result = await route.handler(context);
   } catch (error) {
     trail.failed(error);
@@ -175,6 +184,13 @@ async function serve(services: SeamServices, route: AnyRoute, request: FastifyRe
     if (route.rawBody) drainUnread(request.body, reply);
   }
   return sendResult(services, reply, result, trail, idempotency, request.id, request.log, route);
+}
+
+/** The sandbox a `wakes` route acts in, resumed first when it was paused with `autoResume`. */
+async function wakeSandbox(services: SeamServices, context: RouteContext<unknown, unknown, unknown>): Promise<void> {
+  const fromParams = (context.params as { sandboxId?: unknown } | undefined)?.sandboxId;
+  const sandboxId = context.principal.sandboxId ?? (typeof fromParams === 'string' ? fromParams : undefined);
+  if (sandboxId !== undefined) await services.wake?.(context.principal.tenantId, sandboxId);
 }
 
 function sendResult(

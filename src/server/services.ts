@@ -22,6 +22,8 @@ export interface ServerServices {
   audit: AuditLog;
   quota: TenantQuota;
   closeSignal: AbortSignal;
+  /** Resumes a paused sandbox created with `autoResume` before a call acts inside it (routes with `wakes`). */
+  wake(tenantId: string, sandboxId: string): Promise<void>;
   /** Runs `fn` in one SQLite transaction (nested calls join it): the writes of a call commit together. */
   atomically<T>(fn: () => T): T;
   /** Sandbox access tokens (E2B's envd and traffic tokens); the port proxy accepts them too. */

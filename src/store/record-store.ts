@@ -6,6 +6,20 @@ export interface SandboxRecordStore {
   upsert(info: SandboxInfo): void;
   /** Records in a live state (starting, running, paused) — after a crash, what to recover. */
   listLive(): SandboxInfo[];
+  /**
+   * Rows in a live state whose record cannot be read (not JSON, not a sandbox record): what is
+   * left of each, for the engine to end it with the reason. Absent: every record is readable.
+   */
+  listUnreadableLive?(): UnreadableRecord[];
+}
+
+/** A sandbox row whose record does not parse: its columns and why. */
+export interface UnreadableRecord {
+  sandboxId: string;
+  tenantId: string;
+  createdAt: string;
+  metadata: Record<string, string>;
+  error: string;
 }
 
 /** Keeps records in memory; for one-process use and tests. */

@@ -1,6 +1,6 @@
 import { SandboxError } from '../errors/index.js';
 import { LIVE_STATES, type SandboxInfo, type SandboxPage, type SandboxState } from '../wire/index.js';
-import type { SandboxRecordStore } from './record-store.js';
+import type { SandboxRecordStore, UnreadableRecord } from './record-store.js';
 import type { SqliteDatabase } from './database.js';
 
 export interface SandboxPageQuery {
@@ -15,6 +15,33 @@ export interface SandboxPageQuery {
   cursor?: string;
 }
 
+
+interface LiveRow {
+  sandbox_id: string;
+  tenant_id: string;
+  created_at: string;
+  metadata: string;
+  info: string;
+}
+
+/** A stored record, or why it cannot be read (a damaged row must not stop every other recovery). */
+function readRecord(text: string): SandboxInfo | string {
+  let info: unknown;
+  try {
+    info = JSON.parse(text);
+  } catch (error) {
+    return `not JSON (${(error as Error).message})`;
+  }
+  const record = info as Partial<SandboxInfo> | null;
+  if (record === null || typeof record !== 'object' || typeof record.sandboxId !== 'string' || typeof record.state !== 'string' || record.spec === null || typeof record.spec !== 'object') {
+    return 'not a sandbox record (sandboxId, state or spec missing)';
+  }
+  const spec = record.spec as Partial<SandboxInfo['spec']>;
+  if (typeof spec.backend !== 'string' || spec.limits === null || typeof spec.limits !== 'object' || spec.network === null || typeof spec.network !== 'object') {
+    return 'its spec is incomplete (backend, limits or network missing)';
+  }
+  return record as SandboxInfo;
+}
 
 /**
  * Sandbox records in SQLite: the engine upserts every state change; the server reads them for
@@ -46,11 +73,34 @@ export class SqliteSandboxRecords implements SandboxRecordStore {
     });
   }
 
+  /** Readable live records; an unreadable one is left out (see listUnreadableLive), never fatal. */
   listLive(): SandboxInfo[] {
-    const rows = this.db
-      .prepare<string[], { info: string }>(`SELECT info FROM sandboxes WHERE state IN (${LIVE_STATES.map(() => '?').join(', ')})`)
+    return this.liveRows().flatMap((row) => {
+      const info = readRecord(row.info);
+      return typeof info === 'string' ? [] : [info];
+    });
+  }
+
+  listUnreadableLive(): UnreadableRecord[] {
+    return this.liveRows().flatMap((row) => {
+      const error = readRecord(row.info);
+      if (typeof error !== 'string') return [];
+      const metadata = (() => {
+        try {
+          const parsed = JSON.parse(row.metadata) as unknown;
+          return parsed !== null && typeof parsed === 'object' ? (parsed as Record<string, string>) : {};
+        } catch {
+          return {};
+        }
+      })();
+      return [{ sandboxId: row.sandbox_id, tenantId: row.tenant_id, createdAt: row.created_at, metadata, error }];
+    });
+  }
+
+  private liveRows(): LiveRow[] {
+    return this.db
+      .prepare<string[], LiveRow>(`SELECT sandbox_id, tenant_id, created_at, metadata, info FROM sandboxes WHERE state IN (${LIVE_STATES.map(() => '?').join(', ')})`)
       .all(...LIVE_STATES);
-    return rows.map((row) => JSON.parse(row.info) as SandboxInfo);
   }
 
   /**

@@ -68,6 +68,8 @@ export interface TemplateBuildRequest {
   onLog?: OnLog;
   /** Cancels the build: it rejects with ABORTED and leaves nothing behind. */
   signal?: AbortSignal;
+  /** The building key's disk quota: a tenant's new layers are charged under it. @default the operator's */
+  quotaBytes?: number;
 }
 
 /**

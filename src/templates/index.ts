@@ -3,7 +3,7 @@
  * ways to make them (a Debian bootstrap, an OCI image import, a Dockerfile build). See
  * docs/decisions/011-template-storage.md.
  */
-export { TemplateService, type BootstrapDebianOptions, type BuildOptions, type ImportImageOptions, type PruneReport, type TemplateServiceOptions } from './template-service.js';
+export { DEFAULT_MAX_BUILDS_PER_TENANT, TemplateService, type TemplateBudget, type BootstrapDebianOptions, type BuildOptions, type ImportImageOptions, type PruneReport, type TemplateServiceOptions } from './template-service.js';
 export { checkBuildRequest, TemplateSourceSpecSchema, type TemplateBuildRequest, type TemplateSourceSpec } from './build-request.js';
 export { LayerStore, type LayerInfo, type LayerMeta, type PendingLayer } from './layer-store.host.js';
 export { TemplateStore } from './template-store.js';

@@ -23,6 +23,10 @@ export interface LayerMeta {
   subvolumeId: number;
   /** An image's own config (Env, WorkingDir, User, Entrypoint + Cmd), kept with its layer. */
   config?: TemplateConfig;
+  /** The tenant whose build made it (absent: the operator's, or made before layers were charged). */
+  owner?: string;
+  /** Bytes the layer added over its parent when it was made (what its owner's quota is charged). */
+  addedBytes?: number;
 }
 
 export interface LayerInfo extends LayerMeta {
@@ -36,6 +40,22 @@ export interface LayerInfo extends LayerMeta {
 export interface PendingLayer {
   readonly name: string;
   readonly root: string;
+  /** What it adds over its parent, measured when it was made from a subvolume that holds exactly that. */
+  readonly addedBytes?: number;
+}
+
+/**
+ * A tenant build's charge for the layers it publishes: each new layer's added bytes are reserved
+ * before it is published (QUOTA_EXCEEDED leaves it unpublished, for the caller to discard).
+ */
+export interface LayerCharge {
+  /** The tenant whose quota pays (never the public owner). */
+  owner: string;
+  /** Throws QUOTA_EXCEEDED when `bytes` more do not fit the owner's quota, else charges them. */
+  reserve(bytes: number): void;
+  release(bytes: number): void;
+  /** Bytes left in the owner's quota now. */
+  room(): number;
 }
 
 export interface CollectOptions {
@@ -43,6 +63,8 @@ export interface CollectOptions {
   roots: Iterable<string>;
   /** The engine's word on layers under live sandboxes. @default () => false */
   isInUse?: (key: string) => boolean;
+  /** Only these may be deleted (a failed build's own layers, a tenant's). @default every layer */
+  only?: (layer: LayerMeta) => boolean;
 }
 
 export interface CollectReport {
@@ -64,10 +86,35 @@ export class LayerStore {
   readonly pendingDir: string;
   private readonly leasesDir: string;
 
-  constructor(readonly volume: WorkspaceVolume) {
+  /** Layers this store published (a charged store: one build's). */
+  readonly published: string[] = [];
+
+  constructor(
+    readonly volume: WorkspaceVolume,
+    private readonly charge?: LayerCharge,
+  ) {
     this.layersDir = join(volume.mountPoint, 'layers');
     this.pendingDir = join(volume.mountPoint, 'layers-pending');
     this.leasesDir = join(volume.mountPoint, 'layer-leases');
+  }
+
+  /**
+   * Bytes a build step may still write before its owner's quota is full (undefined: not charged).
+   * Throws QUOTA_EXCEEDED when not even `atLeast` bytes are left.
+   */
+  room(atLeast = 0): number | undefined {
+    if (!this.charge) return undefined;
+    const room = this.charge.room();
+    if (room < atLeast) {
+      this.charge.reserve(atLeast); // refused: the owner's quota has no room for it
+      this.charge.release(atLeast);
+    }
+    return room;
+  }
+
+  /** The same store for one tenant build: what it publishes is owned by and charged to `charge.owner`. */
+  charged(charge: LayerCharge): LayerStore {
+    return new LayerStore(this.volume, charge);
   }
 
   async ensure(): Promise<void> {
@@ -97,12 +144,27 @@ export class LayerStore {
   /** A new pending layer that starts as a writable copy-on-write snapshot of layer `parent`. */
   async createFrom(parent: string): Promise<PendingLayer> {
     if (!(await this.has(parent))) throw missingLayer(parent);
-    return this.createFromDir(this.rootOf(parent));
+    // Measured at publish: what is written into the copy is its own (the parent is read-only).
+    return this.newPending((root) => runCommand(['btrfs', 'subvolume', 'snapshot', this.rootOf(parent), root]));
   }
 
-  /** A new pending layer that is a snapshot of any subvolume on the volume (a build step's sandbox root). */
+  /**
+   * A new pending layer that is a snapshot of a build step's sandbox root, a writable snapshot of
+   * the parent layer: what it adds is what the step wrote.
+   */
   async createFromDir(subvolume: string): Promise<PendingLayer> {
-    return this.newPending((root) => runCommand(['btrfs', 'subvolume', 'snapshot', subvolume, root]));
+    // A build step's root holds exactly what the step added (its exclusive bytes): measured before
+    // the snapshot shares them, since the copy's own count stays 0 while the root exists.
+    const addedBytes = this.charge ? await this.exclusiveBytes(subvolume) : undefined;
+    const pending = await this.newPending((root) => runCommand(['btrfs', 'subvolume', 'snapshot', subvolume, root]));
+    return addedBytes === undefined ? pending : { ...pending, addedBytes };
+  }
+
+  /** Exclusive bytes of a subvolume on the volume after a commit (0 when its quota group is unknown). */
+  private async exclusiveBytes(dir: string): Promise<number> {
+    await runCommand(['btrfs', 'filesystem', 'sync', this.volume.mountPoint]);
+    const id = await subvolumeId(dir);
+    return (id === undefined ? undefined : (await this.volume.subvolumeUsage(id))?.exclusiveBytes) ?? 0;
   }
 
   /**
@@ -138,24 +200,48 @@ export class LayerStore {
    * Makes `pending` the read-only layer `meta.key`. When that layer already exists (another build
    * made the same step meanwhile) the pending copy is discarded and the existing layer returned.
    */
-  async publish(pending: PendingLayer, meta: Omit<LayerMeta, 'createdAt' | 'subvolumeId'>): Promise<LayerMeta> {
+  async publish(pending: PendingLayer, meta: Omit<LayerMeta, 'createdAt' | 'subvolumeId' | 'owner' | 'addedBytes'>): Promise<LayerMeta> {
     checkedKey(meta.key);
-    await runCommand(['btrfs', 'property', 'set', '-ts', pending.root, 'ro', 'true']);
-    const id = await subvolumeId(pending.root);
-    if (id === undefined) throw new SandboxError('INTERNAL', `${pending.root} is not a btrfs subvolume`);
-    const full: LayerMeta = { ...meta, createdAt: new Date().toISOString(), subvolumeId: id };
-    await writeFile(join(this.pendingDir, pending.name, 'meta.json'), `${JSON.stringify(full)}\n`, { mode: 0o600 });
+    // A charged build pays for what the layer adds before it exists: past the quota it is not published.
+    const addedBytes = this.charge ? (pending.addedBytes ?? (await this.exclusiveBytes(pending.root))) : undefined;
+    if (addedBytes !== undefined) this.charge!.reserve(addedBytes);
+    let charged = addedBytes !== undefined;
+    const uncharge = () => {
+      if (charged) this.charge!.release(addedBytes!);
+      charged = false;
+    };
     try {
-      await rename(join(this.pendingDir, pending.name), join(this.layersDir, meta.key));
-      return full;
+      await runCommand(['btrfs', 'property', 'set', '-ts', pending.root, 'ro', 'true']);
+      const id = await subvolumeId(pending.root);
+      if (id === undefined) throw new SandboxError('INTERNAL', `${pending.root} is not a btrfs subvolume`);
+      const owned = this.charge ? { owner: this.charge.owner, addedBytes } : {};
+      const full: LayerMeta = { ...meta, ...owned, createdAt: new Date().toISOString(), subvolumeId: id };
+      await writeFile(join(this.pendingDir, pending.name, 'meta.json'), `${JSON.stringify(full)}\n`, { mode: 0o600 });
+      try {
+        await rename(join(this.pendingDir, pending.name), join(this.layersDir, meta.key));
+        this.published.push(meta.key);
+        return full;
+      } catch (error) {
+        const code = (error as NodeJS.ErrnoException).code;
+        if (code !== 'ENOTEMPTY' && code !== 'EEXIST') throw error;
+        // Another build made the same layer meanwhile: that one stays, with its own owner.
+        uncharge();
+        await this.discard(pending);
+        const existing = await this.meta(meta.key);
+        if (!existing) throw error;
+        return existing;
+      }
     } catch (error) {
-      const code = (error as NodeJS.ErrnoException).code;
-      if (code !== 'ENOTEMPTY' && code !== 'EEXIST') throw error;
-      await this.discard(pending);
-      const existing = await this.meta(meta.key);
-      if (!existing) throw error;
-      return existing;
+      uncharge();
+      throw error;
     }
+  }
+
+  /** Every published layer's meta, without sizes (no btrfs call). */
+  async metas(): Promise<LayerMeta[]> {
+    const keys = (await readdir(this.layersDir).catch(() => [] as string[])).filter(isLayerKey);
+    const metas = await Promise.all(keys.map((key) => this.meta(key)));
+    return metas.filter((meta): meta is LayerMeta => meta !== undefined);
   }
 
   /** Removes a pending layer (cancel, failure). Safe on a half-made one and twice. */
@@ -236,7 +322,7 @@ export class LayerStore {
       for (const layer of layers) if (isInUse(layer.key)) visit(layer.key);
       const report: CollectReport = { removed: [], freedBytes: 0 };
       for (const layer of layers) {
-        if (keep.has(layer.key)) continue;
+        if (keep.has(layer.key) || (options.only && !options.only(layer))) continue;
         await this.delete(layer.key);
         report.removed.push(layer.key);
         report.freedBytes += layer.exclusiveBytes ?? 0;

@@ -1,6 +1,6 @@
 import { mkdir, readdir, readFile, rm } from 'node:fs/promises';
 import { basename, isAbsolute, join, resolve } from 'node:path';
-import { SandboxError } from '../errors/index.js';
+import { isSandboxError, SandboxError } from '../errors/index.js';
 import type { HostEnvironment } from '../host/host-env.host.js';
 import type { NetworkPolicyInput } from '../sandbox-spec/index.js';
 import type { OnLog } from './build-log.js';
@@ -25,6 +25,7 @@ import { ownedName } from './owner.js';
 import type { BuildRecord, TemplateConfig, TemplateParent, TemplateRecord, TemplateSource } from './records.js';
 import { TemplateStore } from './template-store.js';
 import { dirBytes, pruneImageCache, reconcileBuildJobs } from './maintenance.host.js';
+import { BuildBudget, type TemplateBudget } from './build-budget.js';
 
 export interface TemplateServiceOptions {
   host: HostEnvironment;
@@ -34,7 +35,16 @@ export interface TemplateServiceOptions {
   isInUse?: (layerKey: string) => boolean;
   /** Registries the operator allows over plain HTTP besides loopback ones. @default [] */
   insecureRegistries?: string[];
+  /**
+   * Where tenants' builds are charged (the server's disk quota): each layer a tenant's build adds
+   * is reserved before it is published. Operator builds (the public owner) are not. @default none
+   */
+  budget?: TemplateBudget;
+  /** Builds one tenant may run at once (the public owner's are not bounded). @default 2 */
+  maxConcurrentBuildsPerTenant?: number;
 }
+
+export { DEFAULT_MAX_BUILDS_PER_TENANT, type TemplateBudget } from './build-budget.js';
 
 interface JobOptions {
   /** Tenant id, or `_public` (the default) for an operator's template every tenant may use. */
@@ -47,6 +57,8 @@ interface JobOptions {
   signal?: AbortSignal;
   /** Overrides of the template's config (E2B's startCmd and readyCmd). */
   config?: Partial<TemplateConfig>;
+  /** The building key's disk quota (the layers a tenant's build adds are charged under it). @default the operator's */
+  quotaBytes?: number;
 }
 
 export interface BootstrapDebianOptions extends JobOptions {
@@ -107,11 +119,14 @@ export class TemplateService {
   readonly credentials: RegistryCredentials;
   private readonly imagesDir: string;
   private readonly tempRoot: string;
+  /** Tenants' builds: bounded in number, their layers charged to their disk quota. */
+  private readonly bounds: BuildBudget;
 
   constructor(private readonly options: TemplateServiceOptions) {
     const dataDir = options.host.dataDir;
     this.store = new TemplateStore(dataDir);
     this.layers = new LayerStore(options.host.volume);
+    this.bounds = new BuildBudget({ layers: this.layers, store: this.store, ...options });
     this.credentials = new RegistryCredentials(dataDir);
     this.imagesDir = join(dataDir, 'images');
     this.tempRoot = join(dataDir, 'build-tmp');
@@ -133,19 +148,19 @@ export class TemplateService {
   /** Bootstraps Debian with mmdebstrap into a new layer; the template runs as `user` in /home/user. */
   async bootstrapDebian(options: BootstrapDebianOptions): Promise<TemplateRecord> {
     const packages = bootstrapPackages(options.packages ?? []);
-    return this.job(options, 'debian', async ({ session, tempDir, lease }) => {
+    return this.job(options, 'debian', async ({ session, tempDir, lease, layers }) => {
       const suite = checkSuite(options.suite ?? (await hostAptSources('-', tempDir)).hostSuite ?? 'stable');
       const paths = await this.options.host.ensure();
       const key = bootstrapLayerKey({ suite, packages });
       session.log.info('base', `bootstrapping Debian ${suite} with ${packages.join(', ')}`);
-      const pending = await this.layers.createEmpty();
+      const pending = await layers.createEmpty();
       try {
         await runBootstrap({ suite, packages, target: pending.root, tempDir, launcher: paths.launcher, cgroupPrefix: this.options.host.cgroupPrefix, onLine: (line) => session.log.info('base', line), signal: options.signal });
         options.signal?.throwIfAborted();
         await lease([key]);
-        await this.layers.publish(pending, { key, source: 'debian', description: `debian ${suite}: ${packages.join(',')}` });
+        await layers.publish(pending, { key, source: 'debian', description: `debian ${suite}: ${packages.join(',')}` });
       } catch (error) {
-        await this.layers.discard(pending);
+        await layers.discard(pending);
         throw error;
       }
       session.record.steps.push({ step: 'base', instruction: `debian ${suite}`, key, cached: false });
@@ -156,9 +171,9 @@ export class TemplateService {
   /** Imports an OCI image (registry, layout or tarball) as a template with the image's config. */
   async importImage(options: ImportImageOptions): Promise<TemplateRecord> {
     const ref = this.imageRef(options.ref, options.allowHostPaths ?? false);
-    return this.job(options, 'image', async ({ session, tempDir, lease }) => {
+    return this.job(options, 'image', async ({ session, tempDir, lease, layers }) => {
       const context = await this.imageContext(ref, tempDir, (line) => session.log.info('base', line), options.signal);
-      const image = await importImageLayer(ref, this.layers, this.layout, context, async (key) => (await lease([key]))[0]!);
+      const image = await importImageLayer(ref, layers, this.layout, context, async (key) => (await lease([key]))[0]!);
       session.record.steps.push({ step: 'base', instruction: ref.display, key: image.key, cached: !image.pulled });
       return { layer: image.key, config: image.config, parent: { kind: 'image', ref: ref.display, digest: image.digest } };
     });
@@ -175,7 +190,14 @@ export class TemplateService {
    */
   async buildTemplate(request: TemplateBuildRequest): Promise<TemplateRecord> {
     const { source, config } = checkBuildRequest(request);
-    const job = { owner: request.owner, name: request.name, ...(request.tags ? { tags: request.tags } : {}), ...(request.onLog ? { onLog: request.onLog } : {}), ...(request.signal ? { signal: request.signal } : {}) };
+    const job = {
+      owner: request.owner,
+      name: request.name,
+      ...(request.tags ? { tags: request.tags } : {}),
+      ...(request.onLog ? { onLog: request.onLog } : {}),
+      ...(request.signal ? { signal: request.signal } : {}),
+      ...(request.quotaBytes !== undefined ? { quotaBytes: request.quotaBytes } : {}),
+    };
     const allowHostPaths = request.allowHostPaths ?? false;
     if (source.kind === 'debian') return this.bootstrapDebian({ ...job, ...source, config });
     if (source.kind === 'image') return this.importImage({ ...job, ref: source.ref, allowHostPaths, config });
@@ -192,12 +214,12 @@ export class TemplateService {
     if (text === undefined) throw new SandboxError('INVALID_ARGUMENT', `cannot read the Dockerfile ${dockerfilePath}`, { details: { file: dockerfilePath } });
     const instructions = parseDockerfile(text, { file });
     const owner = checkOwner(options.owner ?? PUBLIC_OWNER);
-    return this.job(options, 'dockerfile', async ({ session, tempDir, lease }) => {
+    return this.job(options, 'dockerfile', async ({ session, tempDir, lease, layers }) => {
       const network = options.network ?? (await this.aptNetwork(tempDir));
       let parent: TemplateParent = { kind: 'scratch' };
       const resolveBase = async (from: string, line: number): Promise<BuildBase> => {
         session.log.info('base', `FROM ${from}`);
-        const base = await this.resolveBase(owner, from, line, file, { session, tempDir, lease, signal: options.signal, allowHostPaths: options.allowHostPaths ?? false });
+        const base = await this.resolveBase(owner, from, line, file, { session, tempDir, lease, layers, signal: options.signal, allowHostPaths: options.allowHostPaths ?? false });
         parent = base.parent;
         return base;
       };
@@ -205,7 +227,7 @@ export class TemplateService {
       session.record.steps.push({ step: 'base', instruction: `FROM ${plan.base.layer.slice(0, 12)}`, key: plan.fromKey, cached: true });
       const result = await executePlan({
         plan,
-        layers: this.layers,
+        layers,
         contextDir,
         log: session.log,
         lease,
@@ -226,6 +248,7 @@ export class TemplateService {
   private async resolveBase(owner: string, from: string, line: number, file: string, job: JobContext & { signal?: AbortSignal; allowHostPaths: boolean }): Promise<BuildBase> {
     if (from === 'scratch') {
       const key = scratchLayerKey();
+      // The empty layer is everyone's: made uncharged, whoever needs it first.
       if (!(await job.lease([key]))[0]) {
         const pending = await this.layers.createEmpty();
         await this.layers.publish(pending, { key, source: 'scratch', description: 'scratch' }).catch(async (error: unknown) => {
@@ -251,7 +274,7 @@ export class TemplateService {
       });
     }
     const context = await this.imageContext(ref, job.tempDir, (l) => job.session.log.info('base', l), job.signal);
-    const image = await importImageLayer(ref, this.layers, this.layout, context, async (key) => (await job.lease([key]))[0]!);
+    const image = await importImageLayer(ref, job.layers, this.layout, context, async (key) => (await job.lease([key]))[0]!);
     return { layer: image.key, config: image.config, parent: { kind: 'image', ref: ref.display, digest: image.digest } };
   }
 
@@ -300,13 +323,31 @@ export class TemplateService {
     const tags = [...new Set([tag, ...(options.tags ?? []).map((t) => parseTemplateRef(`${name}:${t}`).tag)])];
     await this.ensure();
     if (options.signal?.aborted) throw new SandboxError('ABORTED', `the build of ${name}:${tag} was cancelled before it started`);
+    const releaseSlot = this.bounds.takeSlot(owner);
+    try {
+      const layers = await this.bounds.layersFor(owner, options.quotaBytes);
+      return await this.runJob(options, source, { owner, name, tag, tags, layers }, make);
+    } finally {
+      releaseSlot();
+      // What the tenant's layers hold now, read off the store (the build's, its cache, a quota hit's clean-up).
+      if (owner !== PUBLIC_OWNER) await this.bounds.refresh();
+    }
+  }
+
+  private async runJob(
+    options: JobOptions,
+    source: TemplateSource,
+    target: { owner: string; name: string; tag: string; tags: string[]; layers: LayerStore },
+    make: (job: JobContext) => Promise<{ layer: string; config: TemplateConfig; parent: TemplateParent }>,
+  ): Promise<TemplateRecord> {
+    const { owner, name, tag, tags, layers } = target;
     const session = new BuildSession(this.store, owner, `${name}:${tag}`, options.onLog);
     await session.start();
     const tempDir = join(this.tempRoot, ownedName());
     const leaseName = ownedName();
     try {
       await mkdir(tempDir, { mode: 0o700 });
-      const made = await make({ session, tempDir, lease: (keys) => this.layers.lease(leaseName, keys) });
+      const made = await make({ session, tempDir, lease: (keys) => this.layers.lease(leaseName, keys), layers });
       options.signal?.throwIfAborted();
       session.log.info('finalize', `saving template ${name}:${tag}`);
       const size = (await this.layers.usage(made.layer)) ?? { referencedBytes: 0, exclusiveBytes: 0 };
@@ -314,6 +355,11 @@ export class TemplateService {
       await session.succeed(record.id);
       return record;
     } catch (error) {
+      // Past the quota nothing of the build stays: the layers it published before go too.
+      if (isSandboxError(error, 'QUOTA_EXCEEDED')) {
+        await this.layers.release(leaseName);
+        await this.bounds.dropPublished(layers);
+      }
       // A cancel surfaces wherever the build was (AbortSignal's own error included): say so.
       const cancelled = options.signal?.aborted && !(error instanceof SandboxError && error.code === 'ABORTED');
       throw await session.fail(cancelled ? new SandboxError('ABORTED', `the build of ${name}:${tag} was cancelled`) : error);
@@ -341,9 +387,18 @@ export class TemplateService {
     return this.store.getBuild(tenant, buildId);
   }
 
-  /** Removes a tag (or every tag of a bare name) of the owner's; layers go at the next prune. */
-  remove(owner: string, ref: string): Promise<string[]> {
-    return this.store.remove(owner, ref);
+  /**
+   * Removes a tag (or every tag of a bare name) of the owner's. A tenant's own layers that no
+   * template, build or live sandbox needs any more go at once (and its quota with them); the
+   * operator's go at the next prune.
+   */
+  async remove(owner: string, ref: string): Promise<string[]> {
+    const removed = await this.store.remove(owner, ref);
+    if (owner !== PUBLIC_OWNER) {
+      await this.bounds.dropUnused(owner);
+      await this.bounds.refresh();
+    }
+    return removed;
   }
 
   /** Removes what no template, build or live sandbox needs: layers, image blobs, temps of dead processes. */
@@ -353,6 +408,7 @@ export class TemplateService {
     const collected = await this.layers.collect({ roots: await this.store.layerRoots(), ...(this.options.isInUse ? { isInUse: this.options.isInUse } : {}) });
     const kept = new Set((await this.layers.list()).map((layer) => layer.key));
     const freedImageCacheBytes = await pruneImageCache(this.layout, kept);
+    await this.bounds.refresh();
     return { removedLayers: collected.removed, freedLayerBytes: collected.freedBytes, freedImageCacheBytes, removedTemps };
   }
 
@@ -362,6 +418,16 @@ export class TemplateService {
     const removed = [...(await this.layers.reconcile()), ...(await this.store.reconcile())];
     removed.push(...(await reconcileBuildJobs(this.options.host.cgroupPrefix, this.tempRoot)));
     return removed;
+  }
+
+  /** Bytes of template layers each tenant is charged (see BuildBudget.usageByTenant). */
+  diskUsageByTenant(): Promise<Map<string, number>> {
+    return this.bounds.usageByTenant();
+  }
+
+  /** Sets the disk budget's template use from the layer store (the server calls it at start). */
+  refreshBudget(): Promise<void> {
+    return this.bounds.refresh();
   }
 
   /** Bytes on the volume held by layers (exclusive, summed) and by the image blob cache. */
@@ -380,6 +446,8 @@ interface JobContext {
   session: BuildSession;
   tempDir: string;
   lease: (keys: string[]) => Promise<boolean[]>;
+  /** The layer store as this build publishes to it: a tenant's build owns and pays for its new layers. */
+  layers: LayerStore;
 }
 
 /** The Dockerfile's path: inside the context (no `..`, not absolute) unless host paths are allowed. */

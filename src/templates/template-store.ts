@@ -161,6 +161,20 @@ export class TemplateStore {
     return roots;
   }
 
+  /** Each owner's template layers (the public owner's under PUBLIC_OWNER). */
+  async layerRootsByOwner(): Promise<Map<string, Set<string>>> {
+    const roots = new Map<string, Set<string>>();
+    for (const owner of await this.owners()) {
+      const own = new Set<string>();
+      for (const id of await jsonNames(join(this.ownerDir(owner), 'templates'))) {
+        const record = await readJson<StoredTemplate>(jsonPath(join(this.ownerDir(owner), 'templates'), id));
+        if (record) own.add(record.layer);
+      }
+      roots.set(owner, own);
+    }
+    return roots;
+  }
+
   private async owners(): Promise<string[]> {
     const entries = await readdir(this.dir).catch(() => [] as string[]);
     return entries.filter((e) => e === PUBLIC_OWNER || /^[a-z0-9][a-z0-9_-]{0,63}$/.test(e));

@@ -10,7 +10,18 @@ export const MetadataSchema = z
   .refine((m) => Object.keys(m).length <= 64, 'at most 64 metadata pairs');
 
 /** What a pause kept, so callers know what a resume will find. */
-export const PauseInfoSchema = z.object({ keepsMemory: z.boolean(), survivesRestart: z.boolean(), pausedAt: z.string() });
+export const PauseInfoSchema = z.object({
+  keepsMemory: z.boolean(),
+  survivesRestart: z.boolean(),
+  pausedAt: z.string(),
+  /**
+   * The TTL while paused: `suspended` (`onTimeout: pause`) — no end while paused, a resume starts
+   * a full `spec.ttlMs` again; `running` — the sandbox still ends at `expiresAt`, paused or not.
+   */
+  ttl: z.enum(['suspended', 'running']),
+  /** `call`: the next call acting inside it resumes it (`spec.autoResume`); `resume`: only a resume (or E2B connect) does. */
+  resumesOn: z.enum(['call', 'resume']),
+});
 
 export const SandboxInfoSchema = z.object({
   sandboxId: z.string(),

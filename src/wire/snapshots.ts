@@ -23,6 +23,12 @@ export const SnapshotInfoSchema = z.object({
   disk: z.enum(['root', 'workspace']),
   /** Bytes the snapshot holds (its quota group's referenced bytes); counted just after it is taken, absent until then. */
   sizeBytes: z.number().int().nonnegative().optional(),
+  /**
+   * What the snapshot counts against the tenant's disk quota: the bytes its sandbox's disk had
+   * written beyond its own origin (template or snapshot) at the instant it was taken, as that
+   * disk's limit counts them. Absent on snapshots taken before quotas counted them (then 0).
+   */
+  chargedBytes: z.number().int().nonnegative().optional(),
   createdAt: z.string(),
   /** The source sandbox's spec: a sandbox made from the snapshot starts with it unless told otherwise. */
   spec: SandboxSpecSchema,

@@ -1,7 +1,10 @@
 import { afterEach, describe, expect } from 'vitest';
+import { HOST_TEMPLATE } from '../../src/sandbox-spec/index.js';
 import { describeResult, expectNoLeaks } from '../helpers/sandbox.js';
 import type { Warning } from '../../src/wire/index.js';
-import { backendRunner, CONFORMANCE_BACKENDS, conformanceIt } from './backends.js';
+import { backendRunner, CONFORMANCE_TARGETS, conformanceIt, needsConformanceTemplates } from './backends.js';
+
+needsConformanceTemplates();
 
 const MiB = 1024 * 1024;
 afterEach(expectNoLeaks);
@@ -22,18 +25,24 @@ const FORKER = [
   '    n += 1',
 ].join('\n');
 
-describe.each(CONFORMANCE_BACKENDS)('limits on the %s backend end work with a readable, classified error', (backend) => {
-  const sandbox = backendRunner(backend);
+describe.each(CONFORMANCE_TARGETS)('limits end work with a readable, classified error on the $backend backend, $template template', (target) => {
+  const sandbox = backendRunner(target);
 
-  conformanceIt(backend, 'refuses forks past the pids limit', {}, async () => {
+  conformanceIt(target, 'refuses forks past the pids limit', {}, async () => {
     const r = await sandbox.python(FORKER, { spec: { limits: { pids: 32, wallClockMs: 20_000 } } });
     const made = Number(/fork failed after (\d+) Resource temporarily unavailable/.exec(r.stdout)?.[1]);
     expect(made, describeResult(r)).toBeGreaterThan(10);
-    expect(made).toBeLessThan(32);
+    // The forker never gets more children than the limit. Where the agent shares the forker's
+    // user (the host template), the agent and the forker count too. On gVisor the bound is
+    // RLIMIT_NPROC per user inside its kernel: a template's agent runs as root there, so the
+    // template user's processes alone reach the limit (SECURITY-MODEL.md, "What is not guaranteed").
+    const perUserOnly = target.backend === 'gvisor' && target.template !== HOST_TEMPLATE;
+    if (perUserOnly) expect(made).toBeLessThanOrEqual(32);
+    else expect(made).toBeLessThan(32);
   });
 
   conformanceIt(
-    backend,
+    target,
     'classifies the refused fork as a pids limit hit',
     { gvisor: 'gVisor refuses the fork inside its own kernel (RLIMIT_NPROC), where the host has no refusal counter to read; the refusal is enforced (case above) but reported as the program\'s failure' },
     async () => {
@@ -44,14 +53,14 @@ describe.each(CONFORMANCE_BACKENDS)('limits on the %s backend end work with a re
     },
   );
 
-  conformanceIt(backend, 'contains a classic bash fork bomb and leaves nothing behind', {}, async () => {
+  conformanceIt(target, 'contains a classic bash fork bomb and leaves nothing behind', {}, async () => {
     const r = await sandbox.run(['bash', '-c', ':(){ :|:& };:; sleep 3'], { spec: { limits: { pids: 64, wallClockMs: 1500 } } });
     expect(r.outcome, describeResult(r)).toBe('limit_exceeded');
     expect(['pids', 'wall_clock']).toContain(r.limit?.resource);
     // afterEach: no process, cgroup or workspace of the bomb is left on the host.
   });
 
-  conformanceIt(backend, 'kills a memory hog with a memory error, after a warning', {}, async () => {
+  conformanceIt(target, 'kills a memory hog with a memory error, after a warning', {}, async () => {
     const warnings: Warning[] = [];
     const r = await sandbox.python('import time\nchunks = []\nwhile True:\n    chunks.append(bytearray(8 * 1024 * 1024))\n    time.sleep(0.02)', {
       spec: { limits: { memoryBytes: 128 * MiB } },
@@ -65,7 +74,7 @@ describe.each(CONFORMANCE_BACKENDS)('limits on the %s backend end work with a re
     expect(warnings[0]?.message).toMatch(/passed 80% of the 128 MiB limit/);
   });
 
-  conformanceIt(backend, 'stops a disk filler with a disk error', {}, async () => {
+  conformanceIt(target, 'stops a disk filler with a disk error', {}, async () => {
     const r = await sandbox.run(['dd', 'if=/dev/zero', 'of=/workspace/fill', 'bs=1M', 'count=200'], {
       spec: { limits: { diskBytes: 32 * MiB, fileSizeBytes: 512 * MiB } },
     });
@@ -75,7 +84,7 @@ describe.each(CONFORMANCE_BACKENDS)('limits on the %s backend end work with a re
     expect(r.stderr).toMatch(/Disk quota exceeded/);
   });
 
-  conformanceIt(backend, 'stops a huge file with the file-size limit', {}, async () => {
+  conformanceIt(target, 'stops a huge file with the file-size limit', {}, async () => {
     const r = await sandbox.run(['dd', 'if=/dev/zero', 'of=/workspace/big', 'bs=1M', 'count=50'], {
       spec: { limits: { fileSizeBytes: 5 * MiB } },
     });
@@ -84,7 +93,7 @@ describe.each(CONFORMANCE_BACKENDS)('limits on the %s backend end work with a re
     expect(r.limit?.message).toMatch(/^file size limit 5 MiB exceeded/);
   });
 
-  conformanceIt(backend, 'keeps the first bytes of a stdout flood and flags the truncation', {}, async () => {
+  conformanceIt(target, 'keeps the first bytes of a stdout flood and flags the truncation', {}, async () => {
     const r = await sandbox.run(['sh', '-c', 'yes capsule | head -c 5000000; echo tail >&2'], { spec: { limits: { stdoutBytes: MiB } } });
     expect(r.outcome, describeResult(r)).toBe('ok');
     expect(r.stdoutTruncated).toBe(true);
@@ -94,7 +103,7 @@ describe.each(CONFORMANCE_BACKENDS)('limits on the %s backend end work with a re
     expect(r.stderr).toBe('tail\n');
   });
 
-  conformanceIt(backend, 'ends an infinite loop by wall clock, in real time', {}, async () => {
+  conformanceIt(target, 'ends an infinite loop by wall clock, in real time', {}, async () => {
     const r = await sandbox.python('while True: pass', { spec: { limits: { wallClockMs: 1000 } } });
     expect(r.outcome, describeResult(r)).toBe('limit_exceeded');
     expect(r.limit?.resource).toBe('wall_clock');
@@ -102,7 +111,7 @@ describe.each(CONFORMANCE_BACKENDS)('limits on the %s backend end work with a re
     expect(r.durationMs).toBeGreaterThanOrEqual(1000);
   });
 
-  conformanceIt(backend, 'ends a sleeping process by wall clock too (real time, not CPU time)', {}, async () => {
+  conformanceIt(target, 'ends a sleeping process by wall clock too (real time, not CPU time)', {}, async () => {
     const r = await sandbox.run(['sleep', '60'], { spec: { limits: { wallClockMs: 500 } } });
     expect(r.outcome, describeResult(r)).toBe('limit_exceeded');
     expect(r.limit?.resource).toBe('wall_clock');
@@ -110,13 +119,13 @@ describe.each(CONFORMANCE_BACKENDS)('limits on the %s backend end work with a re
     expect(r.usage.cpuTimeMs).toBeLessThan(500);
   });
 
-  conformanceIt(backend, 'kills the whole process tree on timeout', {}, async () => {
+  conformanceIt(target, 'kills the whole process tree on timeout', {}, async () => {
     const r = await sandbox.run(['sh', '-c', 'setsid sleep 100 & nohup sleep 100 & sleep 100'], { spec: { limits: { wallClockMs: 500 } } });
     expect(r.limit?.resource, describeResult(r)).toBe('wall_clock');
     // afterEach: no process of the sandbox is left on the host.
   });
 
-  conformanceIt(backend, "tells the program's own failure apart from a limit", {}, async () => {
+  conformanceIt(target, "tells the program's own failure apart from a limit", {}, async () => {
     const r = await sandbox.run(['sh', '-c', 'echo oops >&2; exit 3']);
     expect(r.outcome, describeResult(r)).toBe('exit_nonzero');
     expect(r.exitCode).toBe(3);
@@ -124,20 +133,20 @@ describe.each(CONFORMANCE_BACKENDS)('limits on the %s backend end work with a re
     expect(r.stderr).toBe('oops\n');
   });
 
-  conformanceIt(backend, 'reports a missing command as an error, not a crash', {}, async () => {
+  conformanceIt(target, 'reports a missing command as an error, not a crash', {}, async () => {
     const r = await sandbox.run(['/nonexistent/tool']);
     expect(r.outcome, describeResult(r)).toBe('error');
     expect(r.error?.code).toBe('EXEC_FAILED');
     expect(r.error?.message).toMatch(/nonexistent/);
   });
 
-  conformanceIt(backend, 'bounds /tmp by its own size', {}, async () => {
+  conformanceIt(target, 'bounds /tmp by its own size', {}, async () => {
     const r = await sandbox.run(['dd', 'if=/dev/zero', 'of=/tmp/fill', 'bs=1M', 'count=40'], { spec: { limits: { tmpBytes: 8 * MiB } } });
     expect(r.outcome, describeResult(r)).toBe('exit_nonzero');
     expect(r.stderr).toMatch(/No space left on device/);
   });
 
-  conformanceIt(backend, 'bounds /dev/shm by limits.shmBytes and keeps the rest of /dev read-only', {}, async () => {
+  conformanceIt(target, 'bounds /dev/shm by limits.shmBytes and keeps the rest of /dev read-only', {}, async () => {
     // Python's POSIX semaphores and shared memory live in /dev/shm: it works, up to its size.
     const r = await sandbox.run([
       'sh', '-c',

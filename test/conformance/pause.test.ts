@@ -5,9 +5,13 @@ import { createBackends } from '../../src/backends/registry.js';
 import type { BackendSandbox } from '../../src/backends/backend.js';
 import { baseEnv } from '../../src/host/sandbox-layout.js';
 import { HostEnvironment } from '../../src/host/host-env.host.js';
-import { parseSpec, type BackendName } from '../../src/sandbox-spec/index.js';
+import { HOST_TEMPLATE, parseSpec } from '../../src/sandbox-spec/index.js';
+import { StoredTemplates } from '../../src/engine/stored-templates.js';
 import { expectNoLeaks, testDataDir } from '../helpers/sandbox.js';
-import { CONFORMANCE_BACKENDS, conformanceIt } from './backends.js';
+import { testTemplates } from '../helpers/templates.js';
+import { CONFORMANCE_TARGETS, conformanceIt, needsConformanceTemplates, type ConformanceTarget } from './backends.js';
+
+needsConformanceTemplates();
 
 afterEach(expectNoLeaks);
 
@@ -27,11 +31,13 @@ async function waitUntil(what: string, check: () => Promise<boolean>, timeoutMs 
   }
 }
 
-async function withSandbox(backend: BackendName, id: string, fn: (sandbox: BackendSandbox) => Promise<void>): Promise<void> {
+async function withSandbox({ backend, template }: ConformanceTarget, id: string, fn: (sandbox: BackendSandbox) => Promise<void>): Promise<void> {
   const host = new HostEnvironment({ dataDir: testDataDir() });
   const chosen = createBackends(host).find((b) => b.name === backend);
   if (!chosen) throw new Error(`no backend ${backend}`);
-  const sandbox = await chosen.create(parseSpec({ backend }), { id: `${id}-${backend}` });
+  const image = await new StoredTemplates(testTemplates()).resolve('local', template);
+  const layer = image.layerDir !== undefined ? { template: { layerDir: image.layerDir } } : {};
+  const sandbox = await chosen.create(parseSpec({ backend, template }), { id: `${id}-${backend}-${template === HOST_TEMPLATE ? 'host' : 'tpl'}`, ...layer });
   try {
     await fn(sandbox);
   } finally {
@@ -39,9 +45,10 @@ async function withSandbox(backend: BackendName, id: string, fn: (sandbox: Backe
   }
 }
 
-describe.each(CONFORMANCE_BACKENDS)('pause and resume on the %s backend', (backend) => {
-  conformanceIt(backend, 'pauses with memory: a counting process stops, then continues from where it was', {}, async () => {
-    await withSandbox(backend, 'pause-mem', async (sandbox) => {
+describe.each(CONFORMANCE_TARGETS)('pause and resume on the $backend backend, $template template', (target) => {
+  const { backend } = target;
+  conformanceIt(target, 'pauses with memory: a counting process stops, then continues from where it was', {}, async () => {
+    await withSandbox(target, 'pause-mem', async (sandbox) => {
       await sandbox.exec({ argv: ['sh', '-c', COUNTER], env: baseEnv(), cwd: '/workspace' });
       await waitUntil('the counter to start', async () => (await count(sandbox)) > 3);
       const result = await sandbox.pause!({ keepMemory: true });
@@ -54,8 +61,8 @@ describe.each(CONFORMANCE_BACKENDS)('pause and resume on the %s backend', (backe
     });
   });
 
-  conformanceIt(backend, 'pauses without memory: processes end, files stay, new processes run after resume', {}, async () => {
-    await withSandbox(backend, 'pause-files', async (sandbox) => {
+  conformanceIt(target, 'pauses without memory: processes end, files stay, new processes run after resume', {}, async () => {
+    await withSandbox(target, 'pause-files', async (sandbox) => {
       const counter = await sandbox.exec({ argv: ['sh', '-c', COUNTER], env: baseEnv(), cwd: '/workspace' });
       await waitUntil('the counter to start', async () => (await count(sandbox)) > 3);
       const result = await sandbox.pause!({ keepMemory: false });

@@ -10,7 +10,8 @@ import { expectNoLeaks, testDataDir } from '../helpers/sandbox.js';
 import { waitFor } from './server-helpers.js';
 
 /**
- * `capsule serve` as a child process, SIGKILLed with sandboxes and a stream running, then
+ * `capsule serve --no-supervise` (sandboxes tied to the server process, the old model) as a
+ * child process, SIGKILLed with sandboxes and a stream running, then
  * restarted on the same data directory. Runs on dist/: `npm run build` first.
  */
 const ROOT = resolve(import.meta.dirname, '../..');
@@ -29,7 +30,7 @@ interface Served {
 }
 
 async function serve(): Promise<Served> {
-  const child = spawn(process.execPath, [BIN, 'serve', '--port', '0', '--data-dir', dataDir, '--log-level', 'warn', '--warm-pool', '0'], {
+  const child = spawn(process.execPath, [BIN, 'serve', '--port', '0', '--data-dir', dataDir, '--log-level', 'warn', '--warm-pool', '0', '--no-supervise'], {
     env: { ...process.env, CAPSULE_API_KEY: apiKey },
   });
   children.push(child);

@@ -10,7 +10,7 @@ import { expectNoLeaks, testDataDir } from '../helpers/sandbox.js';
 import { waitFor } from './server-helpers.js';
 
 /**
- * `capsule serve --supervise` as a child process, SIGKILLed while its sandboxes run, then started
+ * `capsule serve` (which supervises its sandboxes by default) as a child process, SIGKILLed while its sandboxes run, then started
  * again on the same data directory: the sandboxes kept running under their supervisors, the
  * processes are listed again by pid, output written while no server ran is readable, and a
  * supervisor or agent that dies ends only its own sandbox, with the reason. Runs on dist/.
@@ -31,7 +31,7 @@ interface Served {
 }
 
 async function serve(...extra: string[]): Promise<Served> {
-  const args = [BIN, 'serve', '--port', '0', '--data-dir', dataDir, '--log-level', 'warn', '--warm-pool', '0', '--supervise', ...extra];
+  const args = [BIN, 'serve', '--port', '0', '--data-dir', dataDir, '--log-level', 'warn', '--warm-pool', '0', ...extra];
   const child = spawn(process.execPath, args, { env: { ...process.env, CAPSULE_API_KEY: apiKey } });
   children.push(child);
   let stdout = '';
@@ -122,7 +122,7 @@ afterAll(async () => {
   await expectNoLeaks();
 });
 
-describe('capsule serve --supervise: sandboxes outlive the server', () => {
+describe('capsule serve (supervised by default): sandboxes outlive the server', () => {
   it.skipIf(!isBuilt)('keeps processes running through a SIGKILL and a SIGTERM stop of the server and reattaches to them by pid (needs npm run build)', async () => {
     const first = await serve();
     const call = api(first.url);
@@ -184,7 +184,7 @@ describe('capsule serve --supervise: sandboxes outlive the server', () => {
     const relisted = await api(third.url)<{ processes: { pid: number; running: boolean }[] }>('GET', `/v1/sandboxes/${id}/processes`);
     expect(relisted.body.processes.find((p) => p.pid === counter.body.pid)).toMatchObject({ running: true });
 
-    // --stop-sandboxes: a stop ends every sandbox and supervisor, as without --supervise.
+    // --stop-sandboxes: a stop ends every sandbox and supervisor.
     third.child.kill('SIGTERM');
     await exited(third.child);
     expect(third.child.exitCode, third.stderr()).toBe(0);

@@ -2,6 +2,7 @@ import { readdir, readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { spawnSync } from 'node:child_process';
 import { listSandboxCgroups } from '../../src/host/cgroups.host.js';
+import { RANGE_BASE } from '../../src/host/uid-ranges.js';
 import { HostEnvironment } from '../../src/host/host-env.host.js';
 import { listInstanceLinks, listInstanceNetns, NetworkNames, slotOwner } from '../../src/host/netns-pool.host.js';
 
@@ -118,14 +119,14 @@ export async function descendants(root: number): Promise<string[]> {
   return found;
 }
 
-/** Processes whose host uid is in the sandbox range (used while a sandbox runs). */
+/** Processes whose host uid is a sandbox's: the single uids of host-template sandboxes, or a template sandbox's range (used while a sandbox runs). */
 export async function sandboxUidProcesses(): Promise<{ pid: number; uid: number; name: string }[]> {
   const found: { pid: number; uid: number; name: string }[] = [];
   for (const entry of await readdir('/proc')) {
     if (!/^\d+$/.test(entry)) continue;
     const status = await readFile(`/proc/${entry}/status`, 'utf8').catch(() => '');
     const uid = Number(/^Uid:\s+(\d+)/m.exec(status)?.[1] ?? -1);
-    if (uid >= 3_000_000 && uid < 4_000_000) found.push({ pid: Number(entry), uid, name: /^Name:\s+(.*)$/m.exec(status)?.[1] ?? '?' });
+    if ((uid >= 3_000_000 && uid < 4_000_000) || uid >= RANGE_BASE) found.push({ pid: Number(entry), uid, name: /^Name:\s+(.*)$/m.exec(status)?.[1] ?? '?' });
   }
   return found;
 }

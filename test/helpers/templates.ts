@@ -22,8 +22,8 @@ export interface SharedDebian {
 }
 
 /**
- * The one small Debian template of this test run (the `apt` variant plus the defaults: about 200
- * MiB and 1-5 min to make). The first caller bootstraps it, under a lock so that a second file
+ * The one small Debian template of this test run (the `apt` variant plus the defaults and
+ * python3, which the conformance suite's cases use: about 230 MiB and 1-5 min to make). The first caller bootstraps it, under a lock so that a second file
  * waits instead of bootstrapping again; later callers find it by name.
  */
 export async function sharedDebianTemplate(service: TemplateService): Promise<SharedDebian> {
@@ -34,7 +34,7 @@ export async function sharedDebianTemplate(service: TemplateService): Promise<Sh
       const existing = await service.store.find(PUBLIC_OWNER, TEST_DEBIAN);
       if (existing) return { template: existing, log: [] };
       const log: LogEntry[] = [];
-      const template = await service.buildTemplate({ owner: PUBLIC_OWNER, name: TEST_DEBIAN, source: { kind: 'debian' }, onLog: (entry) => log.push(entry) });
+      const template = await service.buildTemplate({ owner: PUBLIC_OWNER, name: TEST_DEBIAN, source: { kind: 'debian', packages: ['python3'] }, onLog: (entry) => log.push(entry) });
       return { template, log };
     },
     20 * 60_000,

@@ -24,7 +24,8 @@ describe('Debian bootstrap (mmdebstrap, the host\'s apt sources)', () => {
   it('makes a template with the defaults: ca-certificates, curl, ss, pgrep, and the user `user` (1000) in /home/user', async () => {
     const { template } = shared;
     expect(template).toMatchObject({ name: TEST_DEBIAN, owner: PUBLIC_OWNER, tags: ['latest'], source: 'debian', config: { user: 'user', workdir: '/home/user' } });
-    expect(template.parent).toMatchObject({ kind: 'debian', packages: ['ca-certificates', 'curl', 'iproute2', 'procps'] });
+    // The defaults, then the packages the request named (the shared template asks for python3).
+    expect(template.parent).toMatchObject({ kind: 'debian', packages: ['ca-certificates', 'curl', 'iproute2', 'procps', 'python3'] });
     expect(template.size.referencedBytes).toBeGreaterThan(100 * 1024 * 1024);
     const root = service.layers.rootOf(template.layer);
     for (const tool of ['usr/bin/curl', 'usr/bin/pgrep', 'usr/bin/apt-get', 'etc/ssl/certs/ca-certificates.crt']) expect((await stat(join(root, tool))).isFile(), tool).toBe(true);

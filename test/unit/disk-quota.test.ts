@@ -26,7 +26,7 @@ describe('TenantDiskQuota', () => {
     const settle = quota.reserveArtifacts(a, 20 * MiB);
     settle(10 * MiB); // the collection stored less than it planned
     quota.reserveSnapshot(a, 5 * MiB);
-    expect(quota.usageOf('a')).toEqual({ workspaces: 40 * MiB, logs: 30 * MiB, artifacts: 10 * MiB, snapshots: 5 * MiB });
+    expect(quota.usageOf('a')).toEqual({ workspaces: 40 * MiB, logs: 30 * MiB, artifacts: 10 * MiB, snapshots: 5 * MiB, volumes: 0, templates: 0 });
     const error = thrown(() => quota.reserveWorkspace(a, 16 * MiB));
     expect(error.code).toBe('QUOTA_EXCEEDED');
     expect(error.details).toMatchObject({ resource: 'disk', for: 'workspaces', limit: 100 * MiB, used: 85 * MiB, requested: 16 * MiB });
@@ -63,6 +63,30 @@ describe('TenantDiskQuota', () => {
     settle(10 * MiB);
     quota.setStoredArtifacts(new Map()); // every artifact expired
     expect(quota.usageOf('a').artifacts).toBe(0);
+  });
+
+  it('charges volumes and template layers, names what to delete, and takes template use from the store', () => {
+    const quota = new TenantDiskQuota({ defaultBytes: 100 * MiB });
+    const a = { tenantId: 'a' };
+    quota.reserveStored(a, 'volumes', 50 * MiB);
+    quota.reserveStored(a, 'snapshots', 10 * MiB);
+    quota.setTemplates(new Map([['a', 30 * MiB]]));
+    expect(quota.roomOf(a)).toBe(10 * MiB);
+    const error = thrown(() => quota.reserveStored(a, 'templates', 11 * MiB));
+    expect(error.code).toBe('QUOTA_EXCEEDED');
+    expect(error.details).toMatchObject({ for: 'templates', used: 90 * MiB, requested: 11 * MiB });
+    expect(error.message).toMatch(/\(snapshots 10 MiB, volumes 50 MiB, templates 30 MiB\); templates need 11 MiB more/);
+    // The largest use first: volumes, then templates, then snapshots.
+    expect(error.hint).toMatch(/delete volumes .*; remove templates you built .*; delete snapshots/);
+    quota.releaseStored(a, 'volumes', 50 * MiB);
+    expect(() => quota.reserveStored(a, 'templates', 11 * MiB)).not.toThrow();
+    // What the store holds replaces the running total (a removal freed the build's layers).
+    quota.setTemplates(new Map());
+    expect(quota.usageOf('a').templates).toBe(0);
+    // Restored at start-up whatever the quota.
+    quota.restoreStored(a, 'volumes', 500 * MiB);
+    expect(quota.roomOf(a)).toBe(0);
+    expect(quota.roomOf({ tenantId: 'b' })).toBe(100 * MiB);
   });
 
   it('refuses a quota that is not a positive number of bytes', () => {

@@ -1,4 +1,4 @@
-import type { EgressNetwork } from '../../host/netns-network.host.js';
+import type { EgressNetwork, NetworkAttachment as EgressAttachment } from '../../host/netns-network.host.js';
 import type { SandboxSpec } from '../../sandbox-spec/index.js';
 import type { Capability } from '../backend.js';
 import type { NetworkAttachment } from './gvisor-sandbox.host.js';
@@ -18,14 +18,21 @@ export function egressNetworkProvider(network: EgressNetwork): NetworkNamespaceP
         await network.detach(id).catch(() => undefined);
         throw error;
       });
-      return {
-        path: attached.netnsPath,
-        resolvConf: attached.resolvConf,
-        env: attached.env,
-        setPolicy: (policy) => network.setPolicy(id, policy),
-        stats: () => network.stats(id),
-        release: () => network.detach(id),
-      };
+      return attachment(id, attached);
+    },
+    async reattach(id: string, spec: SandboxSpec, tenantId?: string): Promise<NetworkAttachment> {
+      return attachment(id, await network.reattach(id, spec.network, tenantId));
     },
   };
+
+  function attachment(id: string, attached: EgressAttachment): NetworkAttachment {
+    return {
+      path: attached.netnsPath,
+      resolvConf: attached.resolvConf,
+      env: attached.env,
+      setPolicy: (policy) => network.setPolicy(id, policy),
+      stats: () => network.stats(id),
+      release: () => network.detach(id),
+    };
+  }
 }

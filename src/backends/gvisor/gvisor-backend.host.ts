@@ -5,7 +5,9 @@ import { SandboxError } from '../../errors/index.js';
 import { SandboxCgroup, listSandboxCgroups } from '../../host/cgroups.host.js';
 import type { HostEnvironment, HostPaths } from '../../host/host-env.host.js';
 import type { SandboxSpec } from '../../sandbox-spec/index.js';
-import type { Backend, BackendProbe, BackendSandbox, Capability, CreateOptions, ReconcileReport } from '../backend.js';
+import type { Backend, BackendProbe, BackendSandbox, Capability, CreateOptions, ReattachOptions, ReconcileReport } from '../backend.js';
+import { reattachHolder } from '../namespace/agent-holder.host.js';
+import { supervisorState } from '../namespace/supervisor.host.js';
 import type { HostMount } from '../../host/mount-roots.host.js';
 import { hostMountsOf } from '../host-mounts.js';
 import { buildOciSpec, hostPidsBackstop, type OciSpec } from './oci-bundle.js';
@@ -32,6 +34,8 @@ export interface NetworkNamespaceProvider {
   /** What sandboxes get through it, e.g. 'network.allowlist'. */
   readonly capabilities: readonly Capability[];
   acquire(id: string, spec: SandboxSpec, tenantId?: string): Promise<NetworkAttachment>;
+  /** The namespace a sandbox kept while no server ran, its policy registered again (see EgressNetwork.reattach). */
+  reattach?(id: string, spec: SandboxSpec, tenantId?: string): Promise<NetworkAttachment>;
 }
 
 export interface GvisorBackendOptions {
@@ -40,6 +44,12 @@ export interface GvisorBackendOptions {
   debugLogDir?: string;
   /** Per-sandbox network namespaces; without it only `network.mode: 'none'` is offered. */
   network?: NetworkNamespaceProvider;
+  /**
+   * Each sandbox's runsc is held by a supervisor daemon (capsule-launch --supervise) instead of
+   * this process: it keeps running when the server dies, and a new server reattaches to it
+   * (`reattach`). @default false (sandboxes die with the server)
+   */
+  supervise?: boolean;
 }
 
 /**
@@ -89,6 +99,50 @@ export class GvisorBackend implements Backend {
     return this.open(spec, id, { mode: 'paused', reuseWorkspace: true, mounts: options.mounts });
   }
 
+  /**
+   * Takes over a running sandbox whose supervisor outlived the previous server: the same runsc
+   * container, cgroup, root, network namespace (policy registered again) and processes.
+   * Undefined when it never had a supervisor; SANDBOX_CRASHED with the reason when its
+   * supervisor is gone (`runsc exited N while no server was attached`) or does not answer.
+   */
+  async reattach(id: string, spec: SandboxSpec, options: ReattachOptions = {}): Promise<BackendSandbox | undefined> {
+    const paths = await this.host.ensure();
+    const held = await supervisorState(paths.dataDir, id, 'runsc');
+    if (held.state === 'none') return undefined;
+    if (held.state === 'ended') throw new SandboxError('SANDBOX_CRASHED', held.reason, { details: { sandboxId: id } });
+    const { runsc } = await this.ready();
+    const network = spec.network.mode === 'none' ? undefined : await this.options.network?.reattach?.(id, spec, options.tenantId);
+    if (spec.network.mode !== 'none' && network === undefined) {
+      throw new SandboxError('SANDBOX_CRASHED', `its network cannot be taken over: this server has no network for gVisor sandboxes`, { details: { sandboxId: id } });
+    }
+    const holder = await reattachHolder(paths.dataDir, id, 'runsc').catch(() => undefined);
+    if (holder === undefined) {
+      await network?.release().catch(() => undefined);
+      throw new SandboxError('SANDBOX_CRASHED', 'its supervisor did not answer the restarted server', { details: { sandboxId: id } });
+    }
+    const volume = this.host.volume;
+    const fromTemplate = await volume.isRoot(id);
+    const uid = fromTemplate ? this.host.uidRanges.allocate(id) : this.allocateUid(id);
+    return GvisorSandbox.take(
+      {
+        id, spec, workspaceDir: fromTemplate ? join(volume.rootPath(id), 'workspace') : volume.path(id),
+        cgroup: SandboxCgroup.attach(`${this.host.cgroupPrefix}${id}`), runsc, layout: this.layout, launcher: paths.launcher, network,
+        mounts: hostMountsOf(spec, options.mounts), dataDir: paths.dataDir, supervise: true,
+        ...(fromTemplate ? { template: { rootDir: volume.rootPath(id), hostBase: uid, size: RANGE_SIZE, toolsDir: paths.toolsDir } } : {}),
+        diskUsed: () => volume.usedBytes(id),
+        release: async () => {
+          if (fromTemplate) this.host.uidRanges.release(id);
+          else this.uidsInUse.delete(uid);
+          await network?.release();
+          await this.layout.removeCheckpoint(id);
+          await this.layout.removeBundle(id);
+          await volume.delete(id);
+        },
+      },
+      holder,
+    );
+  }
+
   async reconcile(liveIds: ReadonlySet<string>, reattached: ReadonlySet<string> = new Set()): Promise<ReconcileReport> {
     await this.host.ensure();
     // Without runsc on this host no container of ours can exist; the files can still go.
@@ -103,8 +157,11 @@ export class GvisorBackend implements Backend {
         failures.push(`${what}: ${(error as Error).message}`);
       }
     };
-    // A container of a previous process has lost its stdio pipes: nobody can talk to its agent.
-    for (const id of (await runsc?.list()) ?? []) await attempt(`runsc:${id}`, () => runsc!.deleteForce(id));
+    // A container of a previous process that nobody reattached to: nobody can talk to its agent.
+    // Its supervisor (if it had one) goes with the namespace backend's reconcile of run/.
+    for (const id of (await runsc?.list()) ?? []) {
+      if (!reattached.has(id)) await attempt(`runsc:${id}`, () => runsc!.deleteForce(id));
+    }
     for (const name of await listSandboxCgroups(this.host.cgroupPrefix)) {
       // Both backends share the cgroup prefix: a sandbox another backend took over is not ours to remove.
       if (reattached.has(name.slice(this.host.cgroupPrefix.length))) continue;
@@ -194,6 +251,7 @@ export class GvisorBackend implements Backend {
       how.signal?.throwIfAborted();
       const sandbox = new GvisorSandbox({
         id, spec, workspaceDir, cgroup, runsc, layout: this.layout, launcher: paths.launcher, network, mounts, dataDir: paths.dataDir,
+        supervise: this.options.supervise === true,
         ...(fromTemplate ? { template: { rootDir: volume.rootPath(id), hostBase: uid, size: RANGE_SIZE, toolsDir: paths.toolsDir } } : {}),
         diskUsed: () => this.host.volume.usedBytes(id),
         release: async () => {

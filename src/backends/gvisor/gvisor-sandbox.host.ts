@@ -10,9 +10,11 @@ import type { NetworkPolicy, SandboxSpec } from '../../sandbox-spec/index.js';
 import type { BackendSandbox, ConnectPortOptions, ExecRequest, PauseOptions, PauseResult, SandboxCounters } from '../backend.js';
 import type { HostMount } from '../../host/mount-roots.host.js';
 import { launchMountArgs, mountRefusal } from '../host-mounts.js';
+import { logTail, removeSupervisor, supervisorFiles } from '../namespace/supervisor.host.js';
 import { FIRST_MOUNT_FD, RESOLV_CONF_FD, ROOT_FD, STAGE, TOOLS_FD } from '../namespace/bwrap-args.js';
 import { STAGE_DIR } from '../../host/sandbox-layout.js';
 import type { GvisorLayout } from './layout.js';
+import { supervisedHolder, type AgentHolder } from '../namespace/agent-holder.host.js';
 import type { Runsc } from './runsc.host.js';
 
 const AGENT_READY_TIMEOUT_MS = 15_000;
@@ -66,6 +68,11 @@ export interface GvisorSandboxOptions {
   dataDir: string;
   diskUsed: () => Promise<number | undefined>;
   release: () => Promise<void>;
+  /**
+   * runsc is held by a supervisor daemon (capsule-launch --supervise) instead of this process:
+   * the sandbox keeps running when the server dies, and a new server reattaches. @default false
+   */
+  supervise?: boolean;
 }
 
 type State = 'starting' | 'running' | 'pausing' | 'paused' | 'resuming' | 'destroyed';
@@ -82,6 +89,10 @@ export class GvisorSandbox implements BackendSandbox {
   private state: State = 'starting';
   private child: ChildProcess | undefined;
   private childExited: Promise<void> = Promise.resolve();
+  /** The supervisor of the current launch, when supervised (else `child` holds runsc). */
+  private holder: AgentHolder | undefined;
+  /** Taken over from an earlier server's supervisor: its processes are the LIST's. */
+  private isReattached = false;
   private agent: AgentClient | undefined;
   private handOver: AgentHandOver | undefined;
   /** Processes a previous Capsule process left running in the checkpoint (restore after restart). */
@@ -98,6 +109,18 @@ export class GvisorSandbox implements BackendSandbox {
     this.workspaceDir = options.workspaceDir;
     this.cgroup = options.cgroup;
     this.lost = new Promise((resolve) => (this.markLost = resolve));
+  }
+
+  /** A running sandbox an earlier server started, from its supervisor (GvisorBackend.reattach). */
+  static take(options: GvisorSandboxOptions, holder: AgentHolder): GvisorSandbox {
+    const sandbox = new GvisorSandbox(options);
+    sandbox.holder = holder;
+    sandbox.childExited = holder.gone;
+    sandbox.isReattached = true;
+    sandbox.watch(holder.agent);
+    sandbox.agent = holder.agent;
+    sandbox.state = 'running';
+    return sandbox;
   }
 
   /** Boots a fresh container: `runsc run`, then the agent's READY. */
@@ -142,7 +165,23 @@ export class GvisorSandbox implements BackendSandbox {
 
   /** Running processes the host can talk to, including those a previous Capsule process started. */
   processes(): readonly AgentProcess[] {
+    if (this.isReattached) return this.agent?.reattached() ?? [];
     return this.agent?.processes() ?? [];
+  }
+
+  /** Why it stopped on its own (`runsc exited 137`, `supervisor gone`), once `lost` resolved. */
+  lostReason(): Promise<string> {
+    return this.holder?.lostReason() ?? Promise.resolve(`runsc exited ${this.child?.exitCode ?? this.child?.signalCode ?? 'unknown'}`);
+  }
+
+  /**
+   * Lets go of a running supervised sandbox, which keeps running for the next server; false when
+   * it is not supervised or not running (a paused one is a checkpoint on disk already).
+   */
+  detach(): boolean {
+    if (this.state !== 'running' || this.holder === undefined) return false;
+    this.state = 'destroyed';
+    return this.holder.detach();
   }
 
   async counters(): Promise<SandboxCounters> {
@@ -218,7 +257,7 @@ export class GvisorSandbox implements BackendSandbox {
         this.state = 'running';
         throw new SandboxError('INTERNAL', `checkpoint of sandbox ${this.id} failed: ${(error as Error).message}`, { cause: error });
       }
-      await this.childExited; // runsc run ends once the container is saved
+      await this.childExited; // runsc run (and its supervisor) ends once the container is saved
       // runsc run may leave the saved container behind as "stopped"; restore needs the id free.
       await this.options.runsc.deleteForce(this.id);
       this.handOver = agent.handOver();
@@ -309,19 +348,28 @@ export class GvisorSandbox implements BackendSandbox {
       this.options.runsc.binary, ...this.options.runsc.flagsFor(network ? 'sandbox' : 'none'), ...runscArgs,
     ];
     this.stderrTail = '';
-    const child = spawn(this.options.launcher, args, { stdio: ['pipe', 'pipe', 'pipe'], env: {} });
-    this.child = child;
-    this.childExited = new Promise((resolve) => child.once('close', () => resolve()));
-    child.stderr?.on('data', (chunk: Buffer) => {
-      this.stderrTail = (this.stderrTail + chunk.toString('utf8')).slice(-STDERR_TAIL_BYTES);
-    });
-    const agent = new AgentClient(child.stdin, child.stdout, {
-      ...(this.handOver ? { handOver: this.handOver } : { firstProcessId: this.nextProcessId, adopt: this.toAdopt }),
-    });
-    agent.onLost(() => {
-      if (this.agent === agent && this.state === 'running') this.markLost();
-    });
-    const spawnError = new Promise<never>((_, reject) => child.once('error', reject));
+    const clientOptions = this.handOver ? { handOver: this.handOver } : { firstProcessId: this.nextProcessId, adopt: this.toAdopt };
+    let agent: AgentClient;
+    let spawnError: Promise<never> = new Promise<never>(() => undefined);
+    if (this.options.supervise) {
+      try {
+        this.holder = await supervisedHolder(this.options.launcher, args, this.options.dataDir, this.id, 'runsc', clientOptions);
+      } catch (error) {
+        throw this.startFailure(error, await supervisorLog(this.options.dataDir, this.id));
+      }
+      this.childExited = this.holder.gone;
+      agent = this.holder.agent;
+    } else {
+      const child = spawn(this.options.launcher, args, { stdio: ['pipe', 'pipe', 'pipe'], env: {} });
+      this.child = child;
+      this.childExited = new Promise((resolve) => child.once('close', () => resolve()));
+      child.stderr?.on('data', (chunk: Buffer) => {
+        this.stderrTail = (this.stderrTail + chunk.toString('utf8')).slice(-STDERR_TAIL_BYTES);
+      });
+      agent = new AgentClient(child.stdin, child.stdout, clientOptions);
+      spawnError = new Promise<never>((_, reject) => child.once('error', reject));
+    }
+    this.watch(agent);
     const exitedEarly = this.childExited.then(() => {
       throw new Error('runsc exited before the agent answered');
     });
@@ -332,15 +380,10 @@ export class GvisorSandbox implements BackendSandbox {
     try {
       await Promise.race([waitFor === 'ready' ? agent.ready : agent.ping(AGENT_READY_TIMEOUT_MS), spawnError, exitedEarly, timeout]);
     } catch (error) {
+      const why = this.holder ? await this.holder.stderrTail() : this.stderrTail.trim();
       agent.close();
       await this.stopContainer();
-      const why = this.stderrTail.trim();
-      const refused = mountRefusal(why, this.spec);
-      if (refused) throw refused;
-      throw new SandboxError('HOST_NOT_READY', `gVisor sandbox ${this.id} failed to start${why ? `: ${why}` : ''}`, {
-        cause: error,
-        hint: 'Check that runsc works on this host (scripts/setup.sh installs it); set debugLogDir on the gvisor backend for runsc logs.',
-      });
+      throw this.startFailure(error, why);
     } finally {
       clearTimeout(timer);
       exitedEarly.catch(() => undefined);
@@ -349,11 +392,30 @@ export class GvisorSandbox implements BackendSandbox {
     this.state = 'running';
   }
 
+  /** The agent of the current launch: a stream that ends while the sandbox runs is its loss. */
+  private watch(agent: AgentClient): void {
+    agent.onLost(() => {
+      if (this.agent === agent && this.state === 'running') this.markLost();
+    });
+  }
+
+  /** A launch that failed, with what the launcher or runsc said (a refused mount has its code). */
+  private startFailure(error: unknown, why: string): SandboxError {
+    return (
+      mountRefusal(why, this.spec) ??
+      new SandboxError('HOST_NOT_READY', `gVisor sandbox ${this.id} failed to start${why ? `: ${why}` : ''}`, {
+        cause: error,
+        hint: 'Check that runsc works on this host (scripts/setup.sh installs it); set debugLogDir on the gvisor backend for runsc logs.',
+      })
+    );
+  }
+
   /** Kills every runsc process of this sandbox and removes runsc's record of the container. */
   private async stopContainer(): Promise<void> {
     await this.cgroup.kill();
     const child = this.child;
     if (child && child.exitCode === null && child.signalCode === null) child.kill('SIGKILL');
+    this.holder?.kill();
     await this.childExited;
     await this.options.runsc.deleteForce(this.id);
   }
@@ -371,4 +433,11 @@ export class GvisorSandbox implements BackendSandbox {
       throw new SandboxError('INTERNAL', `cleanup of sandbox ${this.id} failed: ${failures.join('; ')}`);
     }
   }
+}
+
+/** What a supervisor that did not start said, and its files gone. */
+async function supervisorLog(dataDir: string, id: string): Promise<string> {
+  const tail = await logTail(supervisorFiles(dataDir, id));
+  await removeSupervisor(dataDir, id);
+  return tail;
 }

@@ -5,7 +5,7 @@
  */
 import { spawn } from 'node:child_process';
 import { rm } from 'node:fs/promises';
-import { AgentClient } from '../agent/index.js';
+import { AgentClient, type AgentClientOptions } from '../agent/index.js';
 import { connectSupervisor, endedStatus, logTail, spawnSupervisor, supervisorFiles, supervisorPid, waitGone, type SupervisorFiles } from './supervisor.host.js';
 
 const STDERR_TAIL_BYTES = 4096;
@@ -46,21 +46,37 @@ export function pipedHolder(launcher: string, launchArgs: readonly string[]): Ag
   };
 }
 
-/** A new supervisor for sandbox `id`; resolves once it listens and this server is its client. */
-export async function supervisedHolder(launcher: string, launchArgs: readonly string[], dataDir: string, id: string): Promise<AgentHolder> {
+/**
+ * A new supervisor for sandbox `id`; resolves once it listens and this server is its client.
+ * `what` names the launcher's target in a lost reason (`agent exited 137`, `runsc exited 128`).
+ */
+export async function supervisedHolder(
+  launcher: string,
+  launchArgs: readonly string[],
+  dataDir: string,
+  id: string,
+  what = 'agent',
+  clientOptions: AgentClientOptions = {},
+): Promise<AgentHolder> {
   const files = supervisorFiles(dataDir, id);
   const child = await spawnSupervisor(launcher, launchArgs, files);
   const pid = child.pid ?? 0;
-  const exited = new Promise<void>((resolve) => {
+  const exitedPromise = new Promise<void>((resolve) => {
     if (child.exitCode !== null || child.signalCode !== null) resolve();
     else child.once('exit', () => resolve());
   });
+  // The daemon is unref'd (a server may stop and leave it); one that is waited for keeps this
+  // process alive until it is gone, or a stop could end with the wait unsettled.
+  const exited = (): Promise<void> => {
+    child.ref();
+    return exitedPromise;
+  };
   try {
     const socket = await connectSupervisor(files);
-    return socketHolder(new AgentClient(socket, socket, { supervised: true }), socket, files, pid, exited);
+    return socketHolder(new AgentClient(socket, socket, { supervised: true, ...clientOptions }), socket, files, pid, exited, what);
   } catch (error) {
     child.kill('SIGKILL');
-    await exited;
+    await exited();
     await removeFiles(files);
     throw error;
   }
@@ -70,14 +86,14 @@ export async function supervisedHolder(launcher: string, launchArgs: readonly st
  * Takes over sandbox `id` from the supervisor an earlier server started; undefined when none
  * answers (its files are left for the caller's clean-up).
  */
-export async function reattachHolder(dataDir: string, id: string): Promise<AgentHolder | undefined> {
+export async function reattachHolder(dataDir: string, id: string, what = 'agent'): Promise<AgentHolder | undefined> {
   const files = supervisorFiles(dataDir, id);
   const pid = await supervisorPid(files);
   if (pid === undefined) return undefined;
   const socket = await connectSupervisor(files).catch(() => undefined);
   if (socket === undefined) return undefined;
   const agent = new AgentClient(socket, socket, { reattach: true });
-  const holder = socketHolder(agent, socket, files, pid, undefined);
+  const holder = socketHolder(agent, socket, files, pid, undefined, what);
   try {
     await agent.ready;
   } catch {
@@ -87,7 +103,14 @@ export async function reattachHolder(dataDir: string, id: string): Promise<Agent
   return holder;
 }
 
-function socketHolder(agent: AgentClient, socket: import('node:net').Socket, files: SupervisorFiles, pid: number, exited: Promise<void> | undefined): AgentHolder {
+function socketHolder(
+  agent: AgentClient,
+  socket: import('node:net').Socket,
+  files: SupervisorFiles,
+  pid: number,
+  exited: (() => Promise<void>) | undefined,
+  what: string,
+): AgentHolder {
   const closed = new Promise<void>((resolve) => socket.once('close', () => resolve()));
   let detached = false;
   let reason = 'supervisor gone';
@@ -95,9 +118,9 @@ function socketHolder(agent: AgentClient, socket: import('node:net').Socket, fil
   const gone = (async () => {
     await closed;
     if (detached) return;
-    await (exited ?? waitGone(pid));
+    await (exited ? exited() : waitGone(pid));
     const status = await endedStatus(files);
-    if (status !== undefined) reason = `agent exited ${status}`;
+    if (status !== undefined) reason = `${what} exited ${status}`;
     await removeFiles(files);
   })();
   return {

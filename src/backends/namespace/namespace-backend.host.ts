@@ -4,14 +4,14 @@ import { createHash } from 'node:crypto';
 import type { AgentRelay } from '../agent/index.js';
 import type { AgentClient, AgentProcess } from '../agent/index.js';
 import { pipedHolder, reattachHolder, supervisedHolder, type AgentHolder } from './agent-holder.host.js';
-import { listSupervised, logTail, removeSupervisor, supervisorFiles } from './supervisor.host.js';
+import { listSupervised, logTail, removeSupervisor, supervisorFiles, supervisorState } from './supervisor.host.js';
 import { SandboxError } from '../../errors/index.js';
 import { SandboxCgroup, listSandboxCgroups } from '../../host/cgroups.host.js';
 import type { HostEnvironment, HostPaths } from '../../host/host-env.host.js';
 import type { NetworkPolicy, SandboxSpec } from '../../sandbox-spec/index.js';
 import { EgressNetwork, networkPrerequisitesProblem, type NetworkAttachment } from '../../host/netns-network.host.js';
 import { egressCounters } from '../../host/egress/egress-proxy.js';
-import type { Backend, BackendProbe, BackendSandbox, Capability, ConnectPortOptions, CreateOptions, ExecRequest, PauseOptions, PauseResult, ReconcileReport, SandboxCounters } from '../backend.js';
+import type { Backend, BackendProbe, BackendSandbox, Capability, ConnectPortOptions, CreateOptions, ExecRequest, PauseOptions, PauseResult, ReattachOptions, ReconcileReport, SandboxCounters } from '../backend.js';
 import type { HostMount } from '../../host/mount-roots.host.js';
 import { STAGE_DIR } from '../../host/sandbox-layout.js';
 import { RANGE_SIZE } from '../../host/uid-ranges.js';
@@ -147,32 +147,46 @@ export class NamespaceBackend implements Backend {
 
   /**
    * Takes over a sandbox whose supervisor outlived the previous server: the same cgroup,
-   * workspace and processes. Undefined when no supervisor of it answers (it is then gone, or
-   * left for `reconcile`). Sandboxes with a network are not taken over yet (their egress
-   * attachment lives in the server): they are recovered as before.
+   * workspace, processes, network namespace (its policy registered with this server's proxy
+   * again) and volumes. Undefined when the sandbox never had a supervisor (a server without
+   * supervision started it: `reconcile` removes what is left). SANDBOX_CRASHED, with the reason,
+   * when it had one that is gone or that no longer answers.
    */
-  async reattach(id: string, spec: SandboxSpec): Promise<BackendSandbox | undefined> {
-    // Not yet taken over: a network (its egress attachment lives in the server) or volumes (lent
-    // to the sandbox's uid while it runs). Those are recovered as before.
-    if (spec.network.mode !== 'none' || spec.volumes.length > 0) return undefined;
+  async reattach(id: string, spec: SandboxSpec, options: ReattachOptions = {}): Promise<BackendSandbox | undefined> {
     const paths = await this.host.ensure();
-    const holder = await reattachHolder(paths.dataDir, id);
-    if (holder === undefined) return undefined;
+    const held = await supervisorState(paths.dataDir, id);
+    if (held.state === 'none') return undefined;
+    if (held.state === 'ended') throw new SandboxError('SANDBOX_CRASHED', held.reason, { details: { sandboxId: id } });
+    const volumes = volumesOf(spec, options.volumes);
+    // The namespace first: the proxy refuses the sandbox's address until its policy is registered.
+    const egress = spec.network.mode === 'none' ? undefined : this.egress();
+    const network = await egress?.reattach(id, spec.network, options.tenantId);
+    const holder = await reattachHolder(paths.dataDir, id).catch(() => undefined);
+    if (holder === undefined) {
+      await egress?.detach(id).catch(() => undefined);
+      throw new SandboxError('SANDBOX_CRASHED', 'its supervisor did not answer the restarted server', { details: { sandboxId: id } });
+    }
     const volume = this.host.volume;
     const fromTemplate = await volume.isRoot(id);
     const uid = fromTemplate ? this.host.uidRanges.allocate(id) : this.allocateUid(id);
+    const lent = fromTemplate ? [] : volumes.filter((_, index) => spec.volumes[index]?.readOnly !== true);
     return NamespaceSandbox.take(
       {
         id, spec, paths, uid, cgroup: SandboxCgroup.attach(`${this.host.cgroupPrefix}${id}`),
         workspaceDir: fromTemplate ? join(volume.rootPath(id), 'workspace') : volume.path(id),
-        network: undefined, egress: undefined, mounts: [], volumes: [], supervise: true,
+        network, egress, mounts: options.mounts ?? [], volumes, supervise: true,
         rootDir: fromTemplate ? volume.rootPath(id) : undefined,
         diskUsed: () => volume.usedBytes(id),
         setDiskLimit: (bytes) => volume.setLimit(id, bytes),
         release: async () => {
           if (fromTemplate) this.host.uidRanges.release(id);
           else this.uidsInUse.delete(uid);
-          await volume.delete(id);
+          try {
+            await egress?.detach(id);
+            for (const dir of lent) await returnVolume(dir);
+          } finally {
+            await volume.delete(id);
+          }
         },
       },
       holder,
@@ -214,7 +228,7 @@ export class NamespaceBackend implements Backend {
     }
     await this.host.volume.clearStaleQgroups();
     if ((await networkPrerequisitesProblem()) === undefined) {
-      const net = await EgressNetwork.reconcile(this.host, liveIds, this.network);
+      const net = await EgressNetwork.reconcile(this.host, liveIds, this.network, reattached);
       removed.push(...net.removed);
       failures.push(...net.failures);
     }

@@ -132,6 +132,29 @@ export async function waitGone(pid: number): Promise<void> {
   }
 }
 
+/** What is left of a sandbox's supervisor at start-up. */
+export type SupervisorState =
+  /** No files: the sandbox never had one (a server without supervision started it). */
+  | { state: 'none' }
+  | { state: 'alive'; pid: number }
+  /** It had one and it is gone: why the sandbox ended, in words for its end reason. */
+  | { state: 'ended'; reason: string };
+
+/**
+ * Whether sandbox `id` had a supervisor, and if so whether it still runs. `what` names the
+ * launcher's target in the reason (`agent exited 137`, `runsc exited 128`).
+ */
+export async function supervisorState(dataDir: string, id: string, what = 'agent'): Promise<SupervisorState> {
+  const files = supervisorFiles(dataDir, id);
+  const pid = await supervisorPid(files);
+  if (pid !== undefined) return { state: 'alive', pid };
+  const status = await endedStatus(files);
+  if (status !== undefined) return { state: 'ended', reason: `${what} exited ${status} while no server was attached` };
+  const names = await readdir(files.dir).catch(() => [] as string[]);
+  if (!names.some((name) => name.split('.')[0] === id)) return { state: 'none' };
+  return { state: 'ended', reason: 'supervisor gone while no server was attached' };
+}
+
 /** Ids with supervisor files in `<dataDir>/run`. */
 export async function listSupervised(dataDir: string): Promise<string[]> {
   const names = await readdir(runDir(dataDir)).catch(() => [] as string[]);

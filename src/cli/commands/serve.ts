@@ -17,6 +17,7 @@ interface ServeFlags {
   defaultTemplate?: string;
   tenantDiskQuota?: number;
   diskOvercommit?: number;
+  maxBuildsPerTenant?: number;
   volumeSize?: number;
   publicDomain?: string;
   supervise?: boolean;
@@ -42,8 +43,10 @@ function parseMountRoots(flags: readonly string[]): Record<string, string> {
 
 /**
  * `capsule serve`: the HTTP API. Prints `URL:` and `API key:` lines on stdout; JSON logs go to
- * stderr. SIGTERM or SIGINT stops it gracefully (sandboxes are killed, records kept; with
- * --supervise they keep running unless --stop-sandboxes).
+ * stderr. Each sandbox is held by a supervisor of its own, so sandboxes outlive the server: a
+ * SIGTERM or SIGINT stop leaves them running and says which (the next start reattaches), a crash
+ * or an upgrade does not touch them. `--stop-sandboxes` makes a stop kill them (records kept);
+ * `--no-supervise` ties every sandbox to the server process again (they die with it).
  */
 export function serveCommand(context: CliContext): Command {
   return new Command('serve')
@@ -57,12 +60,14 @@ export function serveCommand(context: CliContext): Command {
     .option('--default-template <ref>', "the template of sandboxes that name none: a public template (capsule template ls), or host (the host's /usr, read-only; the default)")
     .option('--mount-root <name=path>', 'a host directory tenants may mount read-only, by name, once their key is granted it (repeatable)', collect)
     .option('--egress-idle-timeout <ms>', 'close a sandbox connection through the egress proxy after this long with no bytes either way (default 300000)', numberOption('--egress-idle-timeout'))
-    .option('--tenant-disk-quota <size>', "each tenant's disk quota over its workspaces (by their disk limits), logs, artifacts and snapshots, e.g. 20GiB (default 20GiB)", bytesOption('--tenant-disk-quota'))
+    .option('--tenant-disk-quota <size>', "each tenant's disk quota over its workspaces (by their disk limits), logs, artifacts, snapshots, volumes and template layers, e.g. 20GiB (default 20GiB)", bytesOption('--tenant-disk-quota'))
+    .option('--max-builds-per-tenant <n>', 'template builds one tenant may run at once (default 2)', numberOption('--max-builds-per-tenant'))
     .option('--disk-overcommit <ratio>', 'how far the disk limits of live sandboxes may exceed what the workspace volume holds (default 1: never)', numberOption('--disk-overcommit'))
     .option('--volume-size <size>', 'size of the workspace volume image when it is first made (default 32GiB)', bytesOption('--volume-size'))
     .option('--public-domain <domain>', 'port P of sandbox ID is also served at http://P-ID.DOMAIN/ (point wildcard DNS *.DOMAIN at this server)')
-    .option('--supervise', 'namespace sandboxes outlive the server: a supervisor per sandbox holds it, the next start reattaches; a stop leaves them running')
-    .option('--stop-sandboxes', 'with --supervise: SIGTERM/SIGINT still kill every sandbox (the behaviour without --supervise)')
+    .option('--supervise', 'sandboxes outlive the server (the default): a supervisor per sandbox holds it, the next start reattaches; a stop leaves them running')
+    .option('--no-supervise', 'sandboxes die with the server process (a crash or a stop ends them; the next start recovers their files only)')
+    .option('--stop-sandboxes', 'SIGTERM/SIGINT kill every sandbox instead of leaving them running (records kept)')
     .option('--deny <domain-or-cidr>', 'operator deny list: no sandbox reaches it, whatever its allow list (repeatable; a domain covers its subdomains; also $CAPSULE_EGRESS_DENY, comma-separated)', collect)
     .addHelpText(
       'after',
@@ -82,12 +87,13 @@ export function serveCommand(context: CliContext): Command {
         warmPool: flags.warmPool,
         tenantDiskQuotaBytes: flags.tenantDiskQuota,
         diskOvercommit: flags.diskOvercommit,
+        maxBuildsPerTenant: flags.maxBuildsPerTenant,
         volumeBytes: flags.volumeSize,
         operatorDeny: [...(flags.deny ?? []), ...(context.env.CAPSULE_EGRESS_DENY ?? '').split(',').map((e) => e.trim()).filter((e) => e !== '')],
         logger: { level: flags.logLevel, stream: context.stderr },
         mountRoots: parseMountRoots(flags.mountRoot ?? []),
         ...(flags.defaultTemplate === undefined ? {} : { defaultTemplate: flags.defaultTemplate }),
-        superviseSandboxes: flags.supervise === true,
+        superviseSandboxes: flags.supervise !== false,
         ...(flags.egressIdleTimeout === undefined ? {} : { egressTimeouts: { idleTimeoutMs: flags.egressIdleTimeout } }),
         extensions: [registerMcpHttp],
         ...(flags.publicDomain !== undefined && { publicDomain: flags.publicDomain }),
@@ -114,7 +120,7 @@ export function serveCommand(context: CliContext): Command {
         process.on('SIGTERM', stop);
         process.on('SIGINT', stop);
       });
-      const keepSandboxes = flags.supervise === true && flags.stopSandboxes !== true;
+      const keepSandboxes = flags.supervise !== false && flags.stopSandboxes !== true;
       await server.close({
         keepSandboxes,
         onLeftRunning: (ids) => {

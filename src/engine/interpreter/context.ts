@@ -1,7 +1,8 @@
 import { SandboxError } from '../../errors/index.js';
 import type { BackendSandbox } from '../../backends/backend.js';
 import type { AgentExit } from '../../backends/agent/index.js';
-import { DriverProcess } from './driver.js';
+import { randomBytes } from 'node:crypto';
+import { DriverProcess, driverLabel } from './driver.js';
 import { ExecutionBuilder, type DriverEvent } from './protocol.js';
 import { memoryLimit, timeoutLimit } from './limits.js';
 import type { TypeStripper } from './typescript.js';
@@ -37,6 +38,10 @@ export interface ContextOptions {
   /** The driver's complete environment. */
   env: Record<string, string>;
   stripper: TypeStripper;
+  /** Its language's default context (kept in the driver's label for a server that reattaches). */
+  isDefault?: boolean;
+  /** The envVars it was created with (ditto). */
+  envVars?: Record<string, string>;
 }
 
 /**
@@ -55,6 +60,13 @@ export class InterpreterContext {
   private isClosed = false;
   private generation = 0;
   private sequence = 0;
+  /**
+   * Prefix of this object's execution ids: a driver adopted after a restart may still finish an
+   * execution the previous server started, whose events must not be taken for a new one's.
+   */
+  private readonly epoch = randomBytes(4).toString('hex');
+  private readonly isDefault: boolean;
+  private readonly envVars: Record<string, string> | undefined;
   private current: Running | undefined;
   private queue: Promise<unknown> = Promise.resolve();
 
@@ -63,6 +75,15 @@ export class InterpreterContext {
     this.sandbox = options.sandbox;
     this.env = options.env;
     this.stripper = options.stripper;
+    this.isDefault = options.isDefault === true;
+    this.envVars = options.envVars;
+  }
+
+  /** Takes over the driver an earlier server started for this context (after a reattach). */
+  adopt(driver: DriverProcess): void {
+    this.attach(driver);
+    this.driver = driver;
+    this.deadReason = undefined;
   }
 
   /** Starts the interpreter; resolves when it is ready for code. */
@@ -82,6 +103,10 @@ export class InterpreterContext {
         env: this.env,
         timeoutMs: options.timeoutMs ?? DEFAULT_START_TIMEOUT_MS,
         signal: options.signal,
+        label: driverLabel({
+          contextId: this.info.id, language: this.info.language, cwd: this.info.cwd, isDefault: this.isDefault,
+          ...(this.envVars ? { envVars: this.envVars } : {}), startedAt: new Date().toISOString(),
+        }),
       });
     } catch (error) {
       this.deadReason = `starting its interpreter failed: ${(error as Error).message}`;
@@ -189,7 +214,7 @@ export class InterpreterContext {
     const driver = await this.requireDriver();
     const limits = this.sandbox.spec.limits;
     const timeoutMs = options.timeoutMs ?? limits.wallClockMs;
-    const id = String(++this.sequence);
+    const id = `${this.epoch}-${++this.sequence}`;
     const builder = new ExecutionBuilder(this.info.id, { stdoutBytes: limits.stdoutBytes, stderrBytes: limits.stderrBytes }, options);
     let source = code;
     if (this.info.language === 'ts') {

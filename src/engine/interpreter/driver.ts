@@ -51,6 +51,47 @@ export interface DriverStartOptions {
   env: Record<string, string>;
   timeoutMs: number;
   signal?: AbortSignal;
+  /** What the agent keeps of the driver for a server that reattaches (see driverLabel). */
+  label?: string;
+}
+
+/** What a driver's agent label says of its context, so a server that reattaches can adopt it. */
+export interface DriverMeta {
+  contextId: string;
+  language: InterpreterLanguage;
+  cwd: string;
+  /** The context is its language's default (runCode without a contextId). */
+  isDefault: boolean;
+  /** The envVars the context was created with (a restart of the context starts from them). */
+  envVars?: Record<string, string>;
+  startedAt: string;
+}
+
+/** The label a driver is started with (AgentStartOptions.label, at most 16 KiB): its context. */
+export function driverLabel(meta: DriverMeta): string {
+  const label = JSON.stringify({ interpreter: meta });
+  // A context made with more envVars than a label holds is still adopted; a restart of it then
+  // starts without them.
+  return Buffer.byteLength(label) <= 16 * 1024 ? label : JSON.stringify({ interpreter: { ...meta, envVars: undefined } });
+}
+
+/** The context a process's label names, when it is an interpreter driver; else undefined. */
+export function parseDriverLabel(label: string | undefined): DriverMeta | undefined {
+  if (label === undefined || !label.startsWith('{"interpreter"')) return undefined;
+  try {
+    const meta = (JSON.parse(label) as { interpreter?: Partial<DriverMeta> }).interpreter;
+    if (typeof meta?.contextId !== 'string' || typeof meta.cwd !== 'string' || !['python', 'js', 'ts'].includes(meta.language ?? '')) return undefined;
+    return {
+      contextId: meta.contextId,
+      language: meta.language as InterpreterLanguage,
+      cwd: meta.cwd,
+      isDefault: meta.isDefault === true,
+      startedAt: typeof meta.startedAt === 'string' ? meta.startedAt : new Date(0).toISOString(),
+      ...(meta.envVars !== undefined && typeof meta.envVars === 'object' ? { envVars: meta.envVars } : {}),
+    };
+  } catch {
+    return undefined;
+  }
 }
 
 /** One running driver process: requests in, parsed events out. */
@@ -62,14 +103,19 @@ export class DriverProcess {
   private constructor(
     private readonly process: AgentProcess,
     readonly language: InterpreterLanguage,
+    adopted = false,
   ) {
     const lines = new LineDecoder();
+    // An adopted driver's stream may begin inside a line the previous server half read.
+    let resyncing = adopted;
     process.onStdout((chunk) => {
       for (const line of lines.push(chunk)) {
         let event: DriverEvent;
         try {
           event = parseEvent(line);
+          resyncing = false;
         } catch (error) {
+          if (resyncing) continue;
           event = { type: 'fatal', message: `the driver wrote an unreadable line: ${(error as Error).message}` };
         }
         for (const listener of this.listeners) listener(event);
@@ -90,6 +136,7 @@ export class DriverProcess {
       env: options.env,
       cwd: options.cwd,
       stdin: true,
+      ...(options.label !== undefined ? { label: options.label } : {}),
     });
     const driver = new DriverProcess(process, options.language);
     let timer: NodeJS.Timeout | undefined;
@@ -120,6 +167,11 @@ export class DriverProcess {
       if (onAbort) options.signal?.removeEventListener('abort', onAbort);
     }
     return driver;
+  }
+
+  /** A driver an earlier server started, from its agent process after a reattach: ready already. */
+  static adopt(process: AgentProcess, language: InterpreterLanguage): DriverProcess {
+    return new DriverProcess(process, language, true);
   }
 
   get exited(): Promise<AgentExit> {

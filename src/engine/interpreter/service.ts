@@ -3,6 +3,8 @@ import { SandboxError } from '../../errors/index.js';
 import type { BackendSandbox } from '../../backends/backend.js';
 import { baseEnv } from '../../host/sandbox-layout.js';
 import { InterpreterContext } from './context.js';
+import { DriverProcess, parseDriverLabel } from './driver.js';
+import type { AgentProcess } from '../../backends/agent/index.js';
 import { TypeStripper } from './typescript.js';
 import { type CreateContextOptions, type RunCodeOptions } from './types.js';
 import { INTERPRETER_LANGUAGES, type ContextInfo, type Execution, type InterpreterLanguage } from '../../wire/index.js';
@@ -22,6 +24,32 @@ export class InterpreterService {
   private isClosed = false;
 
   constructor(private readonly sandbox: BackendSandbox) {}
+
+  /**
+   * Adopts the contexts whose drivers an earlier server started in this sandbox (processes a
+   * reattach took over, known by their label): same ids, same interpreter state, defaults kept.
+   * Returns the processes adopted as drivers; the rest are ordinary processes.
+   */
+  adopt(processes: readonly AgentProcess[]): Set<AgentProcess> {
+    const adopted = new Set<AgentProcess>();
+    for (const process of processes) {
+      const meta = parseDriverLabel(process.label);
+      if (meta === undefined || this.contexts.has(meta.contextId)) continue;
+      const context = new InterpreterContext({
+        sandbox: this.sandbox,
+        info: { id: meta.contextId, language: meta.language, cwd: meta.cwd },
+        env: { ...baseEnv(), ...this.sandbox.spec.env, ...meta.envVars },
+        stripper: this.stripper,
+        isDefault: meta.isDefault,
+        ...(meta.envVars ? { envVars: meta.envVars } : {}),
+      });
+      context.adopt(DriverProcess.adopt(process, meta.language));
+      this.contexts.set(meta.contextId, context);
+      if (meta.isDefault) this.defaults.set(meta.language, Promise.resolve(context));
+      adopted.add(process);
+    }
+    return adopted;
+  }
 
   async createContext(options: CreateContextOptions = {}): Promise<ContextInfo> {
     return (await this.newContext(options)).info;
@@ -72,7 +100,7 @@ export class InterpreterService {
   private defaultContext(language: InterpreterLanguage, signal?: AbortSignal): Promise<InterpreterContext> {
     let pending = this.defaults.get(language);
     if (pending === undefined) {
-      pending = this.newContext({ language, signal });
+      pending = this.newContext({ language, signal }, true);
       this.defaults.set(language, pending);
       // A default that failed to start is tried again on the next call.
       pending.catch(() => this.defaults.get(language) === pending && this.defaults.delete(language));
@@ -80,7 +108,7 @@ export class InterpreterService {
     return pending;
   }
 
-  private async newContext(options: CreateContextOptions): Promise<InterpreterContext> {
+  private async newContext(options: CreateContextOptions, isDefault = false): Promise<InterpreterContext> {
     if (this.isClosed) throw new SandboxError('SANDBOX_NOT_RUNNING', `the interpreters of sandbox ${this.sandbox.id} are shut down`);
     const language = options.language ?? 'python';
     if (!INTERPRETER_LANGUAGES.includes(language)) {
@@ -103,6 +131,8 @@ export class InterpreterService {
       info: { id, language, cwd },
       env: { ...baseEnv(), ...this.sandbox.spec.env, ...options.envVars },
       stripper: this.stripper,
+      isDefault,
+      ...(options.envVars ? { envVars: options.envVars } : {}),
     });
     this.contexts.set(id, context);
     try {

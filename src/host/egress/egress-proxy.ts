@@ -35,6 +35,16 @@ interface Client {
   downstream: number;
   /** Upstream connections (and broker requests) open now. */
   upstream: number;
+  /** Connections counted up to this number are recorded (EgressProxyOptions.recordConnections). */
+  recordedUpTo: number;
+}
+
+/**
+ * How many connections one record covers: a 64th of the sandbox's budget (1 to 256), so a crash
+ * costs it at most that share and the record is written once per that many connections.
+ */
+export function connectionRecordStep(maxConnections: number): number {
+  return Math.max(1, Math.min(256, Math.floor(maxConnections / 64)));
 }
 
 /** An allowed connection holds an upstream slot until `release` (called once, when it closes). */
@@ -130,14 +140,19 @@ export class EgressProxy {
     this.byId.clear();
   }
 
-  /** Starts serving a sandbox whose veth address is `address`; `tenantId` is what the broker grants by. */
-  register(sandboxId: string, address: string, policy: NetworkPolicy, tenantId?: string): void {
+  /**
+   * Starts serving a sandbox whose veth address is `address`; `tenantId` is what the broker grants
+   * by. `counted.connections`: connections a previous process counted for it (its recorded bound).
+   */
+  register(sandboxId: string, address: string, policy: NetworkPolicy, tenantId?: string, counted: { connections?: number } = {}): void {
+    const connections = counted.connections ?? 0;
     const client: Client = {
       sandboxId,
       tenantId,
       address,
       policy: new CompiledPolicy(policy, this.operatorDeny),
-      stats: { connections: 0, blocked: 0, limitHits: 0, lifetimeLimitHits: 0, concurrencyLimitHits: 0, capacityLimitHits: 0, openConnections: 0, capacity: this.limits.capacity },
+      recordedUpTo: connections,
+      stats: { connections, blocked: 0, limitHits: 0, lifetimeLimitHits: 0, concurrencyLimitHits: 0, capacityLimitHits: 0, openConnections: 0, capacity: this.limits.capacity },
       tunnels: new Set(),
       downstream: 0,
       upstream: 0,
@@ -253,6 +268,10 @@ export class EgressProxy {
     if (address === undefined) return { ok: false, status: 502, body: { code: 'EGRESS_RESOLVE_FAILED', message: `${host} has no address`, destination } };
     const release = this.claimUpstream(client, protocol, destination);
     if (typeof release !== 'function') return { ok: false, status: 429, body: { code: release.code, message: release.message, rule: release.rule, destination } };
+    if (client.stats.connections + 1 > client.recordedUpTo && this.options.recordConnections) {
+      client.recordedUpTo = client.stats.connections + connectionRecordStep(client.policy.maxConnections);
+      this.options.recordConnections(client.sandboxId, client.recordedUpTo);
+    }
     client.stats.connections += 1;
     return { ok: true, address, release };
   }

@@ -107,4 +107,11 @@ export interface EgressProxyOptions {
    * listeners and the original port is not visible to the proxy). @default { http: 80, tls: 443 }
    */
   transparentPorts?: { http: number; tls: number };
+  /**
+   * Called, synchronously, before a sandbox's lifetime connection count (`network.maxConnections`)
+   * passes the last number recorded: `upTo` is the new bound to record. The proxy counts on to
+   * it, so a new process that registers the sandbox with that bound (`register(..., { connections
+   * })`) after a crash starts at or above the true count: never looser. @default nothing recorded
+   */
+  recordConnections?: (sandboxId: string, upTo: number) => void;
 }

@@ -54,6 +54,7 @@ export class SandboxFeed {
         this.changed(info);
       },
       listLive: () => store.listLive(),
+      ...(store.listUnreadableLive ? { listUnreadableLive: () => store.listUnreadableLive!() } : {}),
     };
   }
 

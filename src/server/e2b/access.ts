@@ -63,9 +63,10 @@ export interface SignedQuery {
 
 /**
  * envd access tokens (`envdAccessToken`, sent back as `X-Access-Token`): `<tenant>.<hmac>` over
- * the tenant and sandbox id. They carry the tenant so data-plane calls need no lookup, and they
- * stay valid for the life of this server (a restarted server has a new secret unless one is
- * configured; clients get a fresh token from `Sandbox.connect`).
+ * the tenant and sandbox id. They carry the tenant so data-plane calls need no lookup. `capsule
+ * serve` keys them with the instance's token key (`<dataDir>/keys/tokens.key`), so they stay
+ * valid across restarts for as long as the sandbox lives; without a key (tests) they die with
+ * this object.
  */
 export class EnvdTokens {
   private readonly secret: Buffer;

@@ -8,7 +8,7 @@ import type { Principal } from '../auth.js';
 import { defineRoute, registerRoute, type AnyRoute, type Authenticate } from '../route.js';
 import { envdPrincipal, sandboxOf } from './access.js';
 import { plainError } from './connect-protocol.js';
-import { lenientJson, type E2bContext, type PortConstraint } from './deps.js';
+import { envdTraffic, lenientJson, type E2bContext, type PortConstraint } from './deps.js';
 import { toSandboxPath } from './paths.js';
 
 /**
@@ -74,7 +74,7 @@ const AnyBody = z.unknown().optional();
 export function registerCodeInterpreter(app: FastifyInstance, ctx: E2bContext, constraints: PortConstraint): void {
   lenientJson(app);
   app.setErrorHandler((error, request, reply) => sendTextError(request, reply, error));
-  for (const route of codeInterpreterRoutes(ctx, constraints)) registerRoute(app, ctx, route);
+  for (const route of codeInterpreterRoutes(ctx, constraints)) registerRoute(app, ctx, envdTraffic(route));
 }
 
 function codeInterpreterRoutes(ctx: E2bContext, constraints: PortConstraint): AnyRoute[] {

@@ -9,14 +9,15 @@ import { policyOf } from '../routes/sandboxes.js';
 import { defineRoute, registerRoute, type AnyRoute, type Authenticate } from '../route.js';
 import { e2bPrincipal, isE2bCaller } from './access.js';
 import { ENVD_VERSION, lenientJson, type E2bContext } from './deps.js';
+import { liveSandbox, sandboxBody as e2bSandboxBody, TEMPLATE_KEY, unsupported } from './answers.js';
+import { StateFields, withState } from './lifecycle.js';
+import { stateRoutes, volumeContentRoutes } from './state-routes.js';
 import { E2B_HOME, E2B_USER } from './paths.js';
 import { e2bNetworkPolicy } from './network.js';
 
 /** Templates the facade serves: one image, Capsule's, under E2B's default names. */
 /** E2B's own template names, served by the server's default template; any other is a Capsule template. */
 const TEMPLATES = new Set(['base', 'code-interpreter-v1', 'code-interpreter']);
-/** Where the template name is kept in the engine's metadata; never shown to E2B clients. */
-const TEMPLATE_KEY = 'capsule.e2b.template';
 const MiB = 1024 * 1024;
 
 const CreateBody = z
@@ -25,19 +26,18 @@ const CreateBody = z
     timeout: z.number().int().positive().optional(),
     metadata: z.record(z.string(), z.string()).optional(),
     envVars: z.record(z.string(), z.string()).optional(),
-    autoPause: z.boolean().optional(),
+    ...StateFields,
     mcp: z.unknown().optional(),
     network: z.unknown().optional(),
-    volumeMounts: z.array(z.unknown()).optional(),
   })
   .loose();
-const ConnectBody = z.object({ timeout: z.number().int().positive().optional() }).loose().optional();
+const ConnectBody = z.object({ timeout: z.number().int().positive().optional(), memory: z.boolean().optional() }).loose().optional();
+/** `keepMemory` of `pause()`: E2B's `memory`. */
+const PauseBody = z.object({ memory: z.boolean().optional() }).loose().optional();
 const TimeoutBody = z.object({ timeout: z.number().int().min(0) }).loose();
 const RefreshBody = z.object({ duration: z.number().int().min(0).optional() }).loose().optional();
 const IdParams = z.object({ id: z.string().min(1) });
 const ListQuery = z.record(z.string(), z.string().optional());
-/** Calls the SDK may send a body with, which the facade ignores. */
-const AnyBody = z.unknown().optional();
 
 /** Errors as E2B's API sends them, `{ code: <HTTP status>, message }`, to E2B clients. */
 function sendE2bError(request: FastifyRequest, reply: FastifyReply, error: unknown): FastifyReply {
@@ -49,13 +49,6 @@ function sendE2bError(request: FastifyRequest, reply: FastifyReply, error: unkno
   const retryAfter = isSandboxError(error) ? retryAfterSeconds(error) : undefined;
   if (retryAfter !== undefined) reply.header('retry-after', String(retryAfter));
   return reply.code(status).type('application/json').send({ code: status, message });
-}
-
-function unsupported(field: string, why: string): SandboxError {
-  return new SandboxError('INVALID_ARGUMENT', `${field} is not supported by Capsule's E2B facade: ${why}`, {
-    details: { field },
-    hint: 'Remove the option; docs/e2b-compatibility.md lists what is supported.',
-  });
 }
 
 /**
@@ -90,39 +83,26 @@ function withNetwork(network: NetworkPolicyInput | undefined): { network?: Netwo
 export function registerControlPlane(app: FastifyInstance, ctx: E2bContext): void {
   lenientJson(app);
   app.setErrorHandler((error, request, reply) => sendE2bError(request, reply, error));
-  for (const route of controlPlaneRoutes(ctx)) registerRoute(app, ctx, route);
+  for (const route of [...controlPlaneRoutes(ctx), ...stateRoutes(ctx)]) registerRoute(app, ctx, route);
+}
+
+/**
+ * E2B's volume content API in a scope of its own: its bodies (octet-stream uploads) are never
+ * parsed, since every call is refused (state-routes.ts), in Capsule's error shape.
+ */
+export function registerVolumeContent(app: FastifyInstance, ctx: E2bContext): void {
+  app.removeAllContentTypeParsers();
+  app.addContentTypeParser('*', (_request, payload, done) => done(null, payload));
+  app.setErrorHandler((error, request, reply) => sendE2bError(request, reply, error));
+  for (const route of volumeContentRoutes(ctx)) registerRoute(app, ctx, route);
 }
 
 function controlPlaneRoutes(ctx: E2bContext): AnyRoute[] {
   const { engine } = ctx;
   const auth: Authenticate = (request) => e2bPrincipal(request, ctx.keys);
 
-  /** The tenant's sandbox if it is live; ended ones are gone as far as E2B clients know. */
-  const live = (tenantId: string, sandboxId: string): SandboxInfo => {
-    const info = engine.get(tenantId, sandboxId);
-    if (!isLiveState(info.state)) {
-      throw new SandboxError('SANDBOX_NOT_FOUND', `sandbox ${sandboxId} not found (it is ${info.state})`, {
-        details: { sandboxId },
-        hint: 'Create a new sandbox.',
-      });
-    }
-    return info;
-  };
-
-  const sandboxBody = (info: SandboxInfo) => {
-    const templateID = info.metadata[TEMPLATE_KEY] ?? 'base';
-    return {
-      templateID,
-      sandboxID: info.sandboxId,
-      clientID: 'capsule',
-      envdVersion: ENVD_VERSION,
-      envdAccessToken: ctx.tokens.issue(info.tenantId, info.sandboxId),
-      // Sent back by the code-interpreter SDK on /contexts, which carries no other credential.
-      trafficAccessToken: ctx.tokens.issue(info.tenantId, info.sandboxId),
-      domain: ctx.publicDomain ?? null,
-      alias: templateID,
-    };
-  };
+  const live = (tenantId: string, sandboxId: string): SandboxInfo => liveSandbox(engine, tenantId, sandboxId);
+  const sandboxBody = (info: SandboxInfo) => e2bSandboxBody(ctx, info);
 
   const listed = (info: SandboxInfo) => {
     const { [TEMPLATE_KEY]: template, ...metadata } = info.metadata;
@@ -139,7 +119,7 @@ function controlPlaneRoutes(ctx: E2bContext): AnyRoute[] {
       metadata,
       state: info.state === 'paused' ? 'paused' : 'running',
       envdVersion: ENVD_VERSION,
-      volumeMounts: [],
+      volumeMounts: info.spec.volumes.map((volume) => ({ name: volume.name, path: volume.path })),
     };
   };
 
@@ -151,15 +131,14 @@ function controlPlaneRoutes(ctx: E2bContext): AnyRoute[] {
       summary: 'E2B: create a sandbox',
       auth,
       body: CreateBody,
-      audit: ({ body }) => ({ subject: body.templateID, policy: policyOf(specFor(body, ctx)) }),
+      audit: ({ body, principal }) => ({ subject: body.templateID, policy: policyOf(withState(specFor(body, ctx), body, ctx, principal.tenantId)) }),
       async handler({ body, principal, signal }) {
-        if (body.autoPause) throw unsupported('autoPause', 'a sandbox is killed when its timeout ends');
         if (body.mcp !== undefined) throw unsupported('mcp', 'there is no MCP gateway in Capsule sandboxes');
-        if (body.volumeMounts?.length) throw unsupported('volumeMounts', 'volumes are not implemented');
+        const spec = withState(specFor(body, ctx), body, ctx, principal.tenantId);
         const release = ctx.quota.reserve(principal.tenantId);
         try {
           const metadata = { ...(body.metadata ?? {}), [TEMPLATE_KEY]: body.templateID };
-          const info = await engine.create({ tenantId: principal.tenantId, spec: specFor(body, ctx), metadata, signal, grants: { mountRoots: mountGrantOf(principal), diskQuotaBytes: principal.grants.diskQuotaBytes } });
+          const info = await engine.create({ tenantId: principal.tenantId, spec, metadata, signal, grants: { mountRoots: mountGrantOf(principal), diskQuotaBytes: principal.grants.diskQuotaBytes } });
           return { kind: 'json', status: 201, body: sandboxBody(info) };
         } finally {
           release();
@@ -179,6 +158,9 @@ function controlPlaneRoutes(ctx: E2bContext): AnyRoute[] {
       audit: ({ params }) => ({ sandboxId: params.id }),
       async handler({ params, body, principal }) {
         let info = live(principal.tenantId, params.id);
+        if (body?.memory === false && info.pause?.keepsMemory === true) {
+          throw unsupported('onResume: "reboot"', 'a paused sandbox resumes with what its pause kept (here its processes and memory)', 'Resume it as it is, or pause it with keepMemory: false to have it come back with its files only.');
+        }
         const resumed = info.state === 'paused';
         if (resumed) info = await engine.resume(principal.tenantId, params.id);
         // Connecting only ever extends the TTL.
@@ -245,7 +227,7 @@ function controlPlaneRoutes(ctx: E2bContext): AnyRoute[] {
           envdAccessToken: ctx.tokens.issue(info.tenantId, info.sandboxId),
           allowInternetAccess: false,
           domain: ctx.publicDomain ?? null,
-          lifecycle: { onTimeout: 'kill', autoResume: false },
+          lifecycle: { onTimeout: info.spec.onTimeout, autoResume: info.spec.autoResume },
         };
         return { kind: 'json', status: 200, body };
       },
@@ -273,12 +255,12 @@ function controlPlaneRoutes(ctx: E2bContext): AnyRoute[] {
       summary: 'E2B: pause a sandbox',
       auth,
       params: IdParams,
-      body: AnyBody,
+      body: PauseBody,
       audit: ({ params }) => ({ sandboxId: params.id }),
-      async handler({ params, principal }) {
+      async handler({ params, body, principal }) {
         const info = live(principal.tenantId, params.id);
         if (info.state === 'paused') throw new SandboxError('CONFLICT', `sandbox ${params.id} is already paused`);
-        await engine.pause(principal.tenantId, params.id);
+        await engine.pause(principal.tenantId, params.id, { keepMemory: body?.memory ?? true });
         return { kind: 'empty', status: 204 };
       },
     }),

@@ -1,4 +1,5 @@
 import type { FastifyInstance } from 'fastify';
+import type { AnyRoute } from '../route.js';
 import type { ServerServices } from '../services.js';
 import type { EnvdTokens } from './access.js';
 
@@ -30,4 +31,12 @@ export function lenientJson(app: FastifyInstance): void {
       done(error as Error, undefined);
     }
   });
+}
+
+/**
+ * envd traffic acts inside its sandbox: a paused sandbox created with `lifecycle.autoResume` is
+ * resumed by it, as E2B resumes one on traffic. Health probes only look (`isRunning()` stays false).
+ */
+export function envdTraffic(route: AnyRoute): AnyRoute {
+  return route.name.endsWith('health') ? route : { ...route, wakes: true };
 }

@@ -8,7 +8,7 @@ import { sendError } from '../errors.js';
 import { defineRoute, registerRoute, type AnyRoute, type RouteContext } from '../route.js';
 import { envdPrincipal, sandboxOf, type SignedQuery } from './access.js';
 import { ConnectError, plainError } from './connect-protocol.js';
-import type { E2bContext, PortConstraint } from './deps.js';
+import { envdTraffic, type E2bContext, type PortConstraint } from './deps.js';
 import { checkUser, toE2bPath, toSandboxPath } from './paths.js';
 
 /** envd's plain HTTP endpoints: `GET/POST /files` and `GET /health`. */
@@ -45,7 +45,7 @@ function written(entry: FileEntry): object {
  */
 export function registerEnvdFilesRest(app: FastifyInstance, ctx: E2bContext, constraints: PortConstraint): void {
   app.setErrorHandler((error, request, reply) => sendRestError(request, reply, error));
-  for (const route of filesRestRoutes(ctx, constraints)) registerRoute(app, ctx, route);
+  for (const route of filesRestRoutes(ctx, constraints)) registerRoute(app, ctx, envdTraffic(route));
 }
 
 function filesRestRoutes(ctx: E2bContext, constraints: PortConstraint): AnyRoute[] {

@@ -55,7 +55,7 @@ export function envdProcessRoutes(ctx: E2bContext, auth: Authenticate, constrain
   };
 
   async function* messages(handle: ProcessHandle, signal: AbortSignal): AsyncGenerator<object> {
-    const pty = ptys.has(handle);
+    const pty = ptys.has(handle) || handle.isPty;
     for await (const event of handle.events(signal)) {
       if (event.type === 'start') yield { event: { start: { pid: event.pid } } };
       else if (event.type === 'stdout') yield { event: { data: { [pty ? 'pty' : 'stdout']: event.data.toString('base64') } } };

@@ -2,9 +2,9 @@ import multipart from '@fastify/multipart';
 import type { FastifyInstance } from 'fastify';
 import { EnvdTokens } from './access.js';
 import { registerCodeInterpreter } from './code-interpreter.js';
-import { registerControlPlane } from './control-plane.js';
+import { registerControlPlane, registerVolumeContent } from './control-plane.js';
 import type { ServerServices } from '../services.js';
-import type { E2bContext } from './deps.js';
+import { envdTraffic, type E2bContext } from './deps.js';
 import { registerRoute, type Authenticate } from '../route.js';
 import { envdPrincipal } from './access.js';
 import { parseConnectEnvelopes, sendConnectError } from './connect-protocol.js';
@@ -53,13 +53,17 @@ export function registerE2bFacade(app: FastifyInstance, services: ServerServices
     registerControlPlane(scope, ctx);
     done();
   });
+  void app.register((scope, _options, done) => {
+    registerVolumeContent(scope, ctx);
+    done();
+  });
   const envd = { e2bPort: ENVD_PORT };
   // envd's Connect services: Connect's error shape, request envelopes decoded as bodies.
   void app.register((scope, _options, done) => {
     parseConnectEnvelopes(scope);
     scope.setErrorHandler((error, request, reply) => sendConnectError(request, reply, error));
     const auth: Authenticate = (request) => envdPrincipal(ctx.tokens.verify(request));
-    for (const route of [...envdProcessRoutes(ctx, auth, envd), ...envdFilesystemRoutes(ctx, auth, envd)]) registerRoute(scope, ctx, route);
+    for (const route of [...envdProcessRoutes(ctx, auth, envd), ...envdFilesystemRoutes(ctx, auth, envd)]) registerRoute(scope, ctx, envdTraffic(route));
     done();
   });
   // envd's REST /files (multipart uploads) and /health.

@@ -22,8 +22,9 @@ export type PortTokenCheck = { ok: true; tenantId: string } | { ok: false; reaso
 
 /**
  * Signed port URLs: `capsule_token=<expiresSec>.<tenantId>.<hmac>` over the tenant, sandbox,
- * port and expiry. The token names one port of one sandbox; the server's secret signs it, so a
- * restarted server without a configured secret no longer accepts the URLs it made.
+ * port and expiry. The token names one port of one sandbox; a key derived from the instance's
+ * token key (`<dataDir>/keys/tokens.key`) signs it, so a restarted server accepts the URLs it
+ * made until they expire.
  */
 export class PortUrlSigner {
   private readonly secret: Buffer;

@@ -72,6 +72,7 @@ function proxyRoutes(services: ServerServices, now: () => number): AnyRoute[] {
   return PROXIED_METHODS.map((method) =>
     defineRoute({
       name: 'sandboxes.ports.proxy',
+      wakes: true,
       method,
       url: '/v1/sandboxes/:sandboxId/ports/:port/*',
       summary: 'Relay a request to a port inside the sandbox',

@@ -44,6 +44,7 @@ export function artifactRoutes(services: ServerServices): AnyRoute[] {
   return [
     defineRoute({
       name: 'artifacts.collect',
+      wakes: true,
       method: 'POST',
       url: '/v1/sandboxes/:sandboxId/artifacts',
       summary: 'Copy the files of a sandbox directory into the artifact store (sandbox frozen meanwhile)',

@@ -68,6 +68,7 @@ export function codeRoutes(services: ServerServices): AnyRoute[] {
   return [
     defineRoute({
       name: 'code.run',
+      wakes: true,
       method: 'POST',
       url: `${base}/code`,
       summary: 'Run code in an interpreter context; streams its output, results and errors as they happen',
@@ -112,6 +113,7 @@ export function codeRoutes(services: ServerServices): AnyRoute[] {
     }),
     defineRoute({
       name: 'contexts.create',
+      wakes: true,
       method: 'POST',
       url: `${base}/contexts`,
       summary: 'Create an interpreter context (python, js or ts) that keeps its state between runs',
@@ -127,6 +129,7 @@ export function codeRoutes(services: ServerServices): AnyRoute[] {
     }),
     defineRoute({
       name: 'contexts.list',
+      wakes: true,
       method: 'GET',
       url: `${base}/contexts`,
       summary: 'List the interpreter contexts of a sandbox',
@@ -139,6 +142,7 @@ export function codeRoutes(services: ServerServices): AnyRoute[] {
     }),
     defineRoute({
       name: 'contexts.restart',
+      wakes: true,
       method: 'POST',
       url: `${base}/contexts/:contextId/restart`,
       summary: 'Restart a context: a fresh interpreter, its state gone (also after a memory limit)',
@@ -153,6 +157,7 @@ export function codeRoutes(services: ServerServices): AnyRoute[] {
     }),
     defineRoute({
       name: 'contexts.delete',
+      wakes: true,
       method: 'DELETE',
       url: `${base}/contexts/:contextId`,
       summary: 'Shut a context down',

@@ -15,6 +15,7 @@ export function fileRoutes(services: ServerServices): AnyRoute[] {
   return [
     defineRoute({
       name: 'files.read',
+      wakes: true,
       method: 'GET',
       url: '/v1/sandboxes/:sandboxId/files',
       summary: 'Read a file (raw bytes, streamed)',
@@ -30,6 +31,7 @@ export function fileRoutes(services: ServerServices): AnyRoute[] {
     }),
     defineRoute({
       name: 'files.write',
+      wakes: true,
       method: 'PUT',
       url: '/v1/sandboxes/:sandboxId/files',
       summary: 'Write a file atomically (raw bytes, streamed; parents are created)',
@@ -50,6 +52,7 @@ export function fileRoutes(services: ServerServices): AnyRoute[] {
     }),
     defineRoute({
       name: 'files.list',
+      wakes: true,
       method: 'GET',
       url: '/v1/sandboxes/:sandboxId/files/list',
       summary: 'List a directory',
@@ -65,6 +68,7 @@ export function fileRoutes(services: ServerServices): AnyRoute[] {
     }),
     defineRoute({
       name: 'files.stat',
+      wakes: true,
       method: 'GET',
       url: '/v1/sandboxes/:sandboxId/files/stat',
       summary: 'Describe a file or directory',
@@ -80,6 +84,7 @@ export function fileRoutes(services: ServerServices): AnyRoute[] {
     }),
     defineRoute({
       name: 'files.mkdir',
+      wakes: true,
       method: 'POST',
       url: '/v1/sandboxes/:sandboxId/files/mkdir',
       summary: 'Create a directory (and its parents)',
@@ -96,6 +101,7 @@ export function fileRoutes(services: ServerServices): AnyRoute[] {
     }),
     defineRoute({
       name: 'files.move',
+      wakes: true,
       method: 'POST',
       url: '/v1/sandboxes/:sandboxId/files/move',
       summary: 'Move or rename a file or directory',
@@ -112,6 +118,7 @@ export function fileRoutes(services: ServerServices): AnyRoute[] {
     }),
     defineRoute({
       name: 'files.remove',
+      wakes: true,
       method: 'DELETE',
       url: '/v1/sandboxes/:sandboxId/files',
       summary: 'Remove a file or directory (recursively)',
@@ -127,6 +134,7 @@ export function fileRoutes(services: ServerServices): AnyRoute[] {
     }),
     defineRoute({
       name: 'files.watch',
+      wakes: true,
       method: 'GET',
       url: '/v1/sandboxes/:sandboxId/files/watch',
       summary: 'Watch a directory: NDJSON WatchEvents until the client goes away',

@@ -7,10 +7,8 @@ const PauseBody = z.strictObject({
   keepMemory: z.boolean().optional().meta({ description: 'Keep processes and their memory (default true); false ends the processes and keeps files.' }),
 });
 
-/** A paused sandbox says what its pause kept. */
-const PausedInfoSchema = SandboxInfoSchema.extend({
-  pause: z.object({ keepsMemory: z.boolean(), survivesRestart: z.boolean(), pausedAt: z.string() }).optional(),
-});
+/** A paused sandbox says what its pause kept, what its TTL does meanwhile and what resumes it. */
+const PausedInfoSchema = SandboxInfoSchema;
 
 const error = (description: string) => ({ description, schema: ErrorBodySchema });
 

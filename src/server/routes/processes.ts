@@ -41,6 +41,7 @@ export function processRoutes(services: ServerServices): AnyRoute[] {
   return [
     defineRoute({
       name: 'processes.start',
+      wakes: true,
       method: 'POST',
       url: '/v1/sandboxes/:sandboxId/processes',
       summary: 'Start a process: foreground streams its events; background returns its pid',
@@ -108,6 +109,7 @@ export function processRoutes(services: ServerServices): AnyRoute[] {
     }),
     defineRoute({
       name: 'processes.stdin',
+      wakes: true,
       method: 'POST',
       url: '/v1/sandboxes/:sandboxId/processes/:pid/stdin',
       summary: 'Write raw bytes to the stdin of a process started with stdin: true',
@@ -136,6 +138,7 @@ export function processRoutes(services: ServerServices): AnyRoute[] {
     }),
     defineRoute({
       name: 'processes.closeStdin',
+      wakes: true,
       method: 'POST',
       url: '/v1/sandboxes/:sandboxId/processes/:pid/stdin/close',
       summary: 'Close the stdin of a process (it reads end of file)',
@@ -151,6 +154,7 @@ export function processRoutes(services: ServerServices): AnyRoute[] {
     }),
     defineRoute({
       name: 'processes.signal',
+      wakes: true,
       method: 'POST',
       url: '/v1/sandboxes/:sandboxId/processes/:pid/signal',
       summary: 'Send a signal to a process',

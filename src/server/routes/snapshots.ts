@@ -22,6 +22,7 @@ export function snapshotRoutes(services: ServerServices): AnyRoute[] {
         404: error('No such sandbox'),
         409: error('The sandbox is not running or paused'),
         422: error('The backend cannot take this mode (BACKEND_CANNOT_ENFORCE)'),
+        429: error("What the sandbox wrote beyond its origin does not fit the tenant's disk quota (QUOTA_EXCEEDED)"),
       },
       audit: ({ params }) => ({ sandboxId: params.sandboxId }),
       async handler({ params, body, principal }) {

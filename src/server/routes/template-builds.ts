@@ -8,6 +8,8 @@ import type { z } from 'zod';
 export interface TemplateBuildJob {
   /** Tenant id, or the public owner for an admin's public template. */
   owner: string;
+  /** The building key's disk quota (the tenant's new layers are charged under it). */
+  quotaBytes?: number;
   onLog: OnLog;
   signal: AbortSignal;
 }
@@ -41,7 +43,17 @@ export async function buildFromRequest(
 ): Promise<TemplateRecord> {
   const { source } = body;
   const build = (spec: TemplateSourceSpec) =>
-    templates.buildTemplate({ owner: job.owner, name: body.name, tags: body.tags, source: spec, config: body.config, allowHostPaths: false, onLog: job.onLog, signal: job.signal });
+    templates.buildTemplate({
+      owner: job.owner,
+      name: body.name,
+      tags: body.tags,
+      source: spec,
+      config: body.config,
+      allowHostPaths: false,
+      onLog: job.onLog,
+      signal: job.signal,
+      ...(job.quotaBytes !== undefined ? { quotaBytes: job.quotaBytes } : {}),
+    });
   if (source.kind !== 'dockerfile') return build(source);
   await mkdir(contextRoot, { recursive: true, mode: 0o700 });
   const contextDir = await mkdtemp(join(contextRoot, 'ctx-'));

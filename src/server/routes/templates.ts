@@ -85,7 +85,7 @@ export function templateRoutes(services: ServerServices): AnyRoute[] {
       name: 'templates.delete',
       method: 'DELETE',
       url: '/v1/templates/:ref',
-      summary: "Remove a tag of the caller's (a bare name: every tag); its layers go at the next prune",
+      summary: "Remove a tag of the caller's (a bare name: every tag); layers of the caller's that nothing needs any more go with it (and its disk quota)",
       auth: 'tenant',
       params: TemplateRefParams,
       responses: { 200: { description: 'The tags removed', schema: z.object({ removed: z.array(z.string()) }) }, 404: error("No template of the caller's by that name") },
@@ -118,7 +118,8 @@ export function templateRoutes(services: ServerServices): AnyRoute[] {
         const queue = lineQueue(signal);
         const onLog = (entry: LogEntry) => queue.push({ type: 'log', entry });
         // A client that goes away cancels its build: nothing of it is left behind.
-        const final = buildFromRequest(templates, contextDir, body, { owner, onLog, signal })
+        const quotaBytes = principal.grants.diskQuotaBytes;
+        const final = buildFromRequest(templates, contextDir, body, { owner, onLog, signal, ...(quotaBytes !== undefined ? { quotaBytes } : {}) })
           .then(
             (record) => ({ type: 'done', template: templateInfo(record) }),
             (cause: unknown) => {

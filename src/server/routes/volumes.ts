@@ -15,9 +15,14 @@ export function volumeRoutes(services: ServerServices): AnyRoute[] {
       summary: 'Create a named volume with a size limit; it outlives sandboxes and server restarts',
       auth: 'tenant',
       body: CreateVolumeBody,
-      responses: { 201: { description: 'The volume', schema: VolumeInfoSchema }, 409: error('The tenant has a volume of this name (ALREADY_EXISTS)') },
+      responses: {
+        201: { description: 'The volume', schema: VolumeInfoSchema },
+        409: error('The tenant has a volume of this name (ALREADY_EXISTS)'),
+        429: error("Its size does not fit the tenant's disk quota (QUOTA_EXCEEDED)"),
+      },
       async handler({ body, principal }) {
-        const info = await engine.createVolume(principal.tenantId, { name: body.name, sizeBytes: body.sizeBytes, ...(body.shared !== undefined ? { shared: body.shared } : {}) });
+        const input = { name: body.name, sizeBytes: body.sizeBytes, ...(body.shared !== undefined ? { shared: body.shared } : {}) };
+        const info = await engine.createVolume(principal.tenantId, input, { quotaBytes: principal.grants.diskQuotaBytes });
         return { kind: 'json', status: 201, body: info };
       },
     }),

@@ -149,12 +149,17 @@ async function runStep(step: PlannedStep, parent: string, key: string, options: 
   }
   const run = step.run!;
   const parentRoot = options.layers.rootOf(parent);
+  // A tenant's step writes no more than its quota has room for (its layer is charged that).
+  const limits = { ...DEFAULT_STEP_LIMITS, ...options.limits };
+  const room = options.layers.room(MIN_STEP_DISK_BYTES);
+  const quotaBound = room !== undefined && room < limits.diskBytes;
+  if (quotaBound) limits.diskBytes = Math.max(MIN_STEP_DISK_BYTES, Math.floor(room / MIN_STEP_DISK_BYTES) * MIN_STEP_DISK_BYTES);
   let pending: PendingLayer | undefined;
   // The command's own last lines (not the builder's), for a failure's message.
   const output: string[] = [];
   try {
     const result = await options.stepRunner.run(
-      { layerDir: parentRoot, argv: run.argv, env: run.env, cwd: run.cwd, user: run.user, network: options.network, limits: { ...DEFAULT_STEP_LIMITS, ...options.limits } },
+      { layerDir: parentRoot, argv: run.argv, env: run.env, cwd: run.cwd, user: run.user, network: options.network, limits },
       {
         onLog: (line, stream) => {
           options.log.write(stream === 'stderr' ? 'warn' : 'info', step.step, line);
@@ -167,6 +172,7 @@ async function runStep(step: PlannedStep, parent: string, key: string, options: 
         },
       },
     );
+    if (quotaBound && result.outcome === 'limit_exceeded' && result.limit?.resource === 'disk') throw quotaHit(step, where, limits.diskBytes);
     if (result.outcome !== 'ok' || result.exitCode !== 0) throw stepFailed(step, where, result, output);
     if (!pending) throw new SandboxError('INTERNAL', `${where}: the step runner did not hand back the step's root`);
     await publishStep(pending, step, key, parent, options);
@@ -194,6 +200,15 @@ async function removeRuntimeMarks(root: string, parentRoot: string): Promise<voi
 }
 
 const LAST_LINES = 10;
+const MIN_STEP_DISK_BYTES = 1024 * 1024;
+
+/** A RUN stopped at the disk its tenant's quota had left. */
+function quotaHit(step: PlannedStep, where: string, diskBytes: number): SandboxError {
+  return new SandboxError('QUOTA_EXCEEDED', `${where}: RUN wrote past the ${Math.floor(diskBytes / MIN_STEP_DISK_BYTES)} MiB its tenant's disk quota had left`, {
+    details: { resource: 'disk', for: 'templates', step: step.step, line: step.line, limit: diskBytes },
+    hint: 'Free disk (delete snapshots, volumes, templates or artifacts you no longer need, or kill sandboxes), or ask the operator for a larger quota; then build again.',
+  });
+}
 
 function stepFailed(step: PlannedStep, where: string, result: StepResult, lastLines: readonly string[]): SandboxError {
   const why =

@@ -1,0 +1,106 @@
+import { mkdtempSync } from 'node:fs';
+import { join } from 'node:path';
+import { afterAll, describe, expect, it } from 'vitest';
+import { expectNoLeaks, testDataDir } from '../helpers/sandbox.js';
+import { expectError, readNdjson, startTestServer, type TestServer } from './server-helpers.js';
+
+/**
+ * Issue 13: snapshots (what their sandbox wrote beyond its origin) and volumes (their size) count
+ * against the tenant's disk quota, across a server restart; one tenant at its quota leaves the
+ * other making volumes and snapshots. Two real tenants, real sandboxes, real btrfs.
+ */
+const MiB = 1024 * 1024;
+const QUOTA = 256 * MiB;
+const databaseDir = mkdtempSync(join(testDataDir(), 'stored-disk-db-'));
+let t: TestServer | undefined;
+const keys: string[] = [];
+
+afterAll(async () => {
+  // Whatever a failure left: the snapshots and volumes outlive the sandboxes.
+  for (const key of keys) {
+    const snapshots = await t?.json<{ snapshots: { snapshotId: string }[] }>('GET', '/v1/snapshots', { key });
+    for (const s of snapshots?.body.snapshots ?? []) await t?.call('DELETE', `/v1/snapshots/${s.snapshotId}`, { key });
+    const volumes = await t?.json<{ volumes: { name: string }[] }>('GET', '/v1/volumes', { key });
+    for (const v of volumes?.body.volumes ?? []) await t?.call('DELETE', `/v1/volumes/${v.name}`, { key });
+  }
+  await t?.server.close();
+  await expectNoLeaks();
+});
+
+interface QuotaDetails {
+  for: string;
+  limit: number;
+  used: number;
+  requested: number;
+  usage: Record<string, number>;
+}
+
+describe('snapshots and volumes against the tenant disk quota (issue 13)', () => {
+  it('charges a snapshot what its sandbox wrote and a volume its size, refuses past the quota naming what to delete, and keeps counting after a restart', async () => {
+    t = await startTestServer({ databaseDir, tenantDiskQuotaBytes: QUOTA, warmPool: 0 });
+    const mint = async (tenantId: string): Promise<string> => {
+      const minted = await t!.json<{ apiKey: string }>('POST', '/v1/keys', { body: { tenantId } });
+      expect(minted.status).toBe(201);
+      return minted.body.apiKey;
+    };
+    const [a, b] = [await mint('stored-a'), await mint('stored-b')];
+    keys.push(a, b);
+    const volume = (key: string, name: string, sizeBytes: number) => t!.json<{ volumeId: string; details?: QuotaDetails; hint?: string }>('POST', '/v1/volumes', { key, body: { name, sizeBytes } });
+    const snapshot = (key: string, sandboxId: string) => t!.json<{ snapshotId: string; chargedBytes: number; details?: QuotaDetails; hint?: string }>('POST', `/v1/sandboxes/${sandboxId}/snapshots`, { key, body: {} });
+    const sandboxWith = async (key: string, writeMiB: number): Promise<string> => {
+      const created = await t!.json<{ sandboxId: string }>('POST', '/v1/sandboxes', { key, body: { spec: { ttlMs: 300_000, limits: { diskBytes: 64 * MiB } } } });
+      expect(created.status).toBe(201);
+      const response = await t!.call('POST', `/v1/sandboxes/${created.body.sandboxId}/processes`, { key, body: { argv: ['sh', '-c', `head -c ${writeMiB}M /dev/urandom > /workspace/data.bin && sync`] } });
+      expect(response.status).toBe(200);
+      expect(((await readNdjson(response)).at(-1) as { result: { exitCode: number } }).result.exitCode).toBe(0);
+      return created.body.sandboxId;
+    };
+    const snapshotsOf = async (key: string) => (await t!.json<{ snapshots: { snapshotId: string }[] }>('GET', '/v1/snapshots', { key })).body.snapshots.map((s) => s.snapshotId);
+
+    // Tenant A: a volume (96 MiB), a sandbox (64 MiB) holding 56 MiB, a snapshot of it: 216 MiB.
+    expect((await volume(a, 'a-one', 96 * MiB)).status).toBe(201);
+    const sandboxA = await sandboxWith(a, 56);
+    const first = await snapshot(a, sandboxA);
+    expect(first.status).toBe(201);
+    expect(first.body.chargedBytes).toBeGreaterThanOrEqual(56 * MiB);
+    expect(first.body.chargedBytes).toBeLessThan(60 * MiB);
+
+    // Past the quota: a second volume and a second snapshot are refused, naming what to delete.
+    const refusedVolume = await volume(a, 'a-two', 64 * MiB);
+    expect(refusedVolume.status).toBe(429);
+    expectError(refusedVolume.body, 'QUOTA_EXCEEDED');
+    expect(refusedVolume.body.details).toMatchObject({ for: 'volumes', limit: QUOTA, requested: 64 * MiB, usage: { volumes: 96 * MiB, workspaces: 64 * MiB, snapshots: first.body.chargedBytes } });
+    expect(refusedVolume.body.hint).toMatch(/delete volumes .*delete snapshots/);
+    const refusedSnapshot = await snapshot(a, sandboxA);
+    expect(refusedSnapshot.status).toBe(429);
+    expect(refusedSnapshot.body.details).toMatchObject({ for: 'snapshots' });
+    expect(await snapshotsOf(a)).toEqual([first.body.snapshotId]);
+    expect((await t.json('GET', '/v1/volumes/a-two', { key: a })).status).toBe(404);
+
+    // Tenant B is not touched by A's use: a large volume, a sandbox, a snapshot.
+    expect((await volume(b, 'b-one', 160 * MiB)).status).toBe(201);
+    const sandboxB = await sandboxWith(b, 8);
+    const ofB = await snapshot(b, sandboxB);
+    expect(ofB.status).toBe(201);
+
+    // Deleting a snapshot gives its bytes back.
+    expect((await t.call('DELETE', `/v1/snapshots/${first.body.snapshotId}`, { key: a })).status).toBe(204);
+    const second = await snapshot(a, sandboxA);
+    expect(second.status).toBe(201);
+
+    // After a restart the snapshots and volumes still count (the sandboxes ended with the server).
+    await t.server.close();
+    t = await startTestServer({ databaseDir, tenantDiskQuotaBytes: QUOTA, warmPool: 0 });
+    const afterRestart = await volume(a, 'a-two', 150 * MiB);
+    expect(afterRestart.status).toBe(429);
+    expect(afterRestart.body.details).toMatchObject({ for: 'volumes', usage: { volumes: 96 * MiB, snapshots: second.body.chargedBytes, workspaces: 0 } });
+    expect((await volume(b, 'b-two', 100 * MiB)).body.details).toMatchObject({ usage: { volumes: 160 * MiB, snapshots: ofB.body.chargedBytes } });
+
+    // Everything deleted, the quota is back (but for the ended sandboxes' logs, kept an hour).
+    for (const [key, id] of [[a, second.body.snapshotId], [b, ofB.body.snapshotId]] as const) expect((await t.call('DELETE', `/v1/snapshots/${id}`, { key })).status).toBe(204);
+    for (const [key, name] of [[a, 'a-one'], [b, 'b-one']] as const) expect((await t.call('DELETE', `/v1/volumes/${name}`, { key })).status).toBe(204);
+    const whole = await volume(a, 'a-whole', QUOTA - 16 * MiB);
+    expect(whole.status).toBe(201);
+    expect((await t.call('DELETE', '/v1/volumes/a-whole', { key: a })).status).toBe(204);
+  });
+});
