@@ -164,6 +164,13 @@ static void finish_connect(struct relay *r) {
     if (getsockopt(r->fd, SOL_SOCKET, SO_ERROR, &err, &sl) < 0) err = errno;
     if (err == EINPROGRESS || err == EALREADY) return;
     if (err == 0) { connected(r); return; }
+    if (err == ECONNRESET || err == EPIPE) {
+        /* The server accepted, then reset before this poll turn: the connection existed, so the
+         * host learns it opened and ended by the reset (a refused connect is ECONNREFUSED). */
+        connected(r);
+        fail_relay(r, err);
+        return;
+    }
     int family = r->connecting;
     close(r->fd);
     r->fd = -1;

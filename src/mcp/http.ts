@@ -1,11 +1,12 @@
 import type { FastifyInstance } from 'fastify';
 import { StreamableHTTPServerTransport } from '@modelcontextprotocol/sdk/server/streamableHttp.js';
+import { AjvJsonSchemaValidator } from '@modelcontextprotocol/sdk/validation/ajv';
 import { z } from 'zod';
 import { presentedKey } from '../server/auth.js';
 import { defineRoute, registerRoute } from '../server/route.js';
 import type { ServerServices } from '../server/services.js';
 import { createMcpServer } from './server.js';
-import { SandboxHandles } from './tools.js';
+import { SandboxHandles } from '../agent-tools/index.js';
 
 /** Where this server answers on loopback: the MCP tools call the API there, with the caller's key. */
 function loopbackUrl(app: FastifyInstance): string {
@@ -22,8 +23,9 @@ function loopbackUrl(app: FastifyInstance): string {
  * the routes that do the work. A server extension (`capsule serve` adds it).
  */
 export function registerMcpHttp(app: FastifyInstance, services: ServerServices): void {
-  // Stateless HTTP makes a server per request; the sandbox handles outlive them.
+  // Stateless HTTP makes a server per request; the sandbox handles and the validator outlive them.
   const handles = new SandboxHandles();
+  const validator = new AjvJsonSchemaValidator();
   for (const method of ['POST', 'GET', 'DELETE'] as const) {
     registerRoute(
       app,
@@ -41,7 +43,7 @@ export function registerMcpHttp(app: FastifyInstance, services: ServerServices):
             kind: 'stream',
             async write(reply) {
               reply.hijack();
-              const server = createMcpServer(connection, handles);
+              const server = createMcpServer(connection, handles, validator);
               const transport = new StreamableHTTPServerTransport({ sessionIdGenerator: undefined, enableJsonResponse: true });
               await server.connect(transport);
               try {

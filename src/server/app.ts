@@ -8,6 +8,7 @@ import { ApiKeyStore, atomically, AuditLog, OperationStore, SqliteSandboxRecords
 import { registerE2bFacade } from './e2b/index.js';
 import { EnvdTokens } from './e2b/access.js';
 import { PortUrlSigner } from './ports/port-access.js';
+import { PortConnectionPool } from './ports/port-pool.js';
 import { hostRouting, portUrlRoutes, registerPortRoutes } from './ports/port-routes.js';
 import { sendError } from './errors.js';
 import { buildOpenApi } from './openapi.js';
@@ -132,6 +133,7 @@ export class CapsuleApp {
       wake: (tenantId, sandboxId) => options.engine.wake(tenantId, sandboxId),
       accessTokens: new EnvdTokens(options.tokenKey && derivedKey(options.tokenKey, 'envd-access-token')),
       portUrls: new PortUrlSigner(options.tokenKey && derivedKey(options.tokenKey, 'port-url')),
+      portPool: new PortConnectionPool((tenantId, sandboxId, port) => options.engine.connectPort(tenantId, sandboxId, port)),
       ...(options.publicDomain !== undefined && { publicDomain: options.publicDomain.toLowerCase().replace(/^\.+|\.+$/g, '') }),
       ...options.observability,
       ...(options.templates ? { templates: options.templates } : {}),
@@ -140,6 +142,7 @@ export class CapsuleApp {
     const feed = options.console?.feed;
     feed?.connect({ listLive: () => records.listLive(), usage: (tenantId, sandboxId) => options.engine.usage(tenantId, sandboxId) });
     this.closeController.signal.addEventListener('abort', () => feed?.close(), { once: true });
+    this.closeController.signal.addEventListener('abort', () => this.services.portPool.close(), { once: true });
     this.app = Fastify({
       logger: options.logger ?? false,
       bodyLimit: JSON_BODY_LIMIT_BYTES,

@@ -11,6 +11,7 @@ import type { TemplateService } from '../templates/index.js';
 import type { ConsoleSessions } from './console/sessions.js';
 import type { EnvdTokens } from './e2b/access.js';
 import type { PortUrlSigner } from './ports/port-access.js';
+import type { PortConnectionPool } from './ports/port-pool.js';
 
 /** What the routes are built on: one object, passed in (no module state). */
 export interface ServerServices {
@@ -29,6 +30,8 @@ export interface ServerServices {
   accessTokens: EnvdTokens;
   /** Signs and checks port URLs (`capsule sandbox url`). */
   portUrls: PortUrlSigner;
+  /** Keep-alive connections to sandbox ports, reused between proxied requests. */
+  portPool: PortConnectionPool;
   /** With `--public-domain D`, port P of sandbox ID is also `http://P-ID.D/` (routing by Host). */
   publicDomain?: string;
   /** Prometheus metrics (GET /metrics); record at the seams, e.g. `metrics.recordEgressBlocked()`. */

@@ -1,7 +1,8 @@
 /**
  * The MCP server with the official MCP client over both transports: streamable HTTP at /mcp on a
  * real server (two tenants), and stdio (`capsule mcp`, the built CLI, as a child process). Real
- * sandboxes; the flow an agent runs: create, write a script, run it, read its output, kill.
+ * sandboxes; the flow an agent runs (test/e2e/agent-flow.ts): create, write a script, run it, read
+ * its output, fork, see the fork's changes, kill.
  */
 import { join } from 'node:path';
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
@@ -11,6 +12,7 @@ import type { Transport } from '@modelcontextprotocol/sdk/shared/transport.js';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { registerMcpHttp } from '../../src/mcp/http.js';
 import { expectNoLeaks } from '../helpers/sandbox.js';
+import { agentFlow, type ToolCall } from './agent-flow.js';
 import { startTestServer, type TestServer } from './server-helpers.js';
 
 const BIN = join(import.meta.dirname, '..', '..', 'bin', 'capsule.js');
@@ -67,36 +69,12 @@ async function call(client: Client, name: string, args: Record<string, unknown>)
   return { isError: result.isError === true, data: (result.structuredContent ?? {}) as Record<string, unknown>, text: content.map((c) => c.text).join('\n') };
 }
 
-/** Create, write a script, run it, read what it wrote, kill (with the explicit flag). */
-async function agentFlow(client: Client): Promise<string> {
-  const created = await call(client, 'create_sandbox', { limits: { wallClockMs: 30_000 } });
-  expect(created.isError, created.text).toBe(false);
-  const sandboxId = String(created.data.sandboxId);
-  expect(sandboxId).toMatch(/^[a-z2-7]{20}$/);
-  try {
-    await agentSteps(client, sandboxId);
-  } finally {
-    // Whatever failed above, the sandbox does not outlive the test.
-    await call(client, 'kill_sandbox', { sandboxId, confirm: true });
-  }
-  return sandboxId;
-}
-
-async function agentSteps(client: Client, sandboxId: string): Promise<void> {
-  expect((await call(client, 'write_file', { sandboxId, path: 'job.py', content: 'open("out.txt", "w").write(str(6 * 7))\nprint("done")\n' })).isError).toBe(false);
-  const ran = await call(client, 'exec', { sandboxId, command: 'python3 job.py' });
-  expect(ran.data).toMatchObject({ outcome: 'ok', exitCode: 0, stdout: 'done\n', stdoutTruncated: false });
-  expect((await call(client, 'read_file', { sandboxId, path: 'out.txt' })).data).toMatchObject({ content: '42', truncated: false });
-  const code = await call(client, 'run_code', { sandboxId, code: 'x = 20\nx + 22' });
-  expect(code.data.results).toEqual([{ text: '42' }]);
-  const listed = await call(client, 'list_sandboxes', {});
-  expect((listed.data.sandboxes as { sandboxId: string }[]).map((s) => s.sandboxId)).toContain(sandboxId);
-
-  // Killing needs the explicit flag: without it, an error result, and the sandbox still runs.
-  const refused = await client.callTool({ name: 'kill_sandbox', arguments: { sandboxId } });
-  expect(refused.isError).toBe(true);
-  expect((await call(client, 'exec', { sandboxId, command: 'true' })).data.exitCode).toBe(0);
-  expect((await call(client, 'kill_sandbox', { sandboxId, confirm: true })).data).toMatchObject({ sandboxId, state: 'killed' });
+/** The MCP client as the shared flow's tool call: an error result is the text the model reads. */
+function caller(client: Client): ToolCall {
+  return async (name, args) => {
+    const outcome = await call(client, name, args);
+    return outcome.isError ? { ok: false, text: outcome.text } : { ok: true, data: outcome.data };
+  };
 }
 
 describe('MCP over streamable HTTP at /mcp', () => {
@@ -104,19 +82,27 @@ describe('MCP over streamable HTTP at /mcp', () => {
     const client = await connect(httpTransport(t.apiKey));
     const { tools } = await client.listTools();
     const names = tools.map((tool) => tool.name);
-    for (const name of ['create_sandbox', 'exec', 'start_command', 'wait_command', 'send_stdin', 'signal_command', 'run_code', 'write_file', 'read_file', 'list_files', 'port_url', 'kill_sandbox', 'list_sandboxes']) {
+    for (const name of [
+      'create_sandbox', 'exec', 'start_command', 'wait_command', 'send_stdin', 'signal_command', 'run_code', 'write_file', 'read_file', 'list_files',
+      'port_url', 'snapshot_sandbox', 'fork_sandbox', 'sandbox_changes', 'delete_snapshot', 'kill_sandbox', 'list_sandboxes',
+    ]) {
       expect(names).toContain(name);
     }
     const exec = tools.find((tool) => tool.name === 'exec');
     expect(exec?.inputSchema.required).toEqual(expect.arrayContaining(['sandboxId', 'command']));
-    expect(tools.find((tool) => tool.name === 'kill_sandbox')?.annotations?.destructiveHint).toBe(true);
+    const create = tools.find((tool) => tool.name === 'create_sandbox');
+    expect(Object.keys(create?.inputSchema.properties ?? {})).toEqual(expect.arrayContaining(['template', 'snapshot', 'limits', 'network']));
+    // Killing and deleting are marked destructive and take the explicit flag; nothing else is.
+    const destructive = tools.filter((tool) => tool.annotations?.destructiveHint === true).map((tool) => tool.name);
+    expect(destructive.sort()).toEqual(['delete_snapshot', 'kill_sandbox']);
+    for (const name of destructive) expect(tools.find((tool) => tool.name === name)?.inputSchema.required).toContain('confirm');
   });
 
   it('runs an agent task; each tool call is audited under the caller key', async () => {
     const client = await connect(httpTransport(t.apiKey));
-    const sandboxId = await agentFlow(client);
+    const { sandboxId } = await agentFlow(caller(client));
     const operations = t.server.app.services.audit.list({ limit: 1000 }).filter((record) => record.sandboxId === sandboxId).map((record) => record.operation);
-    expect(operations).toEqual(expect.arrayContaining(['sandboxes.create', 'files.write', 'processes.start', 'sandboxes.kill']));
+    expect(operations).toEqual(expect.arrayContaining(['sandboxes.create', 'files.write', 'processes.start', 'sandboxes.fork', 'sandboxes.kill']));
   }, 120_000);
 
   it('keeps tenants apart: another key sees an error result with the code and hint, not the sandbox', async () => {
@@ -145,6 +131,6 @@ describe('MCP over stdio (capsule mcp)', () => {
   it('runs the same agent task through the CLI', async () => {
     const client = await connect(stdioTransport());
     expect(client.getServerVersion()?.name).toBe('capsule');
-    await agentFlow(client);
+    await agentFlow(caller(client));
   }, 120_000);
 });

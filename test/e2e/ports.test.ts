@@ -18,6 +18,8 @@ const DOMAIN = 'sandboxes.test';
 const SCRIPT = readFileSync(join(import.meta.dirname, '..', 'fixtures', 'port-servers.py'), 'utf8');
 const APP_PORT = 8765;
 const STATIC_PORT = 8000;
+/** The app script's listener that resets every connection it accepts. */
+const RESET_PORT = 8766;
 
 let t: TestServer;
 let otherKey = '';
@@ -82,7 +84,7 @@ async function sandboxWithServers(spec: SandboxSpecInput): Promise<Sandbox> {
 }
 
 async function startServers(sandbox: Sandbox): Promise<void> {
-  await sandbox.commands.run(['python3', '/workspace/servers.py', String(APP_PORT)], { background: true });
+  await sandbox.commands.run(['python3', '/workspace/servers.py', String(APP_PORT), String(RESET_PORT)], { background: true });
   await sandbox.commands.run(['python3', '-m', 'http.server', String(STATIC_PORT), '--bind', '127.0.0.1', '--directory', '/workspace/site'], { background: true });
   for (const port of [APP_PORT, STATIC_PORT]) {
     await waitFor(async () => ((await get(portPath(sandbox.sandboxId, port), bearer(t.apiKey))).status === 200 ? true : undefined), {
@@ -117,6 +119,21 @@ describe.each(['namespace', 'gvisor'] as const)('port URLs on %s', (backend) => 
       expect(headers.authorization).toBeUndefined();
       expect(headers['idempotency-key']).toBe('app-owned');
       expect(headers['x-forwarded-prefix']).toBe(portPath(id, APP_PORT, ''));
+
+      // A server that resets each connection it accepts: an answer, not a hang (the app's
+      // listener is up, so the reset one, started before it, is too). Twice: the first reset
+      // leaves nothing behind that would stall the second.
+      for (let i = 0; i < 2; i++) {
+        const reset = await get(portPath(id, RESET_PORT, '/'), bearer(t.apiKey));
+        expect(reset.status).toBe(502);
+        expectError(JSON.parse(reset.body), 'PORT_NOT_LISTENING');
+        expect((JSON.parse(reset.body) as { hint: string }).hint).toContain('Check the server in the sandbox');
+      }
+
+      // Requests in a row reuse one connection inside the sandbox (the proxy keeps it alive).
+      const peers = new Set<number>();
+      for (let i = 0; i < 3; i++) peers.add((JSON.parse((await get(portPath(id, APP_PORT, '/again'), bearer(t.apiKey))).body) as { peer: number }).peer);
+      expect(peers.size).toBe(1);
 
       // A POST body streams through.
       const posted = await get(portPath(id, APP_PORT, '/upload'), { ...bearer(t.apiKey), 'content-type': 'application/json' }, 'POST', '{"a":1}');
@@ -162,8 +179,13 @@ describe.each(['namespace', 'gvisor'] as const)('port URLs on %s', (backend) => 
       expect(await echo(`${base}/ws?capsule_token=${encodeURIComponent(wsSigned.token)}`, 'by host', { host: `${APP_PORT}-${id}.${DOMAIN}` })).toBe('by host');
       await expect(echo(`${base}${portPath(id, APP_PORT, '/ws')}`, 'x', bearer(otherKey))).rejects.toThrow('upgrade refused: 404');
       await expect(echo(`${base}${portPath(id, APP_PORT, '/ws')}`, 'x', {})).rejects.toThrow('upgrade refused: 401');
-    } finally {
+
+      // The kept-alive connections end with the sandbox, and their pools with them.
+      expect(t.server.app.services.portPool.size).toBeGreaterThan(0);
       await sandbox.kill();
+      await waitFor(() => Promise.resolve(t.server.app.services.portPool.size === 0 ? true : undefined), { what: 'the port pools of a killed sandbox to close' });
+    } finally {
+      await sandbox.kill().catch(() => undefined);
     }
   }, 180_000);
 });

@@ -7,8 +7,8 @@ const SRC = resolve(import.meta.dirname, '..', '..', 'src');
 /**
  * Which top-level folders each folder may import (value imports and type imports alike): a strict
  * order with no exception, errors < sandbox-spec < wire < host < backends < templates < store < engine <
- * metrics < server < mcp < cli, the SDK on the wire contract alone, and MCP on the SDK and the
- * server's seam. Templates (storage and builds) stand on the host alone: the engine hands the
+ * metrics < server < mcp < cli, the SDK on the wire contract alone, the agent tools and
+ * framework adapters on the SDK, and MCP on those tools and the server's seam. Templates (storage and builds) stand on the host alone: the engine hands the
  * builder its RUN runtime through an interface.
  */
 const ALLOWED: Record<string, string[]> = {
@@ -23,8 +23,10 @@ const ALLOWED: Record<string, string[]> = {
   metrics: ['errors', 'sandbox-spec', 'wire', 'engine'],
   server: ['errors', 'sandbox-spec', 'wire', 'engine', 'templates', 'store', 'metrics'],
   sdk: ['errors', 'sandbox-spec', 'wire'],
-  // MCP: tools on the SDK, served over stdio or as a route of the server's seam.
-  mcp: ['errors', 'sandbox-spec', 'wire', 'sdk', 'server'],
+  // The tools for agents (one catalog) and the framework adapters: on the SDK only.
+  'agent-tools': ['errors', 'sandbox-spec', 'wire', 'sdk'],
+  // MCP: the tools, served over stdio or as a route of the server's seam.
+  mcp: ['errors', 'sandbox-spec', 'wire', 'sdk', 'agent-tools', 'server'],
   cli: ['errors', 'sandbox-spec', 'wire', 'engine', 'sdk', 'server', 'store', 'backends', 'templates', 'host', 'metrics', 'mcp'],
 };
 
@@ -56,6 +58,33 @@ describe('layering', () => {
       }
     }
     expect(violations).toEqual([]);
+  });
+
+  it('loads an agent framework only in its adapter, and nothing in src loads an adapter', () => {
+    // The core package never requires the optional peers (@langchain/core, ai, @openai/agents).
+    const ADAPTERS: Record<string, RegExp> = {
+      'agent-tools/langchain.ts': /^@langchain\//,
+      'agent-tools/ai.ts': /^ai$/,
+      'agent-tools/openai-agents.ts': /^@openai\/agents/,
+      'agent-tools/openai-client.ts': /^@openai\/agents/,
+      'agent-tools/openai-session.ts': /^@openai\/agents/,
+      'agent-tools/openai-editor.ts': /^@openai\/agents/,
+    };
+    const frameworks = /^(@langchain\/|ai$|@ai-sdk\/|@openai\/agents)/;
+    const OPENAI_PARTS = ['agent-tools/openai-client.ts', 'agent-tools/openai-session.ts', 'agent-tools/openai-editor.ts', 'agent-tools/openai-exec.ts'];
+    const wrong: string[] = [];
+    for (const file of all) {
+      const name = relative(SRC, file);
+      for (const spec of imports(file)) {
+        if (frameworks.test(spec) && !(ADAPTERS[name]?.test(spec) ?? false)) wrong.push(`${name} imports ${spec}`);
+        if (!spec.startsWith('.')) continue;
+        const target = relative(SRC, resolve(dirname(file), spec)).replace(/\.js$/, '.ts');
+        const isAdapterPart = target in ADAPTERS || OPENAI_PARTS.includes(target);
+        const fromOpenAi = name === 'agent-tools/openai-agents.ts' || OPENAI_PARTS.includes(name);
+        if (isAdapterPart && !(fromOpenAi && OPENAI_PARTS.includes(target))) wrong.push(`${name} imports the adapter ${target}`);
+      }
+    }
+    expect(wrong).toEqual([]);
   });
 
   it('only *.host.ts files spawn processes', () => {

@@ -70,6 +70,12 @@ describe('the SDK import graph', () => {
     expect(await violations(ROOT, 'src/sdk/index.ts')).toEqual([]);
   });
 
+  it('holds for the framework adapters too: they run in agents\' processes on the SDK alone', async () => {
+    for (const entry of ['src/agent-tools/langchain.ts', 'src/agent-tools/ai.ts', 'src/agent-tools/openai-agents.ts']) {
+      expect(await violations(ROOT, entry)).toEqual([]);
+    }
+  });
+
   it('catches a violation several imports deep (the walker itself works)', async () => {
     const dir = await mkdtemp(join(tmpdir(), 'capsule-sdk-imports-'));
     try {

@@ -28,6 +28,14 @@ export class AgentRelay extends Duplex {
   private unacknowledged = 0;
   private localEnded = false;
   private remoteEnded = false;
+  /**
+   * What reached this relay before its owner could have listened: the agent's answer to the
+   * connect and the server's reset can arrive in one read, and a stream destroyed with an error
+   * nobody listens to yet throws (and a later `close` listener never fires). Held until
+   * `release()`, one event-loop turn after the connect resolved, which is what a net.Socket
+   * guarantees: no event in the turn that handed it out.
+   */
+  private held: (() => void)[] | null = [];
 
   constructor(
     readonly relayId: number,
@@ -47,8 +55,18 @@ export class AgentRelay extends Duplex {
     return this;
   }
 
-  setTimeout(_ms: number, callback?: () => void): this {
-    if (callback) this.once('timeout', callback);
+  /** The idle timeout in ms, as net.Socket has it (node:http's agent reads it); 0 is none. */
+  timeout = 0;
+  private idleTimer: NodeJS.Timeout | undefined;
+
+  /** Emits 'timeout' once `ms` pass with no byte either way (net.Socket's idle timeout); 0 disables it. */
+  setTimeout(ms: number, callback?: () => void): this {
+    if (callback) {
+      if (ms === 0) this.removeListener('timeout', callback);
+      else this.once('timeout', callback);
+    }
+    this.timeout = ms;
+    this.touch();
     return this;
   }
 
@@ -61,6 +79,7 @@ export class AgentRelay extends Duplex {
   }
 
   override _write(chunk: Buffer, _encoding: BufferEncoding, callback: (error?: Error | null) => void): void {
+    this.touch();
     this.sendData(chunk, callback);
   }
 
@@ -76,6 +95,7 @@ export class AgentRelay extends Duplex {
   }
 
   override _destroy(error: Error | null, callback: (error?: Error | null) => void): void {
+    clearTimeout(this.idleTimer);
     if (!(this.localEnded && this.remoteEnded)) this.send(FrameType.RelayClose, this.relayId, Buffer.from([0]));
     this.localEnded = this.remoteEnded = true;
     const stalled = this.stalled;
@@ -85,11 +105,29 @@ export class AgentRelay extends Duplex {
     callback(error);
   }
 
+  /** Delivers what was held; from now on frames and losses act at once. */
+  release(): void {
+    const held = this.held ?? [];
+    this.held = null;
+    for (const deliver of held) deliver();
+  }
+
+  /** The agent is gone (or the table closed): the relay ends with `reason`. */
+  lose(reason: Error | undefined): void {
+    if (this.held !== null) this.held.push(() => this.destroy(reason));
+    else this.destroy(reason);
+  }
+
   /** A frame of this relay from the agent. */
   receive(frame: Frame): void {
+    if (this.held !== null) {
+      this.held.push(() => this.receive(frame));
+      return;
+    }
     if (this.destroyed) return;
     switch (frame.type) {
       case FrameType.RelayFromAgent:
+        this.touch();
         this.unacknowledged += frame.payload.length;
         if (this.push(frame.payload)) this.acknowledge();
         return;
@@ -128,6 +166,14 @@ export class AgentRelay extends Duplex {
     }
     if (rest.length > 0) this.stalled = { chunk: rest, callback };
     else callback();
+  }
+
+  /** Restarts the idle timer (activity either way); the timer never keeps the process alive. */
+  private touch(): void {
+    clearTimeout(this.idleTimer);
+    if (this.timeout <= 0 || this.destroyed) return;
+    this.idleTimer = setTimeout(() => this.emit('timeout'), this.timeout);
+    this.idleTimer.unref();
   }
 
   /** Gives the agent credit for what the reader took, in steps of half a window. */
@@ -209,8 +255,11 @@ export class RelayTable {
       opening.cleanup();
       const { errno, message } = decodeRelayOpened(frame.payload);
       if (errno === 0) {
-        this.open.set(frame.id, opening.relay);
-        opening.resolve(opening.relay);
+        const relay = opening.relay;
+        this.open.set(frame.id, relay);
+        opening.resolve(relay);
+        // The caller's continuation runs in this turn's microtasks; the relay's events start after.
+        setImmediate(() => relay.release());
       } else {
         opening.reject(connectError(opening.relay.port, errno, message));
       }
@@ -228,7 +277,7 @@ export class RelayTable {
     this.opening.clear();
     const open = [...this.open.values()];
     this.open.clear();
-    for (const relay of open) relay.destroy(reason);
+    for (const relay of open) relay.lose(reason);
   }
 }
 

@@ -1,4 +1,4 @@
-import { request as httpRequest, type IncomingHttpHeaders, type IncomingMessage, type OutgoingHttpHeaders } from 'node:http';
+import { request as httpRequest, type Agent, type IncomingHttpHeaders, type IncomingMessage, type OutgoingHttpHeaders } from 'node:http';
 import type { Duplex } from 'node:stream';
 import type { FastifyReply, FastifyRequest } from 'fastify';
 import { SandboxError } from '../../errors/index.js';
@@ -78,40 +78,77 @@ export type UpstreamAnswer =
   | { kind: 'response'; response: IncomingMessage }
   | { kind: 'upgrade'; response: IncomingMessage; socket: Duplex; head: Buffer };
 
+/** How a request reaches the sandbox's port: its own relay, or a keep-alive agent's pooled ones. */
+export type Upstream = { relay: Duplex } | { agent: Agent };
+
+/** Methods that change nothing: one whose pooled connection was found closed is sent again, once. */
+const SAFE_METHODS = new Set(['GET', 'HEAD', 'OPTIONS']);
+
 /**
- * Sends the request over `relay` and resolves with the sandbox server's answer headers (or its
- * 101 for an upgrade). The request body streams meanwhile. A connection the server ends before
- * answering is PORT_NOT_LISTENING (502), answered by the seam in Capsule's error shape.
+ * Sends the request upstream and resolves with the sandbox server's answer headers (or its 101
+ * for an upgrade). The request body streams meanwhile. A connection the server ends before
+ * answering is PORT_NOT_LISTENING (502), answered by the seam in Capsule's error shape; so is a
+ * port nobody listens on (the relay's own error, with its hint).
  */
-export function sendUpstream(request: FastifyRequest, relay: Duplex, options: ForwardOptions, signal: AbortSignal): Promise<UpstreamAnswer> {
+export async function sendUpstream(request: FastifyRequest, upstream: Upstream, options: ForwardOptions, signal: AbortSignal): Promise<UpstreamAnswer> {
+  const bodiless = SAFE_METHODS.has(request.raw.method ?? '') && request.headers['content-length'] === undefined && request.headers['transfer-encoding'] === undefined;
+  try {
+    return await exchange(request, upstream, options, signal, bodiless);
+  } catch (error) {
+    // A pooled connection the server closed while it sat idle fails at once on reuse, before any
+    // answer: a request with no body is sent again on a new connection, as browsers do.
+    if (!(error instanceof StaleConnection) || !bodiless) throw unwrap(error);
+    return await exchange(request, upstream, options, signal, bodiless).catch((again: unknown) => {
+      throw unwrap(again);
+    });
+  }
+}
+
+/** A failure on a reused pooled connection before the answer began (the request may be resent). */
+class StaleConnection extends Error {
+  constructor(readonly failure: SandboxError) {
+    super(failure.message);
+  }
+}
+
+function unwrap(error: unknown): unknown {
+  return error instanceof StaleConnection ? error.failure : error;
+}
+
+function exchange(request: FastifyRequest, upstream: Upstream, options: ForwardOptions, signal: AbortSignal, bodiless: boolean): Promise<UpstreamAnswer> {
   const upgrade = upgradeOf(request.raw);
-  const upstream = httpRequest({
+  const outgoing = httpRequest({
     method: request.raw.method,
     path: options.path,
     headers: forwardHeaders(request.headers, { ...options, remoteAddress: request.ip, isUpgrade: upgrade !== undefined }),
-    createConnection: () => relay,
+    ...('relay' in upstream ? { createConnection: () => upstream.relay } : { agent: upstream.agent }),
     signal,
   });
   return new Promise<UpstreamAnswer>((resolve, reject) => {
-    upstream.once('response', (response) => resolve({ kind: 'response', response }));
-    upstream.once('upgrade', (response, socket, head) => resolve({ kind: 'upgrade', response, socket, head }));
-    upstream.once('error', (error: Error & { code?: string }) => {
-      relay.destroy();
-      reject(
-        new SandboxError('PORT_NOT_LISTENING', `the server on port ${options.port} in the sandbox ended the connection without an answer (${error.code ?? error.message})`, {
-          details: { port: options.port },
-          hint: 'Check the server in the sandbox (its log, or whether it still runs), then retry.',
-          cause: error,
-        }),
-      );
+    outgoing.once('response', (response) => resolve({ kind: 'response', response }));
+    outgoing.once('upgrade', (response, socket, head) => resolve({ kind: 'upgrade', response, socket, head }));
+    outgoing.once('error', (error: Error & { code?: string }) => {
+      if ('relay' in upstream) upstream.relay.destroy();
+      // The relay's own refusal (nothing listens, too many relays, sandbox not running) as it is.
+      if (error instanceof SandboxError) {
+        reject(error);
+        return;
+      }
+      const failure = new SandboxError('PORT_NOT_LISTENING', `the server on port ${options.port} in the sandbox ended the connection without an answer (${error.code ?? error.message})`, {
+        details: { port: options.port },
+        hint: 'Check the server in the sandbox (its log, or whether it still runs), then retry.',
+        cause: error,
+      });
+      reject(outgoing.reusedSocket ? new StaleConnection(failure) : failure);
     });
-    if (upgrade !== undefined) {
-      upstream.end();
+    // No body to stream (and none to read twice when the request is sent again).
+    if (upgrade !== undefined || bodiless) {
+      outgoing.end();
       return;
     }
     const body = request.raw;
-    body.pipe(upstream);
-    body.once('error', () => upstream.destroy());
+    body.pipe(outgoing);
+    body.once('error', () => outgoing.destroy());
   });
 }
 

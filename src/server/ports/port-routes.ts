@@ -8,7 +8,7 @@ import { defineRoute, registerRoute, type AnyRoute, type RouteDefinition } from 
 import { requireSandbox, type ServerServices } from '../services.js';
 import { DEFAULT_PORT_URL_TTL_MS, MAX_PORT_URL_TTL_MS, PORT_TOKEN_COOKIE, PORT_TOKEN_PARAM, parsePortHost, portPath, withoutToken } from './port-access.js';
 import { portPrincipal, type PortPrincipal } from './port-auth.js';
-import { markUpgrade, sendUpstream, writeAnswer } from './port-proxy.js';
+import { markUpgrade, sendUpstream, upgradeOf, writeAnswer } from './port-proxy.js';
 
 const PORT = z.coerce.number().int().min(1).max(65_535);
 const PortParams = z.object({ sandboxId: z.string().regex(SANDBOX_ID_PATTERN), port: PORT, '*': z.string().optional() });
@@ -85,8 +85,12 @@ function proxyRoutes(services: ServerServices, now: () => number): AnyRoute[] {
         const prefix = portPath(params.sandboxId, params.port, '');
         const isHostForm = services.publicDomain !== undefined && parsePortHost(request.headers.host, services.publicDomain) !== undefined;
         const path = withoutToken(request.url.startsWith(prefix) ? request.url.slice(prefix.length) || '/' : '/');
-        const relay = await services.engine.connectPort(port.tenantId, params.sandboxId, params.port, { signal });
-        const answer = await sendUpstream(request, relay, { path, port: params.port, credential: port.credential, ...(!isHostForm && { prefix }) }, signal);
+        // A WebSocket gets a relay of its own (it leaves any pool once upgraded); plain HTTP reuses
+        // the port's keep-alive relays.
+        const connection = upgradeOf(request.raw)
+          ? { relay: await services.engine.connectPort(port.tenantId, params.sandboxId, params.port, { signal }) }
+          : { agent: services.portPool.agentFor(port.tenantId, params.sandboxId, params.port) };
+        const answer = await sendUpstream(request, connection, { path, port: params.port, credential: port.credential, ...(!isHostForm && { prefix }) }, signal);
         // A signed URL opened in a browser keeps working for the page's own links and requests.
         const cookie =
           port.queryToken === undefined
