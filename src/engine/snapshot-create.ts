@@ -47,11 +47,18 @@ function fromFullSnapshotInput(input: SandboxSpecInput, from: SnapshotInfo): San
     if (field === 'backend' && value === source.backend) continue;
     throw new SandboxError('INVALID_SPEC', `spec.${field} cannot be set when creating from full snapshot ${from.snapshotId}`, {
       details: { field, snapshotId: from.snapshotId, mode: 'full' },
-      hint: 'A full snapshot resumes the source\'s processes under the source\'s spec: pass only snapshot, ttlMs and onTimeout, or take a filesystem snapshot to start anew with another spec.',
+      hint: 'A full snapshot resumes the source\'s processes under the source\'s spec: pass only snapshot, ttlMs, onTimeout and autoResume, or take a filesystem snapshot to start anew with another spec.',
     });
   }
   const { snapshot: _sourceSnapshot, ...kept } = source;
-  return { ...kept, ...(input.ttlMs !== undefined ? { ttlMs: input.ttlMs } : {}), ...(input.onTimeout !== undefined ? { onTimeout: input.onTimeout } : {}), snapshot: from.snapshotId, template: from.template };
+  return {
+    ...kept,
+    ...(input.ttlMs !== undefined ? { ttlMs: input.ttlMs } : {}),
+    ...(input.onTimeout !== undefined ? { onTimeout: input.onTimeout } : {}),
+    ...(input.autoResume !== undefined ? { autoResume: input.autoResume } : {}),
+    snapshot: from.snapshotId,
+    template: from.template,
+  };
 }
 
 /**

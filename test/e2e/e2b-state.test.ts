@@ -171,6 +171,18 @@ describe('e2b SDK 2.51: snapshots, fork, lifecycle and volumes against Capsule',
     expect(String(reboot)).toMatch(/onResume: "reboot" is not supported/);
   });
 
+  it("refuses a page token it never sent and a volume name Capsule could not mount, instead of looping or making it", async () => {
+    const call = (method: string, path: string, body?: unknown) =>
+      fetch(`${server.opts.apiUrl}${path}`, { method, headers: { 'X-API-KEY': server.opts.apiKey, 'content-type': 'application/json' }, ...(body ? { body: JSON.stringify(body) } : {}) });
+    const paged = await call('GET', `/snapshots?nextToken=${Buffer.from('snap_gone').toString('base64url')}`);
+    expect(paged.status).toBe(400);
+    expect(await paged.json()).toMatchObject({ message: expect.stringMatching(/nextToken/) });
+    const badName = await call('POST', '/volumes', { name: 'Not A/Volume' });
+    expect(badName.status).toBe(400);
+    const listed = await call('GET', '/volumes');
+    expect(((await listed.json()) as { name: string }[]).map((v) => v.name)).not.toContain('Not A/Volume');
+  });
+
   it('creates, lists, gets and destroys volumes, mounts them at create; another tenant sees none of it', async () => {
     const volume = await Volume.create('e2b-data', server.opts);
     expect(volume.volumeId).toMatch(/^vol_/);

@@ -103,4 +103,26 @@ describe('snapshots and volumes against the tenant disk quota (issue 13)', () =>
     expect(whole.status).toBe(201);
     expect((await t.call('DELETE', '/v1/volumes/a-whole', { key: a })).status).toBe(204);
   });
+
+  it("charges a /v1 fork to the key's own disk quota, not the server's default", async () => {
+    t ??= await startTestServer({ databaseDir, tenantDiskQuotaBytes: QUOTA, warmPool: 0 });
+    // The key's quota (1 GiB) is above the server's default (256 MiB). A fork gets the default
+    // workspace (512 MiB): beside the 64 MiB source, one fits the key's quota and none the default.
+    const minted = await t.json<{ apiKey: string }>('POST', '/v1/keys', { body: { tenantId: 'stored-fork', diskQuotaBytes: 1024 * MiB } });
+    expect(minted.status).toBe(201);
+    const key = minted.body.apiKey;
+    keys.push(key);
+    const source = await t.json<{ sandboxId: string }>('POST', '/v1/sandboxes', { key, body: { spec: { limits: { diskBytes: 64 * MiB } } } });
+    expect(source.status).toBe(201);
+    const forked = await t.json<{ snapshot: { snapshotId: string }; forks: ({ sandbox: { sandboxId: string } } | { error: { code: string } })[] }>(
+      'POST', `/v1/sandboxes/${source.body.sandboxId}/fork`, { key, body: { count: 3 } },
+    );
+    expect(forked.status).toBe(201);
+    const made = forked.body.forks.flatMap((f) => ('sandbox' in f ? [f.sandbox.sandboxId] : []));
+    const refused = forked.body.forks.flatMap((f) => ('error' in f ? [f.error.code] : []));
+    expect(made).toHaveLength(1);
+    expect(refused).toEqual(['QUOTA_EXCEEDED', 'QUOTA_EXCEEDED']);
+    for (const id of [source.body.sandboxId, ...made]) expect((await t.call('DELETE', `/v1/sandboxes/${id}`, { key })).status).toBe(200);
+    expect((await t.call('DELETE', `/v1/snapshots/${forked.body.snapshot.snapshotId}`, { key })).status).toBe(204);
+  });
 });

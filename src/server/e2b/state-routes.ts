@@ -1,6 +1,6 @@
 import { z } from 'zod';
 import { HTTP_STATUS, SandboxError } from '../../errors/index.js';
-import type { SnapshotInfo, VolumeInfo } from '../../wire/index.js';
+import { CreateVolumeBody, type SnapshotInfo, type VolumeInfo } from '../../wire/index.js';
 import { mountGrantOf } from '../auth.js';
 import { defineRoute, type AnyRoute, type Authenticate } from '../route.js';
 import { e2bPrincipal } from './access.js';
@@ -17,7 +17,9 @@ const VolumeParams = z.object({ volumeID: z.string().min(1) });
 const TemplateParams = z.object({ templateID: z.string().min(1) });
 const SnapshotBody = z.object({ name: z.string().min(1).max(128).optional() }).loose().optional();
 const ForkBody = z.object({ count: z.number().int().min(1).max(100).default(1), timeout: z.number().int().positive().optional() }).loose().optional();
-const VolumeBody = z.object({ name: z.string().min(1) }).loose();
+// The name is Capsule's volume name (the one /v1 and spec.volumes use): one that could not be
+// mounted or deleted there is refused here, not made.
+const VolumeBody = z.object({ name: CreateVolumeBody.shape.name }).loose();
 const SnapshotQuery = z.object({
   sandboxID: z.string().optional(),
   name: z.string().optional(),
@@ -81,7 +83,15 @@ export function stateRoutes(ctx: E2bContext): AnyRoute[] {
           .filter((s) => query.name === undefined || s.name === query.name || s.snapshotId === query.name);
         // The page token is the id of the last snapshot sent; ids are unique and the list is stable.
         const after = query.nextToken ? Buffer.from(query.nextToken, 'base64url').toString() : undefined;
-        const start = after === undefined ? 0 : all.findIndex((s) => s.snapshotId === after) + 1;
+        const at = after === undefined ? -1 : all.findIndex((s) => s.snapshotId === after);
+        if (after !== undefined && at < 0) {
+          // Starting over would hand a paging client the first page again, forever.
+          throw new SandboxError('INVALID_ARGUMENT', 'nextToken names no snapshot of this listing (it was deleted, or the token is not one this server sent)', {
+            details: { field: 'nextToken' },
+            hint: 'List again without nextToken.',
+          });
+        }
+        const start = at + 1;
         const limit = Math.min(Math.max(Number(query.limit) || 100, 1), 1000);
         const page = all.slice(start, start + limit);
         const last = page[page.length - 1];
@@ -128,11 +138,21 @@ export function stateRoutes(ctx: E2bContext): AnyRoute[] {
             signal,
             grants: { mountRoots: mountGrantOf(principal), diskQuotaBytes: principal.grants.diskQuotaBytes },
           });
-          const entries = result.forks.map((fork) => {
-            if ('error' in fork) return { error: { code: HTTP_STATUS[fork.error.code as keyof typeof HTTP_STATUS] ?? 500, message: fork.error.message } };
-            const info = body?.timeout !== undefined ? engine.setTimeout(principal.tenantId, fork.sandbox.sandboxId, body.timeout * 1000) : fork.sandbox;
-            return { sandbox: sandboxBody(ctx, info) };
-          });
+          const failed = (code: string, message: string) => ({ error: { code: HTTP_STATUS[code as keyof typeof HTTP_STATUS] ?? 500, message } });
+          const entries = await Promise.all(
+            result.forks.map(async (fork) => {
+              if ('error' in fork) return failed(fork.error.code, fork.error.message);
+              if (body?.timeout === undefined) return { sandbox: sandboxBody(ctx, fork.sandbox) };
+              try {
+                return { sandbox: sandboxBody(ctx, engine.setTimeout(principal.tenantId, fork.sandbox.sandboxId, body.timeout * 1000)) };
+              } catch (error) {
+                // A fork the client is not told of would run unseen until its TTL: it goes.
+                await engine.kill(principal.tenantId, fork.sandbox.sandboxId).catch(() => undefined);
+                const cause = error instanceof SandboxError ? error : new SandboxError('INTERNAL', (error as Error).message);
+                return failed(cause.code, `fork ${fork.sandbox.sandboxId} was made, but its timeout could not be set, so it was killed: ${cause.message}`);
+              }
+            }),
+          );
           return { kind: 'json', status: 201, body: entries };
         } finally {
           for (const release of releases) release();

@@ -58,7 +58,7 @@ export function snapshotRoutes(services: ServerServices): AnyRoute[] {
             ...(body.mode ? { mode: body.mode } : {}),
             ...(body.metadata ? { metadata: body.metadata } : {}),
             signal,
-            grants: { mountRoots: mountGrantOf(principal) },
+            grants: { mountRoots: mountGrantOf(principal), diskQuotaBytes: principal.grants.diskQuotaBytes },
           });
           return { kind: 'json', status: 201, body: result };
         } finally {
