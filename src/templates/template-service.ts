@@ -13,7 +13,7 @@ import { aptSourceHosts } from './debian/apt-sources.js';
 import { hostAptSources, runBootstrap } from './debian/bootstrap.host.js';
 import { bootstrapPackages, checkSuite, TEMPLATE_USER } from './debian/mmdebstrap-args.js';
 import { BuildContext } from './dockerfile/context.js';
-import { parseDockerfile } from './dockerfile/parse.js';
+import { parseDockerfile, type Instruction } from './dockerfile/parse.js';
 import { bootstrapLayerKey, scratchLayerKey } from './keys.js';
 import { LayerStore } from './layer-store.host.js';
 import { checkOwner, parseTemplateRef, PUBLIC_OWNER, templateNotFound } from './names.js';
@@ -70,6 +70,10 @@ export interface BuildOptions extends JobOptions {
   dockerfile?: string;
   /** The Dockerfile's text, instead of a file. */
   dockerfileText?: string;
+  /** Instructions already made, instead of a Dockerfile (`dockerfile` names them in messages). */
+  instructions?: Instruction[];
+  /** Who steps run as until a USER: `root` (Docker's rule) or the base's user (E2B's). @default 'root' */
+  stepUser?: 'root' | 'base';
   buildArgs?: Record<string, string>;
   /** Skip the cache: every step makes a new layer. @default false */
   noCache?: boolean;
@@ -186,11 +190,7 @@ export class TemplateService {
   /** Builds a Dockerfile (the subset in dockerfile/parse.ts) into a template, step by step, cached. */
   async build(options: BuildOptions): Promise<TemplateRecord> {
     const contextDir = resolve(options.contextDir);
-    const dockerfilePath = dockerfileIn(contextDir, options.dockerfile, options.allowHostPaths ?? false);
-    const file = basename(dockerfilePath);
-    const text = options.dockerfileText ?? (await readFile(dockerfilePath, 'utf8').catch(() => undefined));
-    if (text === undefined) throw new SandboxError('INVALID_ARGUMENT', `cannot read the Dockerfile ${dockerfilePath}`, { details: { file: dockerfilePath } });
-    const instructions = parseDockerfile(text, { file });
+    const { file, instructions } = await this.instructionsOf(contextDir, options);
     const owner = checkOwner(options.owner ?? PUBLIC_OWNER);
     return this.job(options, 'dockerfile', async ({ session, tempDir, lease }) => {
       const network = options.network ?? (await this.aptNetwork(tempDir));
@@ -201,7 +201,7 @@ export class TemplateService {
         parent = base.parent;
         return base;
       };
-      const plan = await planBuild(instructions, { owner, context: new BuildContext(contextDir), buildArgs: options.buildArgs ?? {}, network, resolveBase, file });
+      const plan = await planBuild(instructions, { owner, context: new BuildContext(contextDir), buildArgs: options.buildArgs ?? {}, network, resolveBase, file, stepUser: options.stepUser ?? 'root' });
       session.record.steps.push({ step: 'base', instruction: `FROM ${plan.base.layer.slice(0, 12)}`, key: plan.fromKey, cached: true });
       const result = await executePlan({
         plan,
@@ -220,6 +220,16 @@ export class TemplateService {
       session.record.steps.push(...result.steps);
       return { layer: result.layer, config: plan.config, parent };
     });
+  }
+
+  /** A build's instructions: given, or parsed from the Dockerfile (its text or its file). */
+  private async instructionsOf(contextDir: string, options: BuildOptions): Promise<{ file: string; instructions: Instruction[] }> {
+    if (options.instructions) return { file: options.dockerfile ?? 'steps', instructions: options.instructions };
+    const dockerfilePath = dockerfileIn(contextDir, options.dockerfile, options.allowHostPaths ?? false);
+    const file = basename(dockerfilePath);
+    const text = options.dockerfileText ?? (await readFile(dockerfilePath, 'utf8').catch(() => undefined));
+    if (text === undefined) throw new SandboxError('INVALID_ARGUMENT', `cannot read the Dockerfile ${dockerfilePath}`, { details: { file: dockerfilePath } });
+    return { file, instructions: parseDockerfile(text, { file }) };
   }
 
   /** FROM: the tenant's (or a public) template first, then an image reference, or scratch. */

@@ -11,10 +11,10 @@ import { e2bPrincipal, isE2bCaller } from './access.js';
 import { ENVD_VERSION, lenientJson, type E2bContext } from './deps.js';
 import { E2B_HOME, E2B_USER } from './paths.js';
 import { e2bNetworkPolicy } from './network.js';
+import { E2B_DEFAULT_TEMPLATES, e2bTemplateRoutes, e2bTemplateState } from './templates.js';
 
-/** Templates the facade serves: one image, Capsule's, under E2B's default names. */
 /** E2B's own template names, served by the server's default template; any other is a Capsule template. */
-const TEMPLATES = new Set(['base', 'code-interpreter-v1', 'code-interpreter']);
+const TEMPLATES = E2B_DEFAULT_TEMPLATES;
 /** Where the template name is kept in the engine's metadata; never shown to E2B clients. */
 const TEMPLATE_KEY = 'capsule.e2b.template';
 const MiB = 1024 * 1024;
@@ -91,6 +91,9 @@ export function registerControlPlane(app: FastifyInstance, ctx: E2bContext): voi
   lenientJson(app);
   app.setErrorHandler((error, request, reply) => sendE2bError(request, reply, error));
   for (const route of controlPlaneRoutes(ctx)) registerRoute(app, ctx, route);
+  const templates = e2bTemplateState(ctx);
+  const auth: Authenticate = (request) => e2bPrincipal(request, ctx.keys);
+  if (templates) for (const route of e2bTemplateRoutes(ctx, templates, auth)) registerRoute(app, ctx, route);
 }
 
 function controlPlaneRoutes(ctx: E2bContext): AnyRoute[] {
