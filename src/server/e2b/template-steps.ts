@@ -90,7 +90,7 @@ export function translateTemplate(body: TemplateBuildStart): TranslatedTemplate 
   if (body.fromImageRegistry !== undefined) {
     throw new SandboxError('PERMISSION_DENIED', 'fromImage with registry credentials (fromImageRegistry, fromAWSRegistry, fromGCPRegistry) is not supported: registry credentials are the operator\'s, never a tenant\'s', {
       details: { field: 'fromImageRegistry' },
-      hint: 'Ask the operator to store the registry\'s credentials (`capsule template credentials`), then use fromImage without credentials.',
+      hint: 'Ask the operator to store the registry\'s credentials for Capsule (<dataDir>/registry-auth.json), then use fromImage without credentials.',
     });
   }
   const image = body.fromImage?.trim() ?? '';
