@@ -43,6 +43,9 @@ async function createExec(engine: SandboxManager, template: string | undefined):
 
 export async function measureTemplateSandboxes(options: { dataDir: string; host: HostEnvironment; service: TemplateService; template: string; reps: number; sandboxes: number }): Promise<TemplateSandboxFigures> {
   const { dataDir, host, service, template } = options;
+  // The volume may have been let go since the bootstrap (an engine's close releases an idle one).
+  if (!(await host.volume.isMounted())) console.error('template-sandboxes: the volume was not mounted; mounting it again');
+  await host.ensure();
   const rows: Record<string, string | number>[] = [];
   const createRows: TemplateSandboxFigures['createExec'] = [];
   for (const pool of ['off', 'on'] as const) {

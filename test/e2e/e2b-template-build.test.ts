@@ -131,5 +131,7 @@ describe("the E2B SDK's Template.build", () => {
     const creds = Template().fromImage('registry.invalid/x:1', { username: 'u', password: 'p' });
     await expect(Template.build(creds, `${NAME}-creds`, alice)).rejects.toThrow(/registry credentials are the operator's/);
     await expect(Template.build(Template().fromTemplate(TEST_DEBIAN), 'base', alice)).rejects.toThrow(/E2B's default template names/);
+    // A missing template base is not found, and never taken for an image to pull.
+    await expect(Template.build(Template().fromTemplate('no-such-template'), `${NAME}-nobase`, alice)).rejects.toThrow(/404: no template named "no-such-template"/);
   });
 });

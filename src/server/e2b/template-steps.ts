@@ -41,6 +41,8 @@ export interface StepFiles {
 export interface TranslatedTemplate {
   /** What FROM names: a Capsule template or an image reference. */
   from: string;
+  /** Whether the base must be a template (fromTemplate, E2B's base image): never pulled as an image. */
+  fromTemplate: boolean;
   /** FROM first, then one instruction per E2B step, so Capsule's step numbers are E2B's. */
   instructions: Instruction[];
   files: StepFiles[];
@@ -164,5 +166,5 @@ export function translateTemplate(body: TemplateBuildStart): TranslatedTemplate 
     }
   }
   const config = { ...(body.startCmd ? { startCmd: body.startCmd } : {}), ...(body.readyCmd ? { readyCmd: body.readyCmd } : {}) };
-  return { from, instructions, files, config, noCache: body.force === true };
+  return { from, fromTemplate: template !== '' || from === CAPSULE_BASE_TEMPLATE, instructions, files, config, noCache: body.force === true };
 }

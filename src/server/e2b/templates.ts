@@ -173,6 +173,8 @@ export function e2bTemplateRoutes(ctx: E2bContext, state: E2bTemplateState, auth
       async handler({ params, body, principal }) {
         const build = builds.get(principal.tenantId, params.templateID, params.buildID);
         const template = translateTemplate(body);
+        // A template base is looked up now: a missing one is TEMPLATE_NOT_FOUND, never an image pull.
+        if (template.fromTemplate) await service.resolve(principal.tenantId, template.from);
         for (const file of template.files) {
           if (await files.has(principal.tenantId, file.hash)) continue;
           throw new SandboxError('INVALID_ARGUMENT', `step ${file.step}: the files of this COPY (hash ${file.hash}) were not uploaded`, {
