@@ -7,7 +7,7 @@
  *    root's exclusive bytes (its btrfs quota group, what the quota charges) and the volume's
  *    used bytes (statfs) before and after, over N (target: < 1 MiB a sandbox, copy-on-write).
  */
-import { statfs } from 'node:fs/promises';
+import { readFile, statfs } from 'node:fs/promises';
 import { SandboxManager } from '../src/engine/sandbox-manager.js';
 import { StoredTemplates } from '../src/engine/stored-templates.js';
 import type { HostEnvironment } from '../src/host/host-env.host.js';
@@ -32,25 +32,37 @@ async function volumeUsed(host: HostEnvironment): Promise<number> {
 
 async function createExec(engine: SandboxManager, template: string | undefined): Promise<number> {
   let id = '';
-  const ms = await timeIt(async () => {
+  try {
+    return await timedCreateExec(engine, template, (made) => (id = made));
+  } catch (error) {
+    const mounts = (await readFile('/proc/self/mountinfo', 'utf8')).split('\n').filter((line) => line.includes('capsule-bench-templates'));
+    console.error(`create + exec from ${template ?? 'host'} failed; the bench's mounts now:\n${mounts.join('\n')}`);
+    throw error;
+  } finally {
+    if (id) await engine.kill(TENANT, id);
+  }
+}
+
+async function timedCreateExec(engine: SandboxManager, template: string | undefined, made: (id: string) => void): Promise<number> {
+  let id = '';
+  return timeIt(async () => {
     id = (await engine.create({ tenantId: TENANT, spec: template ? { template } : {} })).sandboxId;
+    made(id);
     const result = await (await engine.startProcess(TENANT, id, { argv: ['true'] })).result;
     if (result.exitCode !== 0) throw new Error(`true failed in ${template ?? 'host'}: ${result.stderr}`);
   });
-  await engine.kill(TENANT, id);
-  return ms;
 }
 
 export async function measureTemplateSandboxes(options: { dataDir: string; host: HostEnvironment; service: TemplateService; template: string; reps: number; sandboxes: number }): Promise<TemplateSandboxFigures> {
   const { dataDir, host, service, template } = options;
-  // The volume may have been let go since the bootstrap (an engine's close releases an idle one).
-  if (!(await host.volume.isMounted())) console.error('template-sandboxes: the volume was not mounted; mounting it again');
-  await host.ensure();
   const rows: Record<string, string | number>[] = [];
   const createRows: TemplateSandboxFigures['createExec'] = [];
   for (const pool of ['off', 'on'] as const) {
     let warm = 0;
     let creates = 0;
+    // An engine's close lets an idle volume go (template layers do not count as in use), and the
+    // host remembers it was ready: the next engine needs the volume mounted again.
+    await host.volume.ensure();
     const engine = await SandboxManager.open({
       dataDir,
       host,
@@ -92,6 +104,7 @@ export async function measureTemplateSandboxes(options: { dataDir: string; host:
   }
 
   // Disk: N live sandboxes from the template, each having run a process.
+  await host.volume.ensure();
   const engine = await SandboxManager.open({ dataDir, host, templates: new StoredTemplates(service) });
   const ids: string[] = [];
   try {
