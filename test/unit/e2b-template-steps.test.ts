@@ -5,7 +5,10 @@ import { Readable } from 'node:stream';
 import { gzipSync } from 'node:zlib';
 import { afterEach, describe, expect, it } from 'vitest';
 import { entryHeader, tarStream, type TarEntry } from '../../src/engine/changes/tar.js';
+import { SandboxError } from '../../src/errors/index.js';
 import { TemplateFiles } from '../../src/server/e2b/template-files.js';
+import { E2bTemplateBuilds, type E2bBuild } from '../../src/server/e2b/template-jobs.js';
+import type { LogEntry } from '../../src/templates/build-log.js';
 import { translateTemplate } from '../../src/server/e2b/template-steps.js';
 import { planBuild, type BuildBase } from '../../src/templates/builder/plan.js';
 import { BuildContext } from '../../src/templates/dockerfile/context.js';
@@ -162,5 +165,51 @@ describe('template file uploads', () => {
     expect(await files.has('alice', hash('a'))).toBe(true);
     await files.save({ tenantId: 'alice', hash: hash('c') }, Readable.from([Buffer.from('three')]));
     expect([await files.has('alice', hash('a')), await files.has('alice', hash('b')), await files.has('alice', hash('c'))]).toEqual([true, false, true]);
+  });
+});
+
+describe('E2B template builds in memory', () => {
+  const entry = (step: string, message: string): LogEntry => ({ timestamp: new Date(0).toISOString(), level: 'info', step, message });
+  const request = (builds: E2bTemplateBuilds, tenant: string, name = 'app') => builds.request(tenant, { templateID: name, ref: `${name}:latest`, tags: ['latest'], limits: {} });
+  const settled = async (build: E2bBuild) => {
+    for (let i = 0; i < 100 && (build.status === 'building' || build.status === 'waiting'); i++) await Promise.resolve();
+  };
+
+  it("keeps a tenant's builds from another, a failure's reason with its step's last lines, and bounds what it keeps", async () => {
+    let clock = 0;
+    const builds = new E2bTemplateBuilds(() => clock);
+    const mine = request(builds, 'alice');
+    expect(() => builds.get('bob', 'app', mine.buildID)).toThrow(/no template build/);
+    expect(builds.hasOpen('alice', 'app')).toBe(true);
+    expect(builds.hasOpen('bob', 'app')).toBe(false);
+    builds.start(mine, (onLog) => {
+      onLog(entry('base', 'FROM x'));
+      for (let i = 0; i < 30; i++) onLog(entry('2', `line ${i}`));
+      return Promise.reject(new SandboxError('BUILD_FAILED', 'step:2: RUN failed with exit code 3: line 29', { details: { step: '2' }, hint: 'not shown' }));
+    });
+    expect(() => builds.start(mine, () => Promise.reject(new Error('twice')))).toThrow(/already started/);
+    await settled(mine);
+    expect(mine.status).toBe('error');
+    expect(mine.reason?.message).toBe('step:2: RUN failed with exit code 3: line 29');
+    expect(mine.reason?.step).toBe('2');
+    expect(mine.reason?.logEntries.map((e) => e.message).slice(-2)).toEqual(['line 29', 'step:2: RUN failed with exit code 3: line 29']);
+    expect(mine.reason?.logEntries).toHaveLength(20);
+    expect(mine.log).toHaveLength(32);
+
+    // At most 8 open builds a tenant (the failed one is not open); the finished ones past 10 go, the oldest first.
+    for (let i = 0; i < 8; i++) request(builds, 'alice', `open-${i}`);
+    expect(() => request(builds, 'alice', 'one-more')).toThrow(/at most 8 template builds/);
+    request(builds, 'bob');
+    const finished: E2bBuild[] = [];
+    const carol = new E2bTemplateBuilds(() => (clock += 1000));
+    for (let i = 0; i < 12; i++) {
+      const build = request(carol, 'carol', `f-${i}`);
+      carol.start(build, () => Promise.reject(new Error('boom')));
+      await settled(build);
+      finished.push(build);
+    }
+    request(carol, 'carol', 'next');
+    expect(finished.map((b) => { try { return carol.get('carol', b.templateID, b.buildID) && true; } catch { return false; } })).toEqual([false, false, ...Array<boolean>(10).fill(true)]);
+    expect(finished[2]!.reason?.message).toMatch(/^the build failed: boom/);
   });
 });

@@ -24,8 +24,10 @@ export interface E2bBuild {
   limits: { cpus?: number; memoryBytes?: number };
   status: E2bBuildStatus;
   log: LogEntry[];
-  /** Entries past MAX_LOG_ENTRIES that were not kept (one line says so in the log). */
+  /** Entries past the log's bounds that were not kept (one line says so in the log). */
   dropped: number;
+  /** Characters of the kept messages. */
+  logChars: number;
   reason?: E2bBuildReason;
   /** The last entries of each step, kept past MAX_LOG_ENTRIES for a failure's reason. */
   tails: Map<string, LogEntry[]>;
@@ -34,8 +36,11 @@ export interface E2bBuild {
   controller: AbortController;
 }
 
-/** Log entries kept per build, so `logsOffset` polling stays exact and memory stays bounded. */
-const MAX_LOG_ENTRIES = 20_000;
+/** Log kept per build (entries, and characters of their messages), so `logsOffset` polling stays exact and memory bounded. */
+const MAX_LOG_ENTRIES = 10_000;
+const MAX_LOG_CHARS = 2 * 1024 * 1024;
+/** Finished builds a tenant's status calls can still see (the oldest go first past it). */
+const KEEP_FINISHED_PER_TENANT = 10;
 /** Last entries kept per step, for a failure's reason. */
 const REASON_LINES = 20;
 /** Builds a tenant may have that are not finished (requested or running). */
@@ -53,7 +58,8 @@ function notFound(buildID: string): SandboxError {
 /**
  * The E2B facade's template builds, in memory: E2B's API makes a build in three calls (request,
  * uploads, start) and then polls its status with a log offset, so each build keeps its whole log
- * (bounded) with stable indexes. Tenants see only their own builds: another's id is not found.
+ * (bounded) with stable indexes; a tenant has at most 8 open and its last 10 finished builds here.
+ * Tenants see only their own builds: another's id is not found.
  * A restarted server forgets them; the templates they made stay (Capsule's records).
  */
 export class E2bTemplateBuilds {
@@ -70,7 +76,7 @@ export class E2bTemplateBuilds {
         hint: 'Wait for a build to end, then build again.',
       });
     }
-    const build: E2bBuild = { tenantId, ...input, buildID: randomUUID(), status: 'waiting', log: [], dropped: 0, tails: new Map(), createdAtMs: this.now(), controller: new AbortController() };
+    const build: E2bBuild = { tenantId, ...input, buildID: randomUUID(), status: 'waiting', log: [], dropped: 0, logChars: 0, tails: new Map(), createdAtMs: this.now(), controller: new AbortController() };
     this.builds.set(build.buildID, build);
     return build;
   }
@@ -88,8 +94,12 @@ export class E2bTemplateBuilds {
   }
 
   append(build: E2bBuild, entry: LogEntry): void {
-    if (build.log.length < MAX_LOG_ENTRIES) build.log.push(entry);
-    else if (build.dropped++ === 0) build.log.push({ ...entry, level: 'warn', message: `the log is longer than ${MAX_LOG_ENTRIES} lines: later lines are not kept (a failure still reports its last lines)` });
+    if (build.log.length < MAX_LOG_ENTRIES && build.logChars + entry.message.length <= MAX_LOG_CHARS) {
+      build.log.push(entry);
+      build.logChars += entry.message.length;
+    } else if (build.dropped++ === 0) {
+      build.log.push({ ...entry, level: 'warn', message: `the log is longer than ${MAX_LOG_ENTRIES} lines or ${MAX_LOG_CHARS} characters: later lines are not kept (a failure still reports its last lines)` });
+    }
     const tail = build.tails.get(entry.step) ?? [];
     tail.push(entry);
     if (tail.length > REASON_LINES) tail.shift();
@@ -125,9 +135,15 @@ export class E2bTemplateBuilds {
 
   private expire(): void {
     const cutoff = this.now() - KEEP_MS;
+    const finished = new Map<string, E2bBuild[]>();
     for (const [id, build] of this.builds) {
       const since = build.finishedAtMs ?? (build.status === 'waiting' ? build.createdAtMs : undefined);
       if (since !== undefined && since < cutoff) this.builds.delete(id);
+      else if (build.finishedAtMs !== undefined) finished.set(build.tenantId, [...(finished.get(build.tenantId) ?? []), build]);
+    }
+    for (const builds of finished.values()) {
+      builds.sort((a, b) => a.finishedAtMs! - b.finishedAtMs!);
+      for (const build of builds.slice(0, Math.max(0, builds.length - KEEP_FINISHED_PER_TENANT))) this.builds.delete(build.buildID);
     }
   }
 }
