@@ -85,5 +85,6 @@ describe('templates, must show', () => {
     const result = await runner.run(['/bin/sh', '-c', `${show} && stat -c %U:%a /opt/note.txt`], { spec: { template: 'must-show-pulled' } });
     expect(result.outcome, describeResult(result)).toBe('ok');
     expect(result.stdout).toBe('copied from the context\nyes user\nroot:644\n');
-  });
+    // An apt download, a whole root exported and imported again: minutes on a loaded machine.
+  }, 20 * 60_000);
 });
