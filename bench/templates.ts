@@ -4,9 +4,14 @@
  * with the same argv (same suite, packages, hooks, the host's apt sources) into a subvolume on
  * the same volume; then a small Dockerfile FROM that template (COPY + RUN in a sandbox + ENV):
  * its first build and its cached rebuild (every step a cache hit: no sandbox, no snapshot).
- * Bootstraps download from the host's apt mirrors; contenders alternate per repetition.
+ * Bootstraps download from the host's apt mirrors; contenders alternate per repetition (the
+ * first repetition runs mmdebstrap first, the second Capsule first, ...). Then sandboxes from the
+ * bootstrapped template (bench/template-sandboxes.ts): create + first exec against the host
+ * template with the warm pool off and on, and disk per sandbox.
  *
- *   node dist/bench/templates.js [--reps 1] [--json]
+ *   node dist/bench/templates.js [--reps 1] [--json] [--sandboxes-only] [--creates 10] [--sandboxes 10]
+ *
+ * `--sandboxes-only` bootstraps once through Capsule and measures only the sandboxes.
  */
 import { spawn } from 'node:child_process';
 import { mkdtemp, rm, writeFile } from 'node:fs/promises';
@@ -19,6 +24,7 @@ import { mmdebstrapArgv } from '../src/templates/debian/mmdebstrap-args.js';
 import { PUBLIC_OWNER } from '../src/templates/names.js';
 import { TemplateService } from '../src/templates/template-service.js';
 import { percentile, table, timeIt } from './stats.js';
+import { measureTemplateSandboxes, type TemplateSandboxFigures } from './template-sandboxes.js';
 
 /** No new repetition starts after this. */
 const BUDGET_MS = 40 * 60_000;
@@ -42,7 +48,10 @@ async function main(): Promise<void> {
   const repsArg = args.indexOf('--reps');
   const reps = Math.min(5, Math.max(1, Number(repsArg >= 0 ? args[repsArg + 1] : 1) || 1));
   const json = args.includes('--json');
+  const sandboxesOnly = args.includes('--sandboxes-only');
+  const numberArg = (name: string, fallback: number) => (args.indexOf(name) >= 0 ? Number(args[args.indexOf(name) + 1]) || fallback : fallback);
   const deadline = Date.now() + BUDGET_MS;
+  let sandboxes: TemplateSandboxFigures | undefined;
 
   const dataDir = await mkdtemp(join(tmpdir(), 'capsule-bench-templates-'));
   const host = new HostEnvironment({ dataDir, volumeBytes: 8 * 1024 ** 3 });
@@ -76,6 +85,10 @@ async function main(): Promise<void> {
       capsule.push(await timeIt(() => service.buildTemplate({ owner: PUBLIC_OWNER, name: 'bench-debian', source: { kind: 'debian' } })));
     };
     for (let rep = 0; rep < reps && Date.now() < deadline; rep++) {
+      if (sandboxesOnly) {
+        await bootstrapCapsule();
+        break;
+      }
       if (rep % 2 === 0) {
         await bootstrapAlone(rep);
         await bootstrapCapsule();
@@ -89,6 +102,7 @@ async function main(): Promise<void> {
       firstBuild.push(await timeIt(() => service.buildTemplate({ owner: PUBLIC_OWNER, name: 'bench-app', source })));
       rebuild.push(await timeIt(() => service.buildTemplate({ owner: PUBLIC_OWNER, name: 'bench-app', source })));
     }
+    sandboxes = await measureTemplateSandboxes({ dataDir, host, service, template: 'bench-debian', reps: numberArg('--creates', 10), sandboxes: numberArg('--sandboxes', 10) });
   } finally {
     await steps.close();
     await service.remove(PUBLIC_OWNER, 'bench-app').catch(() => undefined);
@@ -107,6 +121,8 @@ async function main(): Promise<void> {
     ratio: median(capsule) / median(alone),
     firstBuildMs: median(firstBuild),
     cachedRebuildMs: median(rebuild),
+    createExec: sandboxes?.createExec,
+    diskPerSandboxBytes: sandboxes?.diskPerSandboxBytes,
   };
   if (json) {
     console.log(JSON.stringify(result, null, 2));
@@ -119,6 +135,7 @@ async function main(): Promise<void> {
     { what: 'Dockerfile first build (COPY, RUN, ENV)', ms: Math.round(result.firstBuildMs), reps: result.reps },
     { what: 'cached rebuild (all hits)', ms: Math.round(result.cachedRebuildMs), reps: result.reps },
   ]));
+  if (sandboxes) console.log(table(sandboxes.rows));
 }
 
 main().catch((error: unknown) => {

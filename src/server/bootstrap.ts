@@ -204,7 +204,7 @@ export async function startServer(options: StartServerOptions): Promise<RunningS
       logger: options.logger,
       extensions: options.extensions,
       observability: observability.services,
-      templates: { service: templates, contextDir: join(options.dataDir, 'build-contexts') },
+      templates: { service: templates, contextDir: join(options.dataDir, 'build-contexts'), e2bFilesDir: join(options.dataDir, 'e2b-template-files') },
       ...(options.publicDomain !== undefined ? { publicDomain: options.publicDomain } : {}),
       console: { sessions, feed, dataDir: options.dataDir, ...(options.uiDir !== undefined ? { uiDir: options.uiDir } : {}) },
     });

@@ -43,7 +43,7 @@ export interface ServerServices {
   /** Each tenant's disk quota (workspaces, logs, artifacts, snapshots). */
   diskQuota?: TenantDiskQuota;
   /** Templates (/v1/templates): the store and builds, and where inline build contexts are written. */
-  templates?: { service: TemplateService; contextDir: string };
+  templates?: { service: TemplateService; contextDir: string; e2bFilesDir?: string };
   /** The web console's session keys and login tokens (POST /v1/sessions). */
   sessions?: ConsoleSessions;
 }

@@ -2,6 +2,7 @@ import { z } from 'zod';
 import { SandboxError } from '../errors/index.js';
 import { describeIssues, LimitsSchema, NetworkPolicySchema } from '../sandbox-spec/index.js';
 import type { OnLog } from './build-log.js';
+import type { Instruction } from './dockerfile/parse.js';
 
 /** Start and ready commands a build may set on top of what its source says (E2B's template fields). */
 const ConfigOverrideSchema = z.strictObject({
@@ -37,6 +38,13 @@ export const TemplateSourceSpecSchema = z.discriminatedUnion('kind', [
     dockerfile: z.string().min(1).max(1024).optional(),
     /** The Dockerfile's text instead of a file in the context. */
     dockerfileText: z.string().max(1024 * 1024).optional(),
+    /**
+     * Instructions already made (E2B's template steps, translated by the facade) instead of a
+     * Dockerfile; `dockerfile` then only names them in messages (`step:3: …`). Never from a wire body.
+     */
+    instructions: z.array(z.custom<Instruction>((value) => typeof value === 'object' && value !== null && 'kind' in value)).max(1000).optional(),
+    /** Who steps run as until a USER: `root` (Docker's rule) or `base`, the base's user (E2B's). @default 'root' */
+    stepUser: z.enum(['root', 'base']).optional(),
     buildArgs: z.record(z.string().regex(ENV_NAME), z.string().max(32 * 1024)).optional(),
     noCache: z.boolean().optional(),
     /** RUN steps' network. @default the host's apt sources (allowlist) */

@@ -13,3 +13,4 @@ export { isTemplateId, parseTemplateRef, PUBLIC_OWNER, DEFAULT_TAG } from './nam
 export { DEFAULT_STEP_LIMITS, type RunStep, type RunStepOptions, type StepResult, type StepRunner } from './builder/step-runner.js';
 export type { BuildRecord, TemplateConfig, TemplateParent, TemplateRecord } from './records.js';
 export type { LogEntry, OnLog } from './build-log.js';
+export { unpackContextTar, type ContextTarLimits } from './dockerfile/context-tar.js';

@@ -1,105 +1,32 @@
 import { mkdir, readdir, readFile, rm } from 'node:fs/promises';
-import { basename, isAbsolute, join, resolve } from 'node:path';
+import { join, resolve } from 'node:path';
 import { isSandboxError, SandboxError } from '../errors/index.js';
-import type { HostEnvironment } from '../host/host-env.host.js';
 import type { NetworkPolicyInput } from '../sandbox-spec/index.js';
-import type { OnLog } from './build-log.js';
 import { BuildSession } from './build-session.js';
 import { checkBuildRequest, type TemplateBuildRequest } from './build-request.js';
 import { executePlan } from './builder/execute.js';
 import { planBuild, type BuildBase } from './builder/plan.js';
-import type { RunStep, StepRunner } from './builder/step-runner.js';
+import { buildInstructions } from './dockerfile/instructions.js';
+import type { BootstrapDebianOptions, BuildOptions, ImportImageOptions, JobOptions, PruneReport, TemplateServiceOptions } from './service-options.js';
 import { aptSourceHosts } from './debian/apt-sources.js';
 import { hostAptSources, runBootstrap } from './debian/bootstrap.host.js';
 import { bootstrapPackages, checkSuite, TEMPLATE_USER } from './debian/mmdebstrap-args.js';
 import { BuildContext } from './dockerfile/context.js';
-import { parseDockerfile } from './dockerfile/parse.js';
 import { bootstrapLayerKey, scratchLayerKey } from './keys.js';
 import { LayerStore } from './layer-store.host.js';
 import { checkOwner, parseTemplateRef, PUBLIC_OWNER, templateNotFound } from './names.js';
 import { parseImageRef } from './oci/image-ref.js';
 import { ensureImageConfig, type ImageToolContext } from './oci/image-tools.host.js';
+import { exportTemplateImage } from './oci/export.host.js';
 import { importImageLayer } from './oci/import.host.js';
 import { RegistryCredentials } from './oci/registry-credentials.js';
 import { ownedName } from './owner.js';
 import type { BuildRecord, TemplateConfig, TemplateParent, TemplateRecord, TemplateSource } from './records.js';
 import { TemplateStore } from './template-store.js';
 import { dirBytes, pruneImageCache, reconcileBuildJobs } from './maintenance.host.js';
-import { BuildBudget, type TemplateBudget } from './build-budget.js';
-
-export interface TemplateServiceOptions {
-  host: HostEnvironment;
-  /** Runs RUN steps in sandboxes (the engine's); without it an uncached RUN fails with UNIMPLEMENTED. */
-  stepRunner?: StepRunner;
-  /** Layers under live sandboxes, which garbage collection keeps. @default () => false */
-  isInUse?: (layerKey: string) => boolean;
-  /** Registries the operator allows over plain HTTP besides loopback ones. @default [] */
-  insecureRegistries?: string[];
-  /**
-   * Where tenants' builds are charged (the server's disk quota): each layer a tenant's build adds
-   * is reserved before it is published. Operator builds (the public owner) are not. @default none
-   */
-  budget?: TemplateBudget;
-  /** Builds one tenant may run at once (the public owner's are not bounded). @default 2 */
-  maxConcurrentBuildsPerTenant?: number;
-}
+import { BuildBudget } from './build-budget.js';
 
 export { DEFAULT_MAX_BUILDS_PER_TENANT, type TemplateBudget } from './build-budget.js';
-
-interface JobOptions {
-  /** Tenant id, or `_public` (the default) for an operator's template every tenant may use. */
-  owner?: string;
-  /** `name[:tag]` of the template to make; the tag defaults to `latest`. */
-  name: string;
-  /** More tags for the same template. */
-  tags?: string[];
-  onLog?: OnLog;
-  signal?: AbortSignal;
-  /** Overrides of the template's config (E2B's startCmd and readyCmd). */
-  config?: Partial<TemplateConfig>;
-  /** The building key's disk quota (the layers a tenant's build adds are charged under it). @default the operator's */
-  quotaBytes?: number;
-}
-
-export interface BootstrapDebianOptions extends JobOptions {
-  /** @default the host's suite (VERSION_CODENAME) */
-  suite?: string;
-  /** Packages beyond ca-certificates, curl, iproute2 and procps. */
-  packages?: string[];
-}
-
-export interface ImportImageOptions extends JobOptions {
-  /** `registry/name:tag`, `…@sha256:…`, `oci:/dir:tag`, `oci-archive:/file.tar`, `docker-archive:/file.tar`. */
-  ref: string;
-  /** Host paths (oci:, *-archive:) are the operator's: refused unless this is set. @default false */
-  allowHostPaths?: boolean;
-}
-
-export interface BuildOptions extends JobOptions {
-  /** The build context directory. */
-  contextDir: string;
-  /** The Dockerfile, relative to the context or absolute. @default 'Dockerfile' */
-  dockerfile?: string;
-  /** The Dockerfile's text, instead of a file. */
-  dockerfileText?: string;
-  buildArgs?: Record<string, string>;
-  /** Skip the cache: every step makes a new layer. @default false */
-  noCache?: boolean;
-  /** RUN steps' network. @default the host's apt sources (allowlist) */
-  network?: NetworkPolicyInput;
-  limits?: Partial<RunStep['limits']>;
-  allowHostPaths?: boolean;
-}
-
-export interface PruneReport {
-  removedLayers: string[];
-  /** Exclusive bytes of the removed layers. */
-  freedLayerBytes: number;
-  /** Bytes of image blobs no layer needs any more. */
-  freedImageCacheBytes: number;
-  /** Temps of dead processes: pending layers, build dirs, jobs' cgroups, records' temp files. */
-  removedTemps: string[];
-}
 
 /** The default template config of a bootstrapped Debian root. */
 const DEBIAN_CONFIG: TemplateConfig = {
@@ -108,10 +35,13 @@ const DEBIAN_CONFIG: TemplateConfig = {
   user: TEMPLATE_USER.name,
 };
 
+export type { BootstrapDebianOptions, BuildOptions, ImportImageOptions, PruneReport, TemplateServiceOptions } from './service-options.js';
+
 /**
  * Templates: storage (LayerStore, TemplateStore) and the three ways to make one: a Debian
  * bootstrap, an OCI image import and a Dockerfile build. Each is a build with a record and a
  * streamed log; each either ends with a template record or leaves nothing of itself behind.
+ * A template also goes out as an OCI image (pushTemplate).
  */
 export class TemplateService {
   readonly store: TemplateStore;
@@ -208,11 +138,7 @@ export class TemplateService {
   /** Builds a Dockerfile (the subset in dockerfile/parse.ts) into a template, step by step, cached. */
   async build(options: BuildOptions): Promise<TemplateRecord> {
     const contextDir = resolve(options.contextDir);
-    const dockerfilePath = dockerfileIn(contextDir, options.dockerfile, options.allowHostPaths ?? false);
-    const file = basename(dockerfilePath);
-    const text = options.dockerfileText ?? (await readFile(dockerfilePath, 'utf8').catch(() => undefined));
-    if (text === undefined) throw new SandboxError('INVALID_ARGUMENT', `cannot read the Dockerfile ${dockerfilePath}`, { details: { file: dockerfilePath } });
-    const instructions = parseDockerfile(text, { file });
+    const { file, instructions } = await buildInstructions(contextDir, options);
     const owner = checkOwner(options.owner ?? PUBLIC_OWNER);
     return this.job(options, 'dockerfile', async ({ session, tempDir, lease, layers }) => {
       const network = options.network ?? (await this.aptNetwork(tempDir));
@@ -223,7 +149,7 @@ export class TemplateService {
         parent = base.parent;
         return base;
       };
-      const plan = await planBuild(instructions, { owner, context: new BuildContext(contextDir), buildArgs: options.buildArgs ?? {}, network, resolveBase, file });
+      const plan = await planBuild(instructions, { owner, context: new BuildContext(contextDir), buildArgs: options.buildArgs ?? {}, network, resolveBase, file, stepUser: options.stepUser ?? 'root' });
       session.record.steps.push({ step: 'base', instruction: `FROM ${plan.base.layer.slice(0, 12)}`, key: plan.fromKey, cached: true });
       const result = await executePlan({
         plan,
@@ -369,6 +295,39 @@ export class TemplateService {
     }
   }
 
+  /**
+   * Pushes a template as a one-layer OCI image (oci/export.host.ts) to a registry, or for the
+   * operator (`allowHostPaths`) to an `oci:`/`oci-archive:` path; skopeo's errors are classified
+   * as an import's (REGISTRY_UNREACHABLE, REGISTRY_UNAUTHORIZED). Resolves with the manifest digest.
+   */
+  async pushTemplate(options: { owner: string; ref: string; dest: string; allowHostPaths?: boolean; onLog?: (line: string) => void; signal?: AbortSignal }): Promise<{ digest: string; dest: string }> {
+    const template = await this.store.resolve(checkOwner(options.owner), options.ref);
+    const target = this.imageRef(options.dest, options.allowHostPaths ?? false);
+    if (target.kind === 'registry' && target.digest !== undefined) {
+      throw new SandboxError('INVALID_ARGUMENT', `a push names a tag, not a digest: ${options.dest}`, { details: { field: 'dest' }, hint: 'Name it as registry/name:tag.' });
+    }
+    await this.ensure();
+    const tempDir = join(this.tempRoot, ownedName());
+    const leaseName = ownedName();
+    try {
+      await mkdir(tempDir, { mode: 0o700 });
+      if (!(await this.layers.lease(leaseName, [template.layer]))[0]) throw templateNotFound(options.ref);
+      const context = await this.imageContext(target, tempDir, options.onLog ?? (() => undefined), options.signal);
+      // umoci reads a tree it may chmod (its unprivileged walker), which a read-only layer refuses:
+      // it reads a writable copy-on-write snapshot instead, a pending layer that is never published.
+      const copy = await this.layers.createFrom(template.layer);
+      try {
+        const digest = await exportTemplateImage({ root: copy.root, config: template.config, target, context });
+        return { digest, dest: target.display };
+      } finally {
+        await this.layers.discard(copy);
+      }
+    } finally {
+      await rm(tempDir, { recursive: true, force: true });
+      await this.layers.release(leaseName);
+    }
+  }
+
   resolve(tenant: string, ref: string): Promise<TemplateRecord> {
     return this.store.resolve(tenant, ref);
   }
@@ -448,19 +407,6 @@ interface JobContext {
   lease: (keys: string[]) => Promise<boolean[]>;
   /** The layer store as this build publishes to it: a tenant's build owns and pays for its new layers. */
   layers: LayerStore;
-}
-
-/** The Dockerfile's path: inside the context (no `..`, not absolute) unless host paths are allowed. */
-function dockerfileIn(contextDir: string, dockerfile: string | undefined, allowHostPaths: boolean): string {
-  if (dockerfile === undefined) return join(contextDir, 'Dockerfile');
-  if (allowHostPaths) return isAbsolute(dockerfile) ? dockerfile : join(contextDir, dockerfile);
-  if (isAbsolute(dockerfile) || dockerfile.split(/[\\/]/).includes('..')) {
-    throw new SandboxError('INVALID_ARGUMENT', `the Dockerfile "${dockerfile}" is outside the build context`, {
-      details: { field: 'dockerfile', value: dockerfile },
-      hint: 'Name a Dockerfile inside the context (a relative path without ".."), or pass its text.',
-    });
-  }
-  return join(contextDir, dockerfile);
 }
 
 /** `name[:tag]` syntax (a template can only be that); image references with a registry are not. */

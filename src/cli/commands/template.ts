@@ -125,7 +125,7 @@ function buildArgs(flags: string[] | undefined): Record<string, string> | undefi
   }));
 }
 
-/** `capsule template ls|inspect|rm|build|bootstrap`: on a server, or on the local data directory. */
+/** `capsule template ls|inspect|rm|build|bootstrap`: on a server, or on the local data directory; `prune` and `push` locally. */
 export function templateCommand(context: CliContext): Command {
   const group = new Command('template').description('Templates: root filesystems sandboxes start from (Debian bootstrap, OCI image, Dockerfile)');
 
@@ -192,6 +192,26 @@ export function templateCommand(context: CliContext): Command {
       const result = await build({ name: flags.tag, source }, { contextDir: dir, dockerfile: flags.file }, flags, context);
       if (flags.json) return printJson(context, result);
       context.stdout.write(`${describe(result)}\n`);
+    }),
+  );
+
+  group.addCommand(
+    withOptions(
+      new Command('push')
+        .description("Local: push a template as a one-layer OCI image (its env, workdir, user and start command as the image config) to a registry, with the operator's credentials")
+        .argument('<ref>', 'name[:tag] or id')
+        .argument('<dest>', 'registry/name:tag (or oci:DIR:tag, oci-archive:FILE)')
+        .option('--progress', 'print the push log live on stderr (also with --json)'),
+    ).action(async (ref: string, dest: string, flags: TemplateFlags & { progress?: boolean }) => {
+      if (isRemote(flags, context)) {
+        throw new SandboxError('UNIMPLEMENTED', "push runs on the Capsule host itself, with the operator's registry credentials", { hint: 'Run capsule template push there, without --url and CAPSULE_URL.' });
+      }
+      const log = logger(context, flags);
+      const pushed = await withLocal(flags.dataDir, ({ service, owner }) =>
+        service.pushTemplate({ owner, ref, dest, allowHostPaths: true, onLog: (message) => log({ timestamp: new Date().toISOString(), level: 'info', message, step: 'push' }) }),
+      );
+      if (flags.json) return printJson(context, pushed);
+      context.stdout.write(`${pushed.dest}@${pushed.digest}\n`);
     }),
   );
 

@@ -14,10 +14,10 @@ import { StateFields, withState } from './lifecycle.js';
 import { stateRoutes, volumeContentRoutes } from './state-routes.js';
 import { E2B_HOME, E2B_USER } from './paths.js';
 import { e2bNetworkPolicy } from './network.js';
+import { E2B_DEFAULT_TEMPLATES, e2bTemplateRoutes, e2bTemplateState } from './templates.js';
 
-/** Templates the facade serves: one image, Capsule's, under E2B's default names. */
 /** E2B's own template names, served by the server's default template; any other is a Capsule template. */
-const TEMPLATES = new Set(['base', 'code-interpreter-v1', 'code-interpreter']);
+const TEMPLATES = E2B_DEFAULT_TEMPLATES;
 const MiB = 1024 * 1024;
 
 const CreateBody = z
@@ -84,6 +84,9 @@ export function registerControlPlane(app: FastifyInstance, ctx: E2bContext): voi
   lenientJson(app);
   app.setErrorHandler((error, request, reply) => sendE2bError(request, reply, error));
   for (const route of [...controlPlaneRoutes(ctx), ...stateRoutes(ctx)]) registerRoute(app, ctx, route);
+  const templates = e2bTemplateState(ctx);
+  const auth: Authenticate = (request) => e2bPrincipal(request, ctx.keys);
+  if (templates) for (const route of e2bTemplateRoutes(ctx, templates, auth)) registerRoute(app, ctx, route);
 }
 
 /**

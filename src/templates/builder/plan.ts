@@ -1,3 +1,4 @@
+import { randomBytes } from 'node:crypto';
 import { posix } from 'node:path';
 import { SandboxError } from '../../errors/index.js';
 import type { NetworkPolicyInput } from '../../sandbox-spec/index.js';
@@ -51,6 +52,11 @@ export interface PlanOptions {
   resolveBase: (from: string, line: number) => Promise<BuildBase>;
   /** Dockerfile name for messages. */
   file: string;
+  /**
+   * Who steps run as until a USER: `root` (Docker's rule, the default) or `base`, the base's own
+   * user (E2B's rule: steps of a template start as its user, `user` in /home/user).
+   */
+  stepUser?: 'root' | 'base';
 }
 
 /**
@@ -76,7 +82,7 @@ export async function planBuild(instructions: readonly Instruction[], options: P
   const env: Record<string, string> = { ...base.config.env };
   const args: Record<string, string> = {};
   let workdir = base.config.workdir;
-  let user = 'root';
+  let user = options.stepUser === 'base' && base.config.user ? base.config.user : 'root';
   let finalUser: string | undefined;
   let entrypoint: CommandForm | undefined;
   let cmd: CommandForm | undefined;
@@ -87,6 +93,8 @@ export async function planBuild(instructions: readonly Instruction[], options: P
   const effective = () => ({ env: { ...env }, args: { ...args }, workdir, user });
   for (const [index, ins] of instructions.slice(fromIndex + 1).entries()) {
     const step = { step: String(index + 1), line: ins.line, text: ins.text };
+    // A forced step (and with it every later one) is made anew: no earlier layer has its key.
+    if (ins.force) key = hashParts(key, 'force', randomBytes(16).toString('hex'));
     switch (ins.kind) {
       case 'ENV': {
         const pairs = ins.pairs.map(([name, raw]) => [name, processWord(raw, lookup)] as const);
@@ -142,8 +150,10 @@ export async function planBuild(instructions: readonly Instruction[], options: P
         const argv = ins.command.form === 'exec' ? ins.command.argv : ['/bin/sh', '-c', ins.command.script];
         if (argv.length === 0) fail(ins.line, 'RUN has an empty command');
         const runEnv = { PATH: DEFAULT_PATH, ...args, ...env };
-        key = hashParts(key, 'RUN', argv, effective(), options.network);
-        steps.push({ ...step, action: 'run', key, run: { argv, env: runEnv, cwd: workdir, user } });
+        const runUser = ins.user === undefined ? user : processWord(ins.user, lookup);
+        if (runUser === '') fail(ins.line, 'RUN names no user');
+        key = hashParts(key, 'RUN', argv, { ...effective(), user: runUser }, options.network);
+        steps.push({ ...step, action: 'run', key, run: { argv, env: runEnv, cwd: workdir, user: runUser } });
         break;
       }
       case 'FROM':

@@ -9,11 +9,17 @@ interface Base {
   line: number;
   /** The instruction as written, continuations joined (for logs and error messages). */
   text: string;
+  /**
+   * Build this step anew (and so every step after it): its cache key gets a nonce. Not Dockerfile
+   * syntax; set by callers that make instructions themselves (E2B's `skipCache()` on a step).
+   */
+  force?: boolean;
 }
 
 export type Instruction =
   | (Base & { kind: 'FROM'; image: string })
-  | (Base & { kind: 'RUN'; command: CommandForm })
+  /** `user`: run this step as that user without changing the user of later steps (E2B's runCmd option). */
+  | (Base & { kind: 'RUN'; command: CommandForm; user?: string })
   | (Base & { kind: 'COPY' | 'ADD'; sources: string[]; dest: string; chown?: string; chmod?: string })
   | (Base & { kind: 'ENV'; pairs: [string, string][] })
   | (Base & { kind: 'ARG'; name: string; default?: string })

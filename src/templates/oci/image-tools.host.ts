@@ -1,4 +1,4 @@
-import { mkdir, writeFile } from 'node:fs/promises';
+import { mkdir, readFile, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { SandboxError } from '../../errors/index.js';
 import { runCommand } from '../../host/run-command.host.js';
@@ -79,6 +79,23 @@ export async function copyToLayout(ref: ImageRef, layout: string, tag: string, c
   const auth = context.authFile ? ['--src-authfile', context.authFile] : [];
   const tls = ref.kind === 'registry' ? [`--src-tls-verify=${tlsVerify(ref, context)}`] : [];
   await skopeo(['copy', '--quiet', '--remove-signatures', ...auth, ...tls, ref.transport, `oci:${layout}:${tag}`], ref, context, true);
+}
+
+/** Copies `tag` of a layout to `target` (a registry, or for the operator a layout or archive); the pushed manifest's digest. */
+export async function pushLayout(layout: string, tag: string, target: ImageRef, context: ImageToolContext): Promise<string> {
+  const auth = context.authFile ? ['--dest-authfile', context.authFile] : [];
+  const tls = target.kind === 'registry' ? [`--dest-tls-verify=${tlsVerify(target, context)}`] : [];
+  const digestFile = join(context.tempDir, 'pushed.digest');
+  await skopeo(['copy', '--quiet', '--digestfile', digestFile, ...auth, ...tls, `oci:${layout}:${tag}`, target.transport], target, context, true);
+  return (await readFile(digestFile, 'utf8')).trim();
+}
+
+/** One umoci call of an export as root in a job of its own; IMAGE_UNSUPPORTED naming `what` when it fails. */
+export async function umoci(args: string[], what: string, context: ImageToolContext): Promise<void> {
+  const result = await runToolJob({ argv: ['/usr/bin/umoci', ...args], launcher: context.launcher, cgroupPrefix: context.cgroupPrefix, env: toolEnv(context), onLine: (line) => context.onLine(line), signal: context.signal });
+  if (result.exitCode !== 0) {
+    throw new SandboxError('IMAGE_UNSUPPORTED', `umoci could not ${what}: ${result.stderrTail.at(-1) ?? `exit ${result.exitCode}`}`, { details: { lastLines: result.stderrTail.slice(-6) } });
+  }
 }
 
 /** Unpacks `tag` of the layout into `target` (an empty subvolume) as root: whiteouts, owners, devices. */
