@@ -12,6 +12,7 @@ import { hostRouting, portUrlRoutes, registerPortRoutes } from './ports/port-rou
 import { sendError } from './errors.js';
 import { buildOpenApi } from './openapi.js';
 import { TenantQuota } from './quota.js';
+import { FairTurns } from './fair-turns.js';
 import { defineRoute, registerRoute, type AnyRoute } from './route.js';
 import { fileRoutes } from './routes/files.js';
 import { networkRoutes } from './routes/network.js';
@@ -62,6 +63,12 @@ export interface CapsuleAppOptions {
   publicDomain?: string;
   /** What the web console (and any client) uses beyond the sandbox API; see docs/console.md. */
   console?: ConsoleOptions;
+  /**
+   * Synchronous time spent starting requests per event-loop turn before the rest wait, first
+   * come first served (src/server/fair-turns.ts); 0 starts every request at once, as it is read.
+   * @default 2
+   */
+  fairTurnBudgetMs?: number;
 }
 
 export interface ConsoleOptions {
@@ -105,9 +112,11 @@ export class CapsuleApp {
   private closing: Promise<void> | undefined;
   /** Settles when each open response has ended; close() waits for them before dropping connections. */
   private readonly inFlight = new Set<Promise<void>>();
+  private readonly fairTurnBudgetMs: number;
 
   constructor(options: CapsuleAppOptions) {
     const now = options.now ?? Date.now;
+    this.fairTurnBudgetMs = options.fairTurnBudgetMs ?? 2;
     const records = new SqliteSandboxRecords(options.db);
     this.services = {
       engine: options.engine,
@@ -186,6 +195,12 @@ export class CapsuleApp {
     app.removeContentTypeParser('text/plain');
     app.addContentTypeParser('application/octet-stream', (_request, payload, done) => done(null, payload as Readable));
     app.addContentTypeParser('*', (_request, payload, done) => done(null, payload as Readable));
+    // First: a request waits for its turn before anything else is done for it (fair-turns.ts).
+    if (this.fairTurnBudgetMs > 0) {
+      const turns = new FairTurns({ budgetMs: this.fairTurnBudgetMs });
+      app.addHook('onRequest', (_request, _reply, done) => turns.enter(() => done()));
+      app.server.on('connection', () => turns.accepted());
+    }
     app.addHook('onRequest', async (request, reply) => {
       reply.header('x-request-id', request.id);
       const done = new Promise<void>((resolve) => reply.raw.once('close', () => resolve()));

@@ -91,6 +91,8 @@ export interface StartServerOptions {
    * they wrote meanwhile. A clean stop still ends them. @default false
    */
   superviseSandboxes?: boolean;
+  /** See CapsuleAppOptions.fairTurnBudgetMs (`CAPSULE_FAIR_TURN_BUDGET_MS`, a diagnostic). @default 2 */
+  fairTurnBudgetMs?: number;
 }
 
 export interface RunningServer {
@@ -191,6 +193,7 @@ export async function startServer(options: StartServerOptions): Promise<RunningS
       engine,
       db,
       maxSandboxesPerTenant: options.maxSandboxesPerTenant,
+      ...(options.fairTurnBudgetMs !== undefined ? { fairTurnBudgetMs: options.fairTurnBudgetMs } : {}),
       logger: options.logger,
       extensions: options.extensions,
       observability: observability.services,

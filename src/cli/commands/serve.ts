@@ -40,6 +40,20 @@ function parseMountRoots(flags: readonly string[]): Record<string, string> {
   return roots;
 }
 
+/** `CAPSULE_FAIR_TURN_BUDGET_MS` (a diagnostic: 0 turns fair turns off, to compare). */
+function fairTurnBudget(env: NodeJS.ProcessEnv): { fairTurnBudgetMs?: number } {
+  const value = env.CAPSULE_FAIR_TURN_BUDGET_MS;
+  if (value === undefined || value === '') return {};
+  const ms = Number(value);
+  if (!Number.isFinite(ms) || ms < 0) {
+    throw new SandboxError('INVALID_ARGUMENT', `CAPSULE_FAIR_TURN_BUDGET_MS must be a number of milliseconds, 0 or more, not "${value}"`, {
+      details: { field: 'CAPSULE_FAIR_TURN_BUDGET_MS', value },
+      hint: 'Unset it (the default, 2 ms), or set 0 to start every request at once.',
+    });
+  }
+  return { fairTurnBudgetMs: ms };
+}
+
 /**
  * `capsule serve`: the HTTP API. Prints `URL:` and `API key:` lines on stdout; JSON logs go to
  * stderr. SIGTERM or SIGINT stops it gracefully (sandboxes are killed, records kept; with
@@ -88,6 +102,7 @@ export function serveCommand(context: CliContext): Command {
         mountRoots: parseMountRoots(flags.mountRoot ?? []),
         ...(flags.defaultTemplate === undefined ? {} : { defaultTemplate: flags.defaultTemplate }),
         superviseSandboxes: flags.supervise === true,
+        ...fairTurnBudget(context.env),
         ...(flags.egressIdleTimeout === undefined ? {} : { egressTimeouts: { idleTimeoutMs: flags.egressIdleTimeout } }),
         extensions: [registerMcpHttp],
         ...(flags.publicDomain !== undefined && { publicDomain: flags.publicDomain }),
