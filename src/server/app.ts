@@ -11,7 +11,6 @@ import { PortUrlSigner } from './ports/port-access.js';
 import { hostRouting, portUrlRoutes, registerPortRoutes } from './ports/port-routes.js';
 import { sendError } from './errors.js';
 import { buildOpenApi } from './openapi.js';
-import { TenantQuota } from './quota.js';
 import { FairTurns } from './fair-turns.js';
 import { defineRoute, registerRoute, type AnyRoute } from './route.js';
 import { fileRoutes } from './routes/files.js';
@@ -25,6 +24,7 @@ import { metricsRoutes, recordRequests } from './routes/metrics.js';
 import { operatorRoutes } from './routes/operators.js';
 import { processRoutes } from './routes/processes.js';
 import { sandboxRoutes } from './routes/sandboxes.js';
+import { capacityRoutes } from './routes/capacity.js';
 import { usageRoutes } from './routes/usage.js';
 import { templateRoutes } from './routes/templates.js';
 import { adminRoutes } from './routes/admin.js';
@@ -42,8 +42,6 @@ export const JSON_BODY_LIMIT_BYTES = 1024 * 1024;
 export interface CapsuleAppOptions {
   engine: SandboxEngine;
   db: SqliteDatabase;
-  /** Concurrent sandboxes per tenant, counting those still starting. @default 20 */
-  maxSandboxesPerTenant?: number;
   /** Fastify's pino logger options. @default false */
   logger?: FastifyServerOptions['logger'];
   now?: () => number;
@@ -124,7 +122,6 @@ export class CapsuleApp {
       keys: new ApiKeyStore(options.db, now),
       operations: new OperationStore(options.db, now),
       audit: new AuditLog(options.db, now),
-      quota: new TenantQuota(options.maxSandboxesPerTenant ?? 20, (tenantId) => records.countLive(tenantId)),
       closeSignal: this.closeController.signal,
       atomically: atomically(options.db),
       accessTokens: new EnvdTokens(),
@@ -155,6 +152,7 @@ export class CapsuleApp {
     });
     this.routes = [
       ...sandboxRoutes(this.services),
+      ...capacityRoutes(this.services),
       ...pauseRoutes(this.services),
       ...snapshotRoutes(this.services),
       ...volumeRoutes(this.services),

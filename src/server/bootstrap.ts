@@ -5,6 +5,7 @@ import { SandboxError } from '../errors/index.js';
 import { createSandboxFiles } from '../engine/files/index.js';
 import { SandboxManager } from '../engine/sandbox-manager.js';
 import type { EngineEvent } from '../engine/events.js';
+import type { AdmissionSettings } from '../engine/admission-settings.js';
 import { lockDataDir, type EgressLogEntry, type EgressOptions } from '../engine/engine-host.js';
 import { DEFAULT_MAXIMA, type OperatorMaxima } from '../sandbox-spec/index.js';
 import { API_KEY_PATTERN, ApiKeyStore, AuditLog, OperationStore, SqliteSandboxRecords, SqliteSnapshotRecords, SqliteVolumeRecords, openDatabase, type SqliteDatabase } from '../store/index.js';
@@ -27,8 +28,14 @@ export interface StartServerOptions {
   host?: string;
   /** Reads CAPSULE_API_KEY. @default process.env */
   env?: NodeJS.ProcessEnv;
-  /** @default 20 */
+  /** Live sandboxes per tenant, counting those still starting (`capsule serve --max-sandboxes`; QUOTA_EXCEEDED). @default 20 */
   maxSandboxesPerTenant?: number;
+  /**
+   * Admission control beside the tenant quota (`capsule serve --max-live-sandboxes`,
+   * `--memory-overcommit`, `--memory-reserve`, `--pids-overcommit`, `--max-capacity-wait`;
+   * docs/operations.md). @default AdmissionSettings' defaults
+   */
+  admission?: Omit<AdmissionSettings, 'maxSandboxesPerTenant'>;
   /** Port URLs by host, `http://P-ID.D/` (`capsule serve --public-domain D`). @default none */
   publicDomain?: string;
   maxima?: OperatorMaxima;
@@ -182,6 +189,7 @@ export async function startServer(options: StartServerOptions): Promise<RunningS
       processLogs: observability.processLogs,
       workspaceBudget: diskQuota,
       diskOvercommit: options.diskOvercommit,
+      admission: { ...options.admission, maxSandboxesPerTenant: options.maxSandboxesPerTenant ?? 20 },
       volumeBytes: options.volumeBytes,
       filesFactory: (sandbox) => createSandboxFiles(sandbox),
       mountRoots,
@@ -192,7 +200,6 @@ export async function startServer(options: StartServerOptions): Promise<RunningS
     const app = new CapsuleApp({
       engine,
       db,
-      maxSandboxesPerTenant: options.maxSandboxesPerTenant,
       ...(options.fairTurnBudgetMs !== undefined ? { fairTurnBudgetMs: options.fairTurnBudgetMs } : {}),
       logger: options.logger,
       extensions: options.extensions,

@@ -5,7 +5,6 @@ import type { ArtifactStore } from '../store/artifacts/index.js';
 import type { ProcessLogs } from '../engine/process-logs.js';
 import { SandboxError } from '../errors/index.js';
 import type { ApiKeyStore, AuditLog, OperationStore, SqliteSandboxRecords } from '../store/index.js';
-import type { TenantQuota } from './quota.js';
 import type { TenantDiskQuota } from './disk-quota.js';
 import type { TemplateService } from '../templates/index.js';
 import type { ConsoleSessions } from './console/sessions.js';
@@ -19,7 +18,6 @@ export interface ServerServices {
   keys: ApiKeyStore;
   operations: OperationStore;
   audit: AuditLog;
-  quota: TenantQuota;
   closeSignal: AbortSignal;
   /** Runs `fn` in one SQLite transaction (nested calls join it): the writes of a call commit together. */
   atomically<T>(fn: () => T): T;

@@ -21,6 +21,11 @@ interface ServeFlags {
   publicDomain?: string;
   supervise?: boolean;
   stopSandboxes?: boolean;
+  maxLiveSandboxes?: number;
+  memoryOvercommit?: number;
+  memoryReserve?: number;
+  pidsOvercommit?: number;
+  maxCapacityWait?: number;
 }
 
 /** `--mount-root NAME=PATH` flags as a map; a flag without `=` or a name given twice is refused. */
@@ -66,6 +71,11 @@ export function serveCommand(context: CliContext): Command {
     .option('--host <address>', 'address to listen on', '127.0.0.1')
     .option('--data-dir <dir>', 'Capsule data directory', DEFAULT_DATA_DIR)
     .option('--max-sandboxes <n>', 'concurrent sandboxes per tenant', numberOption('--max-sandboxes'), 20)
+    .option('--max-live-sandboxes <n>', 'live sandboxes on this server, every tenant\'s and the warm pool\'s (default 1000)', numberOption('--max-live-sandboxes'))
+    .option('--memory-overcommit <ratio>', 'how far the memory limits of live sandboxes may exceed host memory less the reserve (default 1: never)', numberOption('--memory-overcommit'))
+    .option('--memory-reserve <size>', 'host memory kept for the server and the OS, never promised to sandboxes (default 2GiB)', bytesOption('--memory-reserve'))
+    .option('--pids-overcommit <ratio>', 'how far the pids limits of live sandboxes may exceed the host\'s task ids (default 1: never)', numberOption('--pids-overcommit'))
+    .option('--max-capacity-wait <ms>', 'the longest waitForCapacityMs a create may ask for (default 60000)', numberOption('--max-capacity-wait'))
     .option('--log-level <level>', 'fatal, error, warn, info, debug', 'info')
     .option('--warm-pool <n>', 'sandboxes kept started ahead for creates with no network and no mounts', numberOption('--warm-pool'), 2)
     .option('--default-template <ref>', "the template of sandboxes that name none: a public template (capsule template ls), or host (the host's /usr, read-only; the default)")
@@ -93,6 +103,13 @@ export function serveCommand(context: CliContext): Command {
         host: flags.host,
         env: context.env,
         maxSandboxesPerTenant: flags.maxSandboxes,
+        admission: {
+          ...(flags.maxLiveSandboxes !== undefined && { maxSandboxes: flags.maxLiveSandboxes }),
+          ...(flags.memoryOvercommit !== undefined && { memoryOvercommit: flags.memoryOvercommit }),
+          ...(flags.memoryReserve !== undefined && { memoryReserveBytes: flags.memoryReserve }),
+          ...(flags.pidsOvercommit !== undefined && { pidsOvercommit: flags.pidsOvercommit }),
+          ...(flags.maxCapacityWait !== undefined && { maxWaitMs: flags.maxCapacityWait }),
+        },
         warmPool: flags.warmPool,
         tenantDiskQuotaBytes: flags.tenantDiskQuota,
         diskOvercommit: flags.diskOvercommit,

@@ -156,14 +156,9 @@ function controlPlaneRoutes(ctx: E2bContext): AnyRoute[] {
         if (body.autoPause) throw unsupported('autoPause', 'a sandbox is killed when its timeout ends');
         if (body.mcp !== undefined) throw unsupported('mcp', 'there is no MCP gateway in Capsule sandboxes');
         if (body.volumeMounts?.length) throw unsupported('volumeMounts', 'volumes are not implemented');
-        const release = ctx.quota.reserve(principal.tenantId);
-        try {
-          const metadata = { ...(body.metadata ?? {}), [TEMPLATE_KEY]: body.templateID };
-          const info = await engine.create({ tenantId: principal.tenantId, spec: specFor(body, ctx), metadata, signal, grants: { mountRoots: mountGrantOf(principal), diskQuotaBytes: principal.grants.diskQuotaBytes } });
-          return { kind: 'json', status: 201, body: sandboxBody(info) };
-        } finally {
-          release();
-        }
+        const metadata = { ...(body.metadata ?? {}), [TEMPLATE_KEY]: body.templateID };
+        const info = await engine.create({ tenantId: principal.tenantId, spec: specFor(body, ctx), metadata, signal, grants: { mountRoots: mountGrantOf(principal), diskQuotaBytes: principal.grants.diskQuotaBytes } });
+        return { kind: 'json', status: 201, body: sandboxBody(info) };
       },
     });
 
