@@ -9,6 +9,7 @@ import { mkdtemp, readFile, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { HostEnvironment } from '../src/host/host-env.host.js';
 
 const CAPSULE_BIN = fileURLToPath(new URL('../../bin/capsule.js', import.meta.url));
 
@@ -19,8 +20,10 @@ export interface BenchServer {
   dataDir: string;
   /** The server's resident memory now (VmRSS). */
   rssBytes(): Promise<number>;
-  /** SIGTERM, wait for the exit (up to `timeoutMs`, then SIGKILL), remove the data directory. */
+  /** SIGTERM and wait for the exit (up to `timeoutMs`, then SIGKILL). */
   stop(timeoutMs?: number): Promise<void>;
+  /** After stop: the workspace volume unmounted, the data directory removed (kept if anything is still mounted in it). */
+  remove(): Promise<void>;
 }
 
 /** Starts `capsule serve --port 0` with `flags`; resolves once it printed its URL. */
@@ -41,10 +44,12 @@ export async function startBenchServer(flags: readonly string[], options: { stde
       pid: child.pid!,
       dataDir,
       rssBytes: async () => Number(/^VmRSS:\s+(\d+) kB/m.exec(await readFile(`/proc/${child.pid}/status`, 'utf8'))?.[1] ?? 0) * 1024,
-      stop: (timeoutMs = 120_000) => stopChild(child, dataDir, timeoutMs),
+      stop: (timeoutMs = 120_000) => stopChild(child, timeoutMs),
+      remove: () => removeDataDir(dataDir),
     };
   } catch (error) {
-    await stopChild(child, dataDir, 10_000);
+    await stopChild(child, 10_000);
+    await removeDataDir(dataDir);
     throw error;
   }
 }
@@ -69,13 +74,22 @@ function urlOf(child: ChildProcess): Promise<string> {
   });
 }
 
-async function stopChild(child: ChildProcess, dataDir: string, timeoutMs: number): Promise<void> {
-  if (child.exitCode === null && child.signalCode === null) {
-    const exited = new Promise<void>((resolve) => child.once('exit', () => resolve()));
-    child.kill('SIGTERM');
-    const timer = setTimeout(() => child.kill('SIGKILL'), timeoutMs);
-    await exited;
-    clearTimeout(timer);
+async function stopChild(child: ChildProcess, timeoutMs: number): Promise<void> {
+  if (child.exitCode !== null || child.signalCode !== null) return;
+  const exited = new Promise<void>((resolve) => child.once('exit', () => resolve()));
+  child.kill('SIGTERM');
+  const timer = setTimeout(() => child.kill('SIGKILL'), timeoutMs);
+  await exited;
+  clearTimeout(timer);
+}
+
+/** Unmounts the workspace volume and removes the directory, unless something is still mounted in it. */
+async function removeDataDir(dataDir: string): Promise<void> {
+  await new HostEnvironment({ dataDir }).volume.unmount().catch(() => undefined);
+  const mounted = (await readFile('/proc/self/mountinfo', 'utf8')).split('\n').some((line) => (line.split(' ')[4] ?? '').startsWith(`${dataDir}/`));
+  if (mounted) {
+    process.stderr.write(`capsule bench: ${dataDir} still has mounts in it; left for a look\n`);
+    return;
   }
   await rm(dataDir, { recursive: true, force: true });
 }

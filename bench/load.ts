@@ -119,7 +119,10 @@ async function main(): Promise<void> {
   const server: BenchServer = await startBenchServer(flags, { stderr: (line) => void (stderr.length < 50 && stderr.push(line)) });
   const watchdog = setTimeout(() => {
     process.stderr.write(`load: --max-minutes ${maxMinutes} reached; stopping\n`);
-    void server.stop(10_000).finally(() => process.exit(2));
+    void server
+      .stop(10_000)
+      .then(() => server.remove())
+      .finally(() => process.exit(2));
   }, maxMinutes * 60_000);
   watchdog.unref();
   const conn: ConnectionOptions = { url: server.url, apiKey: server.apiKey };
@@ -133,6 +136,7 @@ async function main(): Promise<void> {
   } finally {
     clearTimeout(watchdog);
     await server.stop();
+    await server.remove();
   }
   const report = { machine: await machine(), loadAverageAtStart: loadAtStart, loadAverageAtEnd: load(), command: `node dist/bench/load.js ${args.join(' ')}`.trim(), ...out };
   if (json) {
