@@ -90,7 +90,7 @@ export interface SandboxManagerOptions extends EngineHostOptions {
    * (1: never; a create that does not fit is refused with CAPACITY_EXHAUSTED). @default 1
    */
   diskOvercommit?: number;
-  /** Admission control: how many sandboxes, and how much host memory and pids (admission-settings.ts). */
+  /** Admission control: sandbox slots, host memory and pids (admission-settings.ts). */
   admission?: AdmissionSettings;
 }
 
@@ -203,7 +203,6 @@ export class SandboxManager implements SandboxEngine {
     await this.assertGranted(command.tenantId, spec.network.handles);
     // Before anything is made: a refused mount leaves no record and no host resource.
     const mounts = await this.mountsFor(spec, command.grants?.mountRoots ?? []);
-    // A slot, memory, pids and disk for it, or CAPACITY_EXHAUSTED (after waiting, if asked).
     const admitted = await this.admission.admit(demandOf(command.tenantId, spec), { waitMs: command.waitForCapacityMs, signal: command.signal });
     let releaseDisk: () => void;
     try {
@@ -753,6 +752,9 @@ export class SandboxManager implements SandboxEngine {
         entry.info.endReason = `${reason}; cleanup failed: ${(error as Error).message}`;
       }
       entry.releaseDisk?.();
+      // Kept for an hour (its processes' logs): its record, not its agent and pipes.
+      delete entry.sandbox;
+      delete entry.files;
       // Its host resources are gone: the room goes to creates waiting for it.
       this.admission.release(entry.info.sandboxId);
       this.table.save(entry);
