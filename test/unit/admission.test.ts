@@ -11,7 +11,7 @@ const GiB = 1024 * MiB;
 const HOST = { memoryBytes: 10 * GiB, pids: 10_000 };
 
 function volume(usableBytes = 100 * GiB) {
-  return new WorkspaceCapacity({ measure: async () => ({ sizeBytes: usableBytes, usableBytes, backableBytes: usableBytes }) });
+  return new WorkspaceCapacity({ measure: () => Promise.resolve({ sizeBytes: usableBytes, usableBytes, backableBytes: usableBytes }) });
 }
 
 function admission(settings: AdmissionSettings = {}, disk = volume(), outside = () => ({ sandboxes: 0, memoryBytes: 0, pids: 0 })) {
