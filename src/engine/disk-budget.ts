@@ -86,12 +86,19 @@ export class WorkspaceCapacity {
     return this.options.measure();
   }
 
+  /** The volume's promises against `capacity` (measured just before), for GET /v1/capacity. */
+  describe(capacity: VolumeCapacity): { limitBytes: number; committedBytes: number; freeBytes: number; overcommit: number } {
+    const limitBytes = this.limitOf(capacity);
+    const committedBytes = this.committedBytes;
+    return { limitBytes, committedBytes, freeBytes: Math.max(0, limitBytes - committedBytes), overcommit: this.overcommit };
+  }
+
   /**
    * Promises `diskBytes` more against `capacity` (measured just before) or throws
    * CAPACITY_EXHAUSTED. Synchronous; returns the release, to call once when the workspace goes.
    */
   reserve(diskBytes: number, capacity: VolumeCapacity): () => void {
-    const limit = Math.floor(Math.min(capacity.usableBytes, capacity.backableBytes) * this.overcommit);
+    const limit = this.limitOf(capacity);
     const used = this.committedBytes;
     if (used + diskBytes > limit) {
       const hostBound = capacity.backableBytes < capacity.usableBytes ? ' (the host filesystem under the volume is the bound)' : '';
@@ -101,6 +108,10 @@ export class WorkspaceCapacity {
       });
     }
     return this.restore(diskBytes);
+  }
+
+  private limitOf(capacity: VolumeCapacity): number {
+    return Math.floor(Math.min(capacity.usableBytes, capacity.backableBytes) * this.overcommit);
   }
 
   /** Counts a workspace that exists already (recovered at start-up), whatever the capacity. */

@@ -26,7 +26,9 @@ export class ManagedProcess implements ProcessHandle {
   private keptEnd = 0;
   private readonly warnings: { pos: number; warning: Warning }[] = [];
   private end: ProcessEnd | undefined;
+  /** While it runs: an ended process lets go of its agent (and the sandbox's pipes behind it). */
   private agent: AgentProcess | undefined;
+  private hasStarted = false;
   private log: ProcessOutput | undefined;
   private readonly startedOrEnded: Promise<void>;
   private markStarted: () => void = () => undefined;
@@ -42,12 +44,14 @@ export class ManagedProcess implements ProcessHandle {
     this.ended = result.then(
       (r) => {
         this.info.running = false;
+        this.agent = undefined;
         this.end = this.endOf(r);
         this.log?.notify();
         return this.end;
       },
       (error: unknown) => {
         this.info.running = false;
+        this.agent = undefined;
         this.log?.notify();
         throw error;
       },
@@ -69,6 +73,7 @@ export class ManagedProcess implements ProcessHandle {
   /** Called once the agent reports the process started, with the log its output goes to. */
   started(agent: AgentProcess, log: ProcessOutput): void {
     this.agent = agent;
+    this.hasStarted = true;
     this.log = log;
     this.info.pid = agent.pid;
     this.markStarted();
@@ -102,7 +107,7 @@ export class ManagedProcess implements ProcessHandle {
   async *events(signal?: AbortSignal): AsyncIterable<ProcessEvent> {
     await untilAborted(this.startedOrEnded, signal);
     if (signal?.aborted) return;
-    if (this.agent) yield { type: 'start', pid: this.info.pid };
+    if (this.hasStarted) yield { type: 'start', pid: this.info.pid };
     const inline = new InlineOutput();
     const counts = { stdout: 0, stderr: 0 };
     let next = 0; // the next warning to deliver

@@ -83,6 +83,8 @@ export class ProcessOutput {
   private writes: Promise<void> = Promise.resolve();
   private failure: unknown;
   private closed = false;
+  /** Until the log closes: it pauses the process's agent, which an ended process lets go of. */
+  private onPressure: ((high: boolean) => void) | undefined;
   private pressured = false;
   private allowance: number;
   private charged: number;
@@ -92,7 +94,11 @@ export class ProcessOutput {
   private readonly extraBytes: number;
   private readonly now: () => number;
 
-  constructor(private readonly options: ProcessOutputOptions) {
+  private readonly options: Omit<ProcessOutputOptions, 'onPressure'>;
+
+  constructor({ onPressure, ...options }: ProcessOutputOptions) {
+    this.options = options;
+    this.onPressure = onPressure;
     this.allowance = options.reservedBytes ?? 0;
     this.charged = this.allowance;
     this.extraBytes = options.extraBytes ?? DEFAULT_OUTPUT_LOG_BYTES;
@@ -124,7 +130,7 @@ export class ProcessOutput {
     if (this.position - this.queuedPos >= FLUSH_BYTES || this.unqueuedChunks >= FLUSH_CHUNKS) void this.flush();
     if (!this.pressured && this.position - this.diskPos > PRESSURE_HIGH_BYTES) {
       this.pressured = true;
-      this.options.onPressure?.(true);
+      this.onPressure?.(true);
     }
     this.notify();
     return true;
@@ -147,7 +153,7 @@ export class ProcessOutput {
       // Nothing more is logged, so nothing more is waited for.
       if (this.pressured) {
         this.pressured = false;
-        this.options.onPressure?.(false);
+        this.onPressure?.(false);
       }
     });
     return this.writes;
@@ -163,6 +169,7 @@ export class ProcessOutput {
     this.closed = true;
     this.notify();
     await this.flush();
+    this.onPressure = undefined;
     await this.handle?.close().catch((error: unknown) => (this.failure ??= error));
     this.handle = undefined;
     const bytes = this.bytesOnDisk;
@@ -252,7 +259,7 @@ export class ProcessOutput {
     while (this.window.length > 0 && this.window[0]!.pos + this.window[0]!.data.length <= this.diskPos) this.window.shift();
     if (this.pressured && this.position - this.diskPos < PRESSURE_LOW_BYTES) {
       this.pressured = false;
-      this.options.onPressure?.(false);
+      this.onPressure?.(false);
     }
   }
 

@@ -14,7 +14,6 @@ import { isLiveState, type ForkResult, type ProcessInfo, type SandboxInfo, type 
 import { collectArtifacts, type Collection } from './artifacts.js';
 import { SandboxStepRunner } from './build-step-runner.js';
 import type { StepRunner } from '../templates/index.js';
-import type { VolumeCapacity } from '../host/volume.host.js';
 import { assertEnforceable } from './capabilities.js';
 import { openEngineHost, type EngineHostOptions } from './engine-host.js';
 import type { EngineEvent, ProcessObserver } from './events.js';
@@ -35,9 +34,13 @@ import { applyChanges, exportChanges, listChanges, type ChangesContext } from '.
 import { TtlTimers } from './ttl.js';
 import type { CreateSandboxCommand, EngineCloseOptions, EngineCollectOptions, ForkOptions, ListSandboxesQuery, ProcessHandle, SandboxEngine, SandboxFiles, StartProcessCommand } from './types.js';
 import { UsageSampler } from './usage-sampler.js';
-import { WarmPool } from './warm-pool.js';
+import { heldByPools, WarmPool } from './warm-pool.js';
 import { ProcessLogs } from './process-logs.js';
 import { WorkspaceCapacity, type DiskBudget } from './disk-budget.js';
+import { Admission } from './admission.js';
+import { admissionOptions, demandOf, type AdmissionSettings } from './admission-settings.js';
+import { readHostLimits, type HostLimits } from '../host/host-limits.host.js';
+import type { CapacityInfo } from '../wire/index.js';
 
 export interface SandboxManagerOptions extends EngineHostOptions {
   store?: SandboxRecordStore;
@@ -90,6 +93,8 @@ export interface SandboxManagerOptions extends EngineHostOptions {
    * (1: never; a create that does not fit is refused with CAPACITY_EXHAUSTED). @default 1
    */
   diskOvercommit?: number;
+  /** Admission control: sandbox slots, host memory and pids (admission-settings.ts). */
+  admission?: AdmissionSettings;
 }
 
 /** Which credential handles a tenant may name (the broker's `handles.json`, `tenants` field). */
@@ -119,6 +124,7 @@ export class SandboxManager implements SandboxEngine {
   private readonly logs: ProcessLogs;
   private readonly workspaceBudget: DiskBudget | undefined;
   private readonly capacity: WorkspaceCapacity;
+  private readonly admission: Admission;
   private closed = false;
   /** Let go at close (keepSandboxes): still running under their supervisors, not ours to end. */
   private readonly leftRunning = new Set<string>();
@@ -131,6 +137,7 @@ export class SandboxManager implements SandboxEngine {
     backends: Backend[],
     private readonly host: HostEnvironment | undefined,
     private readonly mountRoots: MountRoots,
+    hostLimits: HostLimits,
   ) {
     this.backends = new Map(backends.map((b) => [b.name, b]));
     this.table = new SandboxTable(options.store ?? new MemoryRecordStore());
@@ -154,6 +161,7 @@ export class SandboxManager implements SandboxEngine {
       overcommit: options.diskOvercommit,
       heldBytes: () => pooledBytes(),
     });
+    this.admission = new Admission(admissionOptions(options.admission, hostLimits, this.capacity, () => heldByPools(this.pools.values())));
     // Once an ended sandbox's logs are gone, so is what the engine remembers of its processes.
     this.logs.onRemoved = (sandboxId) => {
       const entry = this.table.get(sandboxId);
@@ -180,7 +188,7 @@ export class SandboxManager implements SandboxEngine {
   /** Prepares the host, reconciles it with the store, and recovers sandboxes a crash left. */
   static async open(options: SandboxManagerOptions): Promise<SandboxManager> {
     const { host, backends, broker } = openEngineHost(options);
-    const manager = new SandboxManager({ ...options, handleGrants: options.handleGrants ?? broker }, backends, host, options.mountRoots ?? new Map());
+    const manager = new SandboxManager({ ...options, handleGrants: options.handleGrants ?? broker }, backends, host, options.mountRoots ?? new Map(), await readHostLimits());
     await manager.reconcile();
     // After reconcile, which removes every sandbox it does not know, warm ones included.
     await manager.startPools(options.warmPool);
@@ -199,7 +207,15 @@ export class SandboxManager implements SandboxEngine {
     await this.assertGranted(command.tenantId, spec.network.handles);
     // Before anything is made: a refused mount leaves no record and no host resource.
     const mounts = await this.mountsFor(spec, command.grants?.mountRoots ?? []);
-    const releaseDisk = this.reserveDisk(command, spec, await this.capacity.measure());
+    const admitted = await this.admission.admit(demandOf(command.tenantId, spec), { waitMs: command.waitForCapacityMs, signal: command.signal });
+    let releaseDisk: () => void;
+    try {
+      this.assertOpen();
+      releaseDisk = this.chargeTenantDisk(command, spec, admitted.releaseVolume);
+    } catch (error) {
+      admitted.cancel();
+      throw error;
+    }
     let warm: BackendSandbox | undefined;
     let volumes: ReturnType<Volumes['resolve']>;
     try {
@@ -208,6 +224,7 @@ export class SandboxManager implements SandboxEngine {
       volumes = spec.volumes.length > 0 ? this.volumes.resolve(command.tenantId, spec, this.liveInfos()) : [];
     } catch (error) {
       releaseDisk();
+      admitted.cancel();
       await warm?.destroy();
       throw error;
     }
@@ -223,6 +240,7 @@ export class SandboxManager implements SandboxEngine {
       expiresAt: new Date(now + spec.ttlMs).toISOString(),
       ...(from ? { origin: { snapshotId: from.snapshotId } } : {}),
     });
+    admitted.settle(entry.info.sandboxId);
     entry.quotaBytes = command.grants?.diskQuotaBytes;
     entry.releaseDisk = releaseDisk;
     this.table.save(entry);
@@ -281,6 +299,8 @@ export class SandboxManager implements SandboxEngine {
    * (its sandbox or its error); the source runs on, unharmed.
    */
   async fork(tenantId: string, sandboxId: string, options: ForkOptions): Promise<ForkResult> {
+    // Every slot first: a fork that would overshoot the tenant's quota or the server's count makes nothing.
+    this.admission.assertSlots(tenantId, options.count);
     const taken = await this.snapshot(tenantId, sandboxId, { name: `fork of ${sandboxId}`, ...(options.mode ? { mode: options.mode } : {}) });
     const forks = await forkAll(options.count, (index) =>
       this.create({
@@ -372,6 +392,11 @@ export class SandboxManager implements SandboxEngine {
 
   get(tenantId: string, sandboxId: string): SandboxInfo {
     return snapshot(this.table.find(tenantId, sandboxId));
+  }
+
+  /** What the server can still admit (GET /v1/capacity), with `tenantId`'s own quota. */
+  capacityOf(tenantId: string): Promise<CapacityInfo> {
+    return this.admission.describe(tenantId);
   }
 
   list(query: ListSandboxesQuery): SandboxInfo[] {
@@ -536,6 +561,7 @@ export class SandboxManager implements SandboxEngine {
   /** Destroys every live sandbox; records say why. */
   async close(options: EngineCloseOptions = {}): Promise<void> {
     this.closed = true;
+    this.admission.close();
     await Promise.all([...this.pools.values()].map((pool) => pool.close()));
     const left: string[] = [];
     if (options.keepSandboxes === true) {
@@ -739,6 +765,8 @@ export class SandboxManager implements SandboxEngine {
       processes: new ProcessTable({ observer: this.observer, now: this.now, maxWallClockMs: this.maxima.limits.wallClockMs, logs: this.logs }),
     };
     this.table.add(entry);
+    // Created, recovered or reattached: a live sandbox counts against the host's capacity until it ends.
+    if (isLiveState(info.state)) this.admission.hold(info.sandboxId, demandOf(info.tenantId, info.spec));
     return entry;
   }
 
@@ -805,6 +833,11 @@ export class SandboxManager implements SandboxEngine {
         entry.info.endReason = `${reason}; cleanup failed: ${(error as Error).message}`;
       }
       entry.releaseDisk?.();
+      // Kept for an hour (its processes' logs): its record, not its agent and pipes.
+      delete entry.sandbox;
+      delete entry.files;
+      // Its host resources are gone: the room goes to creates waiting for it.
+      this.admission.release(entry.info.sandboxId);
       this.table.save(entry);
       this.logs.sandboxEnded(entry.info.sandboxId);
       if (state !== 'failed') this.onEvent({ type: `sandbox.${state}`, sandbox: snapshot(entry) });
@@ -814,20 +847,13 @@ export class SandboxManager implements SandboxEngine {
   }
 
   /**
-   * Promises the workspace's disk limit on the volume (CAPACITY_EXHAUSTED when it cannot be
-   * backed) and charges it to the tenant's quota (QUOTA_EXCEEDED), both before anything is made
-   * and in one synchronous step, so concurrent creates cannot overshoot. Returns the release.
+   * Charges the workspace's disk limit to the tenant's quota (QUOTA_EXCEEDED); the volume's
+   * promise was made at admission. Returns the release of both.
    */
-  private reserveDisk(command: CreateSandboxCommand, spec: SandboxSpec, capacity: VolumeCapacity): () => void {
+  private chargeTenantDisk(command: CreateSandboxCommand, spec: SandboxSpec, releaseVolume: () => void): () => void {
     const diskBytes = spec.limits.diskBytes;
-    const releaseVolume = this.capacity.reserve(diskBytes, capacity);
     const owner = { tenantId: command.tenantId, quotaBytes: command.grants?.diskQuotaBytes };
-    try {
-      this.workspaceBudget?.reserveWorkspace(owner, diskBytes);
-    } catch (error) {
-      releaseVolume();
-      throw error;
-    }
+    this.workspaceBudget?.reserveWorkspace(owner, diskBytes);
     return once(() => {
       releaseVolume();
       this.workspaceBudget?.releaseWorkspace(owner, diskBytes);

@@ -1,6 +1,6 @@
 import type { Duplex, Readable } from 'node:stream';
 import type { NetworkPolicyInput, OperatorMaxima, SandboxSpecInput } from '../sandbox-spec/index.js';
-import type { ExecResult, FileEntry, ForkResult, ProcessInfo, SandboxInfo, SandboxState, SnapshotInfo, UsageSample, VolumeInfo, Warning, WatchEvent, ApplyResult, Changes } from '../wire/index.js';
+import type { CapacityInfo, ExecResult, FileEntry, ForkResult, ProcessInfo, SandboxInfo, SandboxState, SnapshotInfo, UsageSample, VolumeInfo, Warning, WatchEvent, ApplyResult, Changes } from '../wire/index.js';
 import type { Collection, CollectOptions } from './artifacts.js';
 import type { InterpreterService } from './interpreter/index.js';
 
@@ -17,6 +17,11 @@ export interface CreateSandboxCommand {
   spec?: SandboxSpecInput;
   metadata?: Record<string, string>;
   signal?: AbortSignal;
+  /**
+   * When the host cannot back the sandbox now, wait up to this long for room (first come first
+   * served) before CAPACITY_EXHAUSTED; at most the operator's maximum. @default 0: refused at once
+   */
+  waitForCapacityMs?: number;
   /**
    * What the caller's API key was granted: the operator's mount roots it may name in
    * `spec.mounts` ('all' for the operator's own key) and its disk quota. @default no roots
@@ -114,6 +119,8 @@ export interface SandboxEngine {
   /** The names of the operator's mount roots (what an API key can be granted). */
   readonly mountRootNames: readonly string[];
   create(command: CreateSandboxCommand): Promise<SandboxInfo>;
+  /** What the server can still admit, and `tenantId`'s own quota (GET /v1/capacity). */
+  capacityOf(tenantId: string): Promise<CapacityInfo>;
   get(tenantId: string, sandboxId: string): SandboxInfo;
   list(query: ListSandboxesQuery): SandboxInfo[];
   kill(tenantId: string, sandboxId: string): Promise<SandboxInfo>;

@@ -1,6 +1,7 @@
 import type { Backend, BackendSandbox } from '../backends/backend.js';
 import type { SandboxSpec } from '../sandbox-spec/index.js';
 import { newSandboxId } from './ids.js';
+import { PIDS_OUTSIDE_LIMIT } from './admission-ledger.js';
 
 export interface WarmPoolOptions {
   backend: Backend;
@@ -57,6 +58,14 @@ export class WarmPool {
     return this.closed ? 0 : this.options.size * this.options.spec.limits.diskBytes;
   }
 
+  /** What the pool holds for admission: its sandboxes' slots, memory and pids limits, made or not yet. */
+  get held(): { sandboxes: number; memoryBytes: number; pids: number } {
+    if (this.closed) return { sandboxes: 0, memoryBytes: 0, pids: 0 };
+    const { size, spec } = this.options;
+    // As the admission ledger counts pids: the limit and the launcher outside it.
+    return { sandboxes: size, memoryBytes: size * spec.limits.memoryBytes, pids: size * (spec.limits.pids + PIDS_OUTSIDE_LIMIT) };
+  }
+
   /** Destroys the warm sandboxes and waits for refills under way. */
   async close(): Promise<void> {
     this.closed = true;
@@ -89,4 +98,16 @@ export class WarmPool {
       this.pending.add(task);
     }
   }
+}
+
+/** What warm pools hold together, for admission: slots, memory and pids limits. */
+export function heldByPools(pools: Iterable<WarmPool>): { sandboxes: number; memoryBytes: number; pids: number } {
+  const total = { sandboxes: 0, memoryBytes: 0, pids: 0 };
+  for (const pool of pools) {
+    const held = pool.held;
+    total.sandboxes += held.sandboxes;
+    total.memoryBytes += held.memoryBytes;
+    total.pids += held.pids;
+  }
+  return total;
 }

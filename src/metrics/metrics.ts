@@ -1,5 +1,8 @@
 import { Counter, Gauge, Histogram, Registry } from 'prom-client';
-import { ARTIFACT_OUTCOMES, OUTCOMES, type ArtifactOutcome, type ExecResult } from '../wire/index.js';
+import { ARTIFACT_OUTCOMES, OUTCOMES, type ArtifactOutcome, type CapacityInfo, type ExecResult } from '../wire/index.js';
+
+/** What admission control counts (GET /v1/capacity), as the `resource` label of the capacity gauges. */
+export const CAPACITY_RESOURCES = ['sandboxes', 'memory_bytes', 'pids', 'disk_bytes'] as const;
 
 /** Resources whose limit can end work; `egress` comes from the network policy, not a cgroup. */
 export const TERMINATION_RESOURCES = ['cpu', 'memory', 'disk', 'wall_clock', 'pids', 'output', 'file_size', 'egress'] as const;
@@ -37,6 +40,9 @@ export class CapsuleMetrics {
   private readonly activeSandboxes: Gauge;
   private readonly execDuration: Histogram<'backend'>;
   private readonly apiRequests: Counter<'route' | 'method' | 'status'>;
+  private readonly capacityFree: Gauge<'resource'>;
+  private readonly capacityLimit: Gauge<'resource'>;
+  private readonly capacityWaiting: Gauge;
 
   constructor(options: CapsuleMetricsOptions = {}) {
     const prefix = options.prefix ?? 'capsule_';
@@ -89,6 +95,23 @@ export class CapsuleMetrics {
       labelNames: ['route', 'method', 'status'],
       registers,
     });
+    this.capacityFree = new Gauge({
+      name: `${prefix}capacity_free`,
+      help: 'What admission control can still promise to new sandboxes, by resource (sandboxes, memory_bytes, pids, disk_bytes).',
+      labelNames: ['resource'],
+      registers,
+    });
+    this.capacityLimit = new Gauge({
+      name: `${prefix}capacity_limit`,
+      help: 'What admission control promises to live sandboxes at most, by resource (the host less reserves, times the overcommit ratio).',
+      labelNames: ['resource'],
+      registers,
+    });
+    this.capacityWaiting = new Gauge({
+      name: `${prefix}capacity_waiting_creates`,
+      help: 'Creates waiting for room (waitForCapacityMs).',
+      registers,
+    });
     // Declare the series the four operating rates divide by, so a rate is 0, not absent.
     for (const resource of TERMINATION_RESOURCES) this.limitTerminations.inc({ resource }, 0);
     for (const outcome of ARTIFACT_OUTCOMES) this.artifactDeliveries.inc({ outcome }, 0);
@@ -135,6 +158,21 @@ export class CapsuleMetrics {
 
   setActive(count: number): void {
     this.activeSandboxes.set(count);
+  }
+
+  /** The server's capacity now (read at scrape time). */
+  setCapacity(info: Omit<CapacityInfo, 'tenant'>): void {
+    const figures: Record<(typeof CAPACITY_RESOURCES)[number], { free: number; limit: number }> = {
+      sandboxes: { free: info.sandboxes.free, limit: info.sandboxes.limit },
+      memory_bytes: { free: info.memory.freeBytes, limit: info.memory.limitBytes },
+      pids: { free: info.pids.free, limit: info.pids.limit },
+      disk_bytes: { free: info.disk.freeBytes, limit: info.disk.limitBytes },
+    };
+    for (const resource of CAPACITY_RESOURCES) {
+      this.capacityFree.set({ resource }, figures[resource].free);
+      this.capacityLimit.set({ resource }, figures[resource].limit);
+    }
+    this.capacityWaiting.set(info.waiting);
   }
 
   /** The Prometheus text exposition of every metric. */

@@ -76,7 +76,8 @@ interface Target {
  * The one place the SDK talks HTTP (node:http over a keep-alive agent: less work per call than
  * WHATWG fetch, and no web streams on the hot paths). Mutating calls carry a fresh
  * `Idempotency-Key`, and every call is retried once, with the same key, when the connection
- * failed or the server answered 502/503: the server's idempotency makes the retry safe.
+ * failed or the server answered 502/503 (but not CAPACITY_EXHAUSTED): the server's idempotency
+ * makes the retry safe.
  */
 export class HttpClient {
   private parsed: Target | undefined;
@@ -168,7 +169,10 @@ export class HttpClient {
       } finally {
         call.release();
       }
-      if (attempt === 1 && replayable && (RETRY_STATUSES.has(status) || error instanceof ConnectionError)) continue;
+      // CAPACITY_EXHAUSTED is the server's answer about the moment, not a proxy's hiccup: the
+      // caller decides (Retry-After in `details.retryAfterS`, or waitForCapacityMs).
+      const retryable = (RETRY_STATUSES.has(status) && error.code !== 'CAPACITY_EXHAUSTED') || error instanceof ConnectionError;
+      if (attempt === 1 && replayable && retryable) continue;
       throw error;
     }
   }

@@ -5,11 +5,18 @@ import { resolveConfig, type ConnectionOptions } from './config.js';
 import { Files } from './files.js';
 import { callOptions, HttpClient } from './http.js';
 import { errorFromStreamEvent, type CapsuleError } from './errors.js';
-import type { ApplyResult, CallOptions, Changes, NetworkPolicyInput, PortUrl, SandboxInfo, SandboxPage, SandboxSpecInput, SandboxState, SnapshotInfo } from './types.js';
+import type { ApplyResult, CallOptions, CapacityInfo, Changes, NetworkPolicyInput, PortUrl, SandboxInfo, SandboxPage, SandboxSpecInput, SandboxState, SnapshotInfo } from './types.js';
 
 export interface CreateOptions extends ConnectionOptions {
   /** Free-form labels to find the sandbox by later (`Sandbox.list({ metadata })`). */
   metadata?: Record<string, string>;
+  /**
+   * When the server cannot back the sandbox now, wait up to this long for room (first come first
+   * served) instead of failing at once; then `UnavailableError` (CAPACITY_EXHAUSTED) or, at the
+   * tenant's quota, `QuotaExceededError`. At most the server's `maxWaitMs` (`Sandbox.capacity()`).
+   * The call's deadline grows by as much. @default 0: refused at once
+   */
+  waitForCapacityMs?: number;
 }
 
 export interface ListOptions extends ConnectionOptions {
@@ -69,13 +76,22 @@ export class Sandbox {
   /** Creates a sandbox from `spec` (safe defaults fill the rest) and returns once it runs. */
   static async create(spec?: SandboxSpecInput, options: CreateOptions = {}): Promise<Sandbox> {
     const http = new HttpClient(resolveConfig(options));
+    const wait = options.waitForCapacityMs;
     const info = await http.json<SandboxInfo>({
       method: 'POST',
       path: '/v1/sandboxes',
-      json: { spec, metadata: options.metadata },
+      json: { spec, metadata: options.metadata, ...(wait !== undefined ? { waitForCapacityMs: wait } : {}) },
+      // The wait for room is on top of the create itself.
+      timeoutMs: http.config.timeoutMs + (wait ?? 0),
       signal: options.signal,
     });
     return new Sandbox(http, info);
+  }
+
+  /** What the server can still admit (sandbox slots, memory, pids, disk) and this tenant's quota. */
+  static async capacity(options: ConnectionOptions = {}): Promise<CapacityInfo> {
+    const http = new HttpClient(resolveConfig(options));
+    return http.json<CapacityInfo>({ method: 'GET', path: '/v1/capacity', signal: options.signal });
   }
 
   /** Connects to an existing sandbox; `SandboxNotFoundError` if it is unknown to this API key. */

@@ -4,6 +4,7 @@
  */
 export type {
   ApplyResult,
+  CapacityInfo,
   Change,
   Changes,
   ExecReply,

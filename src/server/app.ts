@@ -12,7 +12,7 @@ import { PortConnectionPool } from './ports/port-pool.js';
 import { hostRouting, portUrlRoutes, registerPortRoutes } from './ports/port-routes.js';
 import { sendError } from './errors.js';
 import { buildOpenApi } from './openapi.js';
-import { TenantQuota } from './quota.js';
+import { FairTurns } from './fair-turns.js';
 import { defineRoute, registerRoute, type AnyRoute } from './route.js';
 import { fileRoutes } from './routes/files.js';
 import { networkRoutes } from './routes/network.js';
@@ -25,6 +25,7 @@ import { metricsRoutes, recordRequests } from './routes/metrics.js';
 import { operatorRoutes } from './routes/operators.js';
 import { processRoutes } from './routes/processes.js';
 import { sandboxRoutes } from './routes/sandboxes.js';
+import { capacityRoutes } from './routes/capacity.js';
 import { usageRoutes } from './routes/usage.js';
 import { templateRoutes } from './routes/templates.js';
 import { adminRoutes } from './routes/admin.js';
@@ -42,8 +43,6 @@ export const JSON_BODY_LIMIT_BYTES = 1024 * 1024;
 export interface CapsuleAppOptions {
   engine: SandboxEngine;
   db: SqliteDatabase;
-  /** Concurrent sandboxes per tenant, counting those still starting. @default 20 */
-  maxSandboxesPerTenant?: number;
   /** Fastify's pino logger options. @default false */
   logger?: FastifyServerOptions['logger'];
   now?: () => number;
@@ -69,6 +68,12 @@ export interface CapsuleAppOptions {
   publicDomain?: string;
   /** What the web console (and any client) uses beyond the sandbox API; see docs/console.md. */
   console?: ConsoleOptions;
+  /**
+   * Synchronous time spent starting requests per event-loop turn before the rest wait, first
+   * come first served (src/server/fair-turns.ts); 0 starts every request at once, as it is read.
+   * @default 2
+   */
+  fairTurnBudgetMs?: number;
 }
 
 export interface ConsoleOptions {
@@ -117,9 +122,11 @@ export class CapsuleApp {
   private closing: Promise<void> | undefined;
   /** Settles when each open response has ended; close() waits for them before dropping connections. */
   private readonly inFlight = new Set<Promise<void>>();
+  private readonly fairTurnBudgetMs: number;
 
   constructor(options: CapsuleAppOptions) {
     const now = options.now ?? Date.now;
+    this.fairTurnBudgetMs = options.fairTurnBudgetMs ?? 2;
     const records = new SqliteSandboxRecords(options.db);
     this.services = {
       engine: options.engine,
@@ -127,7 +134,6 @@ export class CapsuleApp {
       keys: new ApiKeyStore(options.db, now),
       operations: new OperationStore(options.db, now),
       audit: new AuditLog(options.db, now),
-      quota: new TenantQuota(options.maxSandboxesPerTenant ?? 20, (tenantId) => records.countLive(tenantId)),
       closeSignal: this.closeController.signal,
       atomically: atomically(options.db),
       wake: (tenantId, sandboxId) => options.engine.wake(tenantId, sandboxId),
@@ -161,6 +167,7 @@ export class CapsuleApp {
     });
     this.routes = [
       ...sandboxRoutes(this.services),
+      ...capacityRoutes(this.services),
       ...pauseRoutes(this.services),
       ...snapshotRoutes(this.services),
       ...volumeRoutes(this.services),
@@ -201,6 +208,12 @@ export class CapsuleApp {
     app.removeContentTypeParser('text/plain');
     app.addContentTypeParser('application/octet-stream', (_request, payload, done) => done(null, payload as Readable));
     app.addContentTypeParser('*', (_request, payload, done) => done(null, payload as Readable));
+    // First: a request waits for its turn before anything else is done for it (fair-turns.ts).
+    if (this.fairTurnBudgetMs > 0) {
+      const turns = new FairTurns({ budgetMs: this.fairTurnBudgetMs });
+      app.addHook('onRequest', (_request, _reply, done) => turns.enter(() => done()));
+      app.server.on('connection', () => turns.accepted());
+    }
     app.addHook('onRequest', async (request, reply) => {
       reply.header('x-request-id', request.id);
       const done = new Promise<void>((resolve) => reply.raw.once('close', () => resolve()));

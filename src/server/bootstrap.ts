@@ -5,6 +5,7 @@ import { SandboxError } from '../errors/index.js';
 import { createSandboxFiles } from '../engine/files/index.js';
 import { SandboxManager } from '../engine/sandbox-manager.js';
 import type { EngineEvent } from '../engine/events.js';
+import type { AdmissionSettings } from '../engine/admission-settings.js';
 import { loadTokenKey, lockDataDir, type EgressLogEntry, type EgressOptions } from '../engine/engine-host.js';
 import { DEFAULT_MAXIMA, type OperatorMaxima } from '../sandbox-spec/index.js';
 import { API_KEY_PATTERN, ApiKeyStore, AuditLog, OperationStore, SqliteSandboxRecords, SqliteSnapshotRecords, SqliteVolumeRecords, openDatabase, type SqliteDatabase } from '../store/index.js';
@@ -27,8 +28,14 @@ export interface StartServerOptions {
   host?: string;
   /** Reads CAPSULE_API_KEY. @default process.env */
   env?: NodeJS.ProcessEnv;
-  /** @default 20 */
+  /** Live sandboxes per tenant, counting those still starting (`capsule serve --max-sandboxes`; QUOTA_EXCEEDED). @default 20 */
   maxSandboxesPerTenant?: number;
+  /**
+   * Admission control beside the tenant quota (`capsule serve --max-live-sandboxes`,
+   * `--memory-overcommit`, `--memory-reserve`, `--pids-overcommit`, `--max-capacity-wait`;
+   * docs/operations.md). @default AdmissionSettings' defaults
+   */
+  admission?: Omit<AdmissionSettings, 'maxSandboxesPerTenant'>;
   /** Port URLs by host, `http://P-ID.D/` (`capsule serve --public-domain D`). @default none */
   publicDomain?: string;
   maxima?: OperatorMaxima;
@@ -94,6 +101,8 @@ export interface StartServerOptions {
    * it on unless `--no-supervise`. @default false (an embedding process that did not ask)
    */
   superviseSandboxes?: boolean;
+  /** See CapsuleAppOptions.fairTurnBudgetMs (`CAPSULE_FAIR_TURN_BUDGET_MS`, a diagnostic). @default 2 */
+  fairTurnBudgetMs?: number;
 }
 
 export interface RunningServer {
@@ -186,6 +195,7 @@ export async function startServer(options: StartServerOptions): Promise<RunningS
       processLogs: observability.processLogs,
       workspaceBudget: diskQuota,
       diskOvercommit: options.diskOvercommit,
+      admission: { ...options.admission, maxSandboxesPerTenant: options.maxSandboxesPerTenant ?? 20 },
       volumeBytes: options.volumeBytes,
       filesFactory: (sandbox) => createSandboxFiles(sandbox),
       mountRoots,
@@ -200,7 +210,7 @@ export async function startServer(options: StartServerOptions): Promise<RunningS
       db,
       // Access tokens and signed URLs outlive a restart, like the sandboxes they open.
       tokenKey: loadTokenKey(options.dataDir),
-      maxSandboxesPerTenant: options.maxSandboxesPerTenant,
+      ...(options.fairTurnBudgetMs !== undefined ? { fairTurnBudgetMs: options.fairTurnBudgetMs } : {}),
       logger: options.logger,
       extensions: options.extensions,
       observability: observability.services,

@@ -81,10 +81,11 @@ const DEFAULT_RETRY_AFTER_S = 30;
 
 /**
  * Seconds a client should wait before it retries, for an error that is about the moment rather
- * than the request (CAPACITY_EXHAUSTED): its `details.retryAfterS`, else 30.
+ * than the request: its `details.retryAfterS` (CAPACITY_EXHAUSTED, a tenant at its quota of
+ * sandboxes), else 30 for CAPACITY_EXHAUSTED and nothing for the others.
  */
 export function retryAfterSeconds(error: SandboxError): number | undefined {
-  if (error.code !== 'CAPACITY_EXHAUSTED') return undefined;
   const seconds = error.details?.retryAfterS;
-  return typeof seconds === 'number' && seconds > 0 ? Math.ceil(seconds) : DEFAULT_RETRY_AFTER_S;
+  if (typeof seconds === 'number' && seconds > 0) return Math.ceil(seconds);
+  return error.code === 'CAPACITY_EXHAUSTED' ? DEFAULT_RETRY_AFTER_S : undefined;
 }

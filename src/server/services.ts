@@ -5,7 +5,6 @@ import type { ArtifactStore } from '../store/artifacts/index.js';
 import type { ProcessLogs } from '../engine/process-logs.js';
 import { SandboxError } from '../errors/index.js';
 import type { ApiKeyStore, AuditLog, OperationStore, SqliteSandboxRecords } from '../store/index.js';
-import type { TenantQuota } from './quota.js';
 import type { TenantDiskQuota } from './disk-quota.js';
 import type { TemplateService } from '../templates/index.js';
 import type { ConsoleSessions } from './console/sessions.js';
@@ -20,7 +19,6 @@ export interface ServerServices {
   keys: ApiKeyStore;
   operations: OperationStore;
   audit: AuditLog;
-  quota: TenantQuota;
   closeSignal: AbortSignal;
   /** Resumes a paused sandbox created with `autoResume` before a call acts inside it (routes with `wakes`). */
   wake(tenantId: string, sandboxId: string): Promise<void>;

@@ -12,3 +12,4 @@ export * from './errors.js';
 export * from './templates.js';
 export * from './console.js';
 export * from './snapshots.js';
+export * from './capacity.js';

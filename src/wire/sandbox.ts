@@ -49,6 +49,12 @@ export const SandboxIdParams = z.strictObject({ sandboxId: z.string().regex(SAND
 export const CreateSandboxBody = z.strictObject({
   spec: z.unknown().optional().meta({ description: 'A SandboxSpecInput; validated by the engine (unknown keys are errors).' }),
   metadata: MetadataSchema.optional(),
+  waitForCapacityMs: z
+    .number()
+    .int()
+    .min(0)
+    .optional()
+    .meta({ description: "When the host cannot back the sandbox now, wait up to this long for room (first come first served) before CAPACITY_EXHAUSTED; at most the server's GET /v1/capacity maxWaitMs. Default 0: refused at once." }),
 });
 
 const oneOrMany = z.union([z.string(), z.array(z.string())]).transform((v) => (Array.isArray(v) ? v : [v]));

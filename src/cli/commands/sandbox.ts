@@ -54,6 +54,7 @@ interface CreateFlags extends ClientFlags, SpecFlags {
   cwd?: string;
   fromSnapshot?: string;
   volume?: string[];
+  waitForCapacity?: number;
 }
 
 interface NetworkFlags extends ClientFlags {
@@ -92,6 +93,7 @@ export function sandboxCommand(context: CliContext): Command {
       .option('--cwd <dir>', 'working directory of processes (default /workspace)')
       .option('--from-snapshot <snapshot>', 'start from a snapshot: its root and workspace, its template')
       .option('--volume <NAME:/path[:ro]>', 'mount a named volume (repeatable)', collect)
+      .option('--wait-for-capacity <duration>', 'when the server has no room now, wait up to this long for a sandbox to end (e.g. 30s) instead of failing', durationOption('--wait-for-capacity'))
       .addHelpText('after', '\nAny other spec field (limits.tmpBytes, mounts, ...) goes in --spec FILE.json; the flags override it.')
       .action(async (flags: CreateFlags) => {
         const spec = specFromFlags(flags, {
@@ -100,7 +102,11 @@ export function sandboxCommand(context: CliContext): Command {
           volumes: flags.volume === undefined ? undefined : flags.volume.map(parseVolumeFlag),
         });
         // The server validates the spec (INVALID_SPEC naming the field), as for any API client.
-        const created = await Sandbox.create(spec, { ...connection(flags, context), metadata: parsePairs('--metadata', flags.metadata ?? []) });
+        const created = await Sandbox.create(spec, {
+          ...connection(flags, context),
+          metadata: parsePairs('--metadata', flags.metadata ?? []),
+          ...(flags.waitForCapacity !== undefined ? { waitForCapacityMs: flags.waitForCapacity } : {}),
+        });
         if (flags.json) printJson(context, created.info);
         else context.stdout.write(`${created.sandboxId}\n`);
       }),

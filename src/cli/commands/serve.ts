@@ -22,6 +22,11 @@ interface ServeFlags {
   publicDomain?: string;
   supervise?: boolean;
   stopSandboxes?: boolean;
+  maxLiveSandboxes?: number;
+  memoryOvercommit?: number;
+  memoryReserve?: number;
+  pidsOvercommit?: number;
+  maxCapacityWait?: number;
 }
 
 /** `--mount-root NAME=PATH` flags as a map; a flag without `=` or a name given twice is refused. */
@@ -41,6 +46,20 @@ function parseMountRoots(flags: readonly string[]): Record<string, string> {
   return roots;
 }
 
+/** `CAPSULE_FAIR_TURN_BUDGET_MS` (a diagnostic: 0 turns fair turns off, to compare). */
+function fairTurnBudget(env: NodeJS.ProcessEnv): { fairTurnBudgetMs?: number } {
+  const value = env.CAPSULE_FAIR_TURN_BUDGET_MS;
+  if (value === undefined || value === '') return {};
+  const ms = Number(value);
+  if (!Number.isFinite(ms) || ms < 0) {
+    throw new SandboxError('INVALID_ARGUMENT', `CAPSULE_FAIR_TURN_BUDGET_MS must be a number of milliseconds, 0 or more, not "${value}"`, {
+      details: { field: 'CAPSULE_FAIR_TURN_BUDGET_MS', value },
+      hint: 'Unset it (the default, 2 ms), or set 0 to start every request at once.',
+    });
+  }
+  return { fairTurnBudgetMs: ms };
+}
+
 /**
  * `capsule serve`: the HTTP API. Prints `URL:` and `API key:` lines on stdout; JSON logs go to
  * stderr. Each sandbox is held by a supervisor of its own, so sandboxes outlive the server: a
@@ -55,6 +74,11 @@ export function serveCommand(context: CliContext): Command {
     .option('--host <address>', 'address to listen on', '127.0.0.1')
     .option('--data-dir <dir>', 'Capsule data directory', DEFAULT_DATA_DIR)
     .option('--max-sandboxes <n>', 'concurrent sandboxes per tenant', numberOption('--max-sandboxes'), 20)
+    .option('--max-live-sandboxes <n>', 'live sandboxes on this server, every tenant\'s and the warm pool\'s (default 1000)', numberOption('--max-live-sandboxes'))
+    .option('--memory-overcommit <ratio>', 'how far the memory limits of live sandboxes may exceed host memory less the reserve (default 1: never)', numberOption('--memory-overcommit'))
+    .option('--memory-reserve <size>', 'host memory kept for the server and the OS, never promised to sandboxes (default 2GiB)', bytesOption('--memory-reserve'))
+    .option('--pids-overcommit <ratio>', 'how far the pids limits of live sandboxes may exceed the host\'s task ids (default 1: never)', numberOption('--pids-overcommit'))
+    .option('--max-capacity-wait <ms>', 'the longest waitForCapacityMs a create may ask for (default 60000)', numberOption('--max-capacity-wait'))
     .option('--log-level <level>', 'fatal, error, warn, info, debug', 'info')
     .option('--warm-pool <n>', 'sandboxes kept started ahead for creates with no network and no mounts', numberOption('--warm-pool'), 2)
     .option('--default-template <ref>', "the template of sandboxes that name none: a public template (capsule template ls), or host (the host's /usr, read-only; the default)")
@@ -84,6 +108,13 @@ export function serveCommand(context: CliContext): Command {
         host: flags.host,
         env: context.env,
         maxSandboxesPerTenant: flags.maxSandboxes,
+        admission: {
+          ...(flags.maxLiveSandboxes !== undefined && { maxSandboxes: flags.maxLiveSandboxes }),
+          ...(flags.memoryOvercommit !== undefined && { memoryOvercommit: flags.memoryOvercommit }),
+          ...(flags.memoryReserve !== undefined && { memoryReserveBytes: flags.memoryReserve }),
+          ...(flags.pidsOvercommit !== undefined && { pidsOvercommit: flags.pidsOvercommit }),
+          ...(flags.maxCapacityWait !== undefined && { maxWaitMs: flags.maxCapacityWait }),
+        },
         warmPool: flags.warmPool,
         tenantDiskQuotaBytes: flags.tenantDiskQuota,
         diskOvercommit: flags.diskOvercommit,
@@ -94,6 +125,7 @@ export function serveCommand(context: CliContext): Command {
         mountRoots: parseMountRoots(flags.mountRoot ?? []),
         ...(flags.defaultTemplate === undefined ? {} : { defaultTemplate: flags.defaultTemplate }),
         superviseSandboxes: flags.supervise !== false,
+        ...fairTurnBudget(context.env),
         ...(flags.egressIdleTimeout === undefined ? {} : { egressTimeouts: { idleTimeoutMs: flags.egressIdleTimeout } }),
         extensions: [registerMcpHttp],
         ...(flags.publicDomain !== undefined && { publicDomain: flags.publicDomain }),

@@ -138,14 +138,9 @@ function controlPlaneRoutes(ctx: E2bContext): AnyRoute[] {
       async handler({ body, principal, signal }) {
         if (body.mcp !== undefined) throw unsupported('mcp', 'there is no MCP gateway in Capsule sandboxes');
         const spec = withState(specFor(body, ctx), body, ctx, principal.tenantId);
-        const release = ctx.quota.reserve(principal.tenantId);
-        try {
-          const metadata = { ...(body.metadata ?? {}), [TEMPLATE_KEY]: body.templateID };
-          const info = await engine.create({ tenantId: principal.tenantId, spec, metadata, signal, grants: { mountRoots: mountGrantOf(principal), diskQuotaBytes: principal.grants.diskQuotaBytes } });
-          return { kind: 'json', status: 201, body: sandboxBody(info) };
-        } finally {
-          release();
-        }
+        const metadata = { ...(body.metadata ?? {}), [TEMPLATE_KEY]: body.templateID };
+        const info = await engine.create({ tenantId: principal.tenantId, spec, metadata, signal, grants: { mountRoots: mountGrantOf(principal), diskQuotaBytes: principal.grants.diskQuotaBytes } });
+        return { kind: 'json', status: 201, body: sandboxBody(info) };
       },
     });
 

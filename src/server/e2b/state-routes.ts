@@ -127,36 +127,30 @@ export function stateRoutes(ctx: E2bContext): AnyRoute[] {
       async handler({ params, body, principal, signal }) {
         const source = liveSandbox(engine, principal.tenantId, params.id);
         const count = body?.count ?? 1;
-        // Every slot first: a fork that would overshoot the sandbox quota makes nothing.
-        const releases: (() => void)[] = [];
-        try {
-          for (let i = 0; i < count; i++) releases.push(ctx.quota.reserve(principal.tenantId));
-          const template = source.metadata[TEMPLATE_KEY];
-          const result = await engine.fork(principal.tenantId, params.id, {
-            count,
-            ...(template !== undefined ? { metadata: { [TEMPLATE_KEY]: template } } : {}),
-            signal,
-            grants: { mountRoots: mountGrantOf(principal), diskQuotaBytes: principal.grants.diskQuotaBytes },
-          });
-          const failed = (code: string, message: string) => ({ error: { code: HTTP_STATUS[code as keyof typeof HTTP_STATUS] ?? 500, message } });
-          const entries = await Promise.all(
-            result.forks.map(async (fork) => {
-              if ('error' in fork) return failed(fork.error.code, fork.error.message);
-              if (body?.timeout === undefined) return { sandbox: sandboxBody(ctx, fork.sandbox) };
-              try {
-                return { sandbox: sandboxBody(ctx, engine.setTimeout(principal.tenantId, fork.sandbox.sandboxId, body.timeout * 1000)) };
-              } catch (error) {
-                // A fork the client is not told of would run unseen until its TTL: it goes.
-                await engine.kill(principal.tenantId, fork.sandbox.sandboxId).catch(() => undefined);
-                const cause = error instanceof SandboxError ? error : new SandboxError('INTERNAL', (error as Error).message);
-                return failed(cause.code, `fork ${fork.sandbox.sandboxId} was made, but its timeout could not be set, so it was killed: ${cause.message}`);
-              }
-            }),
-          );
-          return { kind: 'json', status: 201, body: entries };
-        } finally {
-          for (const release of releases) release();
-        }
+        // The engine checks every slot first: a fork that would overshoot the quota makes nothing.
+        const template = source.metadata[TEMPLATE_KEY];
+        const result = await engine.fork(principal.tenantId, params.id, {
+          count,
+          ...(template !== undefined ? { metadata: { [TEMPLATE_KEY]: template } } : {}),
+          signal,
+          grants: { mountRoots: mountGrantOf(principal), diskQuotaBytes: principal.grants.diskQuotaBytes },
+        });
+        const failed = (code: string, message: string) => ({ error: { code: HTTP_STATUS[code as keyof typeof HTTP_STATUS] ?? 500, message } });
+        const entries = await Promise.all(
+          result.forks.map(async (fork) => {
+            if ('error' in fork) return failed(fork.error.code, fork.error.message);
+            if (body?.timeout === undefined) return { sandbox: sandboxBody(ctx, fork.sandbox) };
+            try {
+              return { sandbox: sandboxBody(ctx, engine.setTimeout(principal.tenantId, fork.sandbox.sandboxId, body.timeout * 1000)) };
+            } catch (error) {
+              // A fork the client is not told of would run unseen until its TTL: it goes.
+              await engine.kill(principal.tenantId, fork.sandbox.sandboxId).catch(() => undefined);
+              const cause = error instanceof SandboxError ? error : new SandboxError('INTERNAL', (error as Error).message);
+              return failed(cause.code, `fork ${fork.sandbox.sandboxId} was made, but its timeout could not be set, so it was killed: ${cause.message}`);
+            }
+          }),
+        );
+        return { kind: 'json', status: 201, body: entries };
       },
     }),
     defineRoute({

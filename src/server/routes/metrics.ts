@@ -8,7 +8,8 @@ import type { ServerServices } from '../services.js';
 /**
  * `GET /metrics`: the Prometheus text exposition. Unauthenticated, like most exporters: the
  * server binds loopback by default (docs/operations.md says how to expose it). The gauge of
- * live sandboxes is read from the records at scrape time, so it is exact even after a crash.
+ * live sandboxes is read from the records at scrape time, so it is exact even after a crash; the
+ * capacity gauges from admission control, at scrape time too.
  */
 export function metricsRoutes(services: ServerServices): AnyRoute[] {
   const { metrics } = services;
@@ -23,6 +24,7 @@ export function metricsRoutes(services: ServerServices): AnyRoute[] {
       responses: { 200: { description: 'Prometheus text', schema: z.string(), contentType: metrics.contentType } },
       async handler() {
         metrics.setActive(services.records.listLive().length);
+        metrics.setCapacity(await services.engine.capacityOf(''));
         return { kind: 'raw', status: 200, stream: Readable.from([await metrics.render()]), contentType: metrics.contentType };
       },
     }),

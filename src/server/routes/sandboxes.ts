@@ -20,7 +20,7 @@ export function policyOf(input: unknown): Record<string, unknown> | null {
 }
 
 export function sandboxRoutes(services: ServerServices): AnyRoute[] {
-  const { engine, records, quota } = services;
+  const { engine, records } = services;
   return [
     defineRoute({
       name: 'sandboxes.create',
@@ -29,28 +29,24 @@ export function sandboxRoutes(services: ServerServices): AnyRoute[] {
       summary: 'Create a sandbox',
       auth: 'tenant',
       body: CreateSandboxBody.optional(),
-      bodyDoc: z.strictObject({ spec: SandboxSpecSchema.optional(), metadata: MetadataSchema.optional() }),
+      bodyDoc: z.strictObject({ spec: SandboxSpecSchema.optional(), metadata: MetadataSchema.optional(), waitForCapacityMs: CreateSandboxBody.shape.waitForCapacityMs }),
       responses: {
         201: { description: 'The sandbox, running', schema: SandboxInfoSchema },
         422: error('Invalid spec, or above the operator maximum'),
-        429: error('The tenant has its quota of concurrent sandboxes, or its disk quota cannot hold limits.diskBytes more'),
-        503: error('The workspace volume cannot back limits.diskBytes more now (CAPACITY_EXHAUSTED; see Retry-After)'),
+        429: error('The tenant has its quota of concurrent sandboxes (see Retry-After), or its disk quota cannot hold limits.diskBytes more (QUOTA_EXCEEDED)'),
+        503: error('The host cannot back the sandbox now: the server\'s sandbox count, memory, pids or the workspace volume (CAPACITY_EXHAUSTED; see Retry-After and GET /v1/capacity)'),
       },
       audit: ({ body }) => ({ policy: policyOf(body?.spec) }),
       async handler({ body, principal, signal }) {
-        const release = quota.reserve(principal.tenantId);
-        try {
-          const info = await engine.create({
-            tenantId: principal.tenantId,
-            spec: body?.spec as SandboxSpecInput | undefined,
-            metadata: body?.metadata,
-            signal,
-            grants: { mountRoots: mountGrantOf(principal), diskQuotaBytes: principal.grants.diskQuotaBytes },
-          });
-          return { kind: 'json', status: 201, body: info };
-        } finally {
-          release();
-        }
+        const info = await engine.create({
+          tenantId: principal.tenantId,
+          spec: body?.spec as SandboxSpecInput | undefined,
+          metadata: body?.metadata,
+          signal,
+          ...(body?.waitForCapacityMs !== undefined ? { waitForCapacityMs: body.waitForCapacityMs } : {}),
+          grants: { mountRoots: mountGrantOf(principal), diskQuotaBytes: principal.grants.diskQuotaBytes },
+        });
+        return { kind: 'json', status: 201, body: info };
       },
     }),
     defineRoute({

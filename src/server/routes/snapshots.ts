@@ -7,7 +7,7 @@ const error = (description: string) => ({ description, schema: ErrorBodySchema }
 
 /** Snapshots of sandboxes (`/v1/sandboxes/{id}/snapshots`, `/v1/snapshots`) and forks. */
 export function snapshotRoutes(services: ServerServices): AnyRoute[] {
-  const { engine, quota } = services;
+  const { engine } = services;
   return [
     defineRoute({
       name: 'sandboxes.snapshot',
@@ -45,25 +45,20 @@ export function snapshotRoutes(services: ServerServices): AnyRoute[] {
         409: error('The sandbox is not running or paused'),
         422: error('The backend cannot keep processes in a snapshot (mode full: BACKEND_CANNOT_ENFORCE)'),
         429: error('The forks would exceed the tenant\'s quota of concurrent sandboxes'),
+        503: error('The server admits fewer sandboxes than the forks need (CAPACITY_EXHAUSTED; see Retry-After)'),
       },
       audit: ({ params }) => ({ sandboxId: params.sandboxId }),
       async handler({ params, body, principal, signal }) {
         requireSandbox(services, principal.tenantId, params.sandboxId);
-        // Every slot first: a fork that would overshoot the quota makes nothing.
-        const releases: (() => void)[] = [];
-        try {
-          for (let i = 0; i < body.count; i++) releases.push(quota.reserve(principal.tenantId));
-          const result = await engine.fork(principal.tenantId, params.sandboxId, {
-            count: body.count,
-            ...(body.mode ? { mode: body.mode } : {}),
-            ...(body.metadata ? { metadata: body.metadata } : {}),
-            signal,
-            grants: { mountRoots: mountGrantOf(principal), diskQuotaBytes: principal.grants.diskQuotaBytes },
-          });
-          return { kind: 'json', status: 201, body: result };
-        } finally {
-          for (const release of releases) release();
-        }
+        // The engine checks every slot first: a fork that would overshoot the quota makes nothing.
+        const result = await engine.fork(principal.tenantId, params.sandboxId, {
+          count: body.count,
+          ...(body.mode ? { mode: body.mode } : {}),
+          ...(body.metadata ? { metadata: body.metadata } : {}),
+          signal,
+          grants: { mountRoots: mountGrantOf(principal), diskQuotaBytes: principal.grants.diskQuotaBytes },
+        });
+        return { kind: 'json', status: 201, body: result };
       },
     }),
     defineRoute({
