@@ -1,5 +1,5 @@
 import { access, mkdir, readdir, rm, writeFile } from 'node:fs/promises';
-import { constants, readFileSync, renameSync, writeFileSync } from 'node:fs';
+import { constants, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
 import { createHash } from 'node:crypto';
 import { join, resolve } from 'node:path';
 import type { NetworkPolicy } from '../sandbox-spec/index.js';
@@ -194,8 +194,14 @@ export class EgressNetwork {
     const slot = this.slots.get(sandboxId);
     if (!slot) return;
     const file = join(this.stateDir, slot.name);
-    writeFileSync(`${file}.tmp`, `sandbox ${sandboxId}\nconnections ${upTo}\n`, { mode: 0o600 });
-    renameSync(`${file}.tmp`, file);
+    try {
+      writeFileSync(`${file}.tmp`, `sandbox ${sandboxId}\nconnections ${upTo}\n`, { mode: 0o600 });
+      renameSync(`${file}.tmp`, file);
+    } catch (error) {
+      // The old record stays whole; the proxy refuses the connection that needed the new one.
+      rmSync(`${file}.tmp`, { force: true });
+      throw error;
+    }
   }
 
   /** Replaces the policy of a live sandbox; new connections follow at once. */
