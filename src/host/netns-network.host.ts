@@ -85,6 +85,8 @@ export class EgressNetwork {
   private readonly stateDir: string;
   private readonly pool: NetnsPool;
   private readonly slots = new Map<string, NetnsSlot>();
+  /** Sandboxes let go (`letGo`) that keep running without this server: their host state stays. */
+  private readonly leftRunning = new Set<string>();
   private starting: Promise<void> | undefined;
   private readonly maxConcurrentConnections: number;
 
@@ -222,20 +224,34 @@ export class EgressNetwork {
     await this.pool.release(slot);
   }
 
+  /**
+   * Lets go of a sandbox that keeps running under its supervisor (a stop that leaves it for the
+   * next server): the proxy forgets it and this network no longer holds its slot, but its
+   * namespace, slot file (with the connection bound), the host table and the anchor stay, so the
+   * next start's `reattach` takes it back. Until then the sandbox reaches nothing.
+   */
+  letGo(sandboxId: string): void {
+    this.proxy.unregister(sandboxId);
+    if (this.slots.delete(sandboxId)) this.leftRunning.add(sandboxId);
+  }
+
   /** Waits until the pool holds its ready namespaces. */
   async warm(): Promise<void> {
     await this.start();
     await this.pool.warm();
   }
 
-  /** Removes everything: sandbox namespaces still attached, the pool, proxy, rules, anchor. */
+  /**
+   * Removes everything: sandbox namespaces still attached, the pool, proxy, rules, anchor. The
+   * namespaces of sandboxes let go stay, and so do the host table and the anchor while there is one.
+   */
   async close(): Promise<void> {
     if (!this.starting) return;
     await this.starting.catch(() => undefined);
     for (const id of [...this.slots.keys()]) await this.detach(id);
     await this.pool.close();
     await this.proxy.close();
-    await removeHostState(this.names);
+    if (this.leftRunning.size === 0) await removeHostState(this.names);
     this.starting = undefined;
   }
 

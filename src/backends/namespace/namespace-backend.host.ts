@@ -489,8 +489,10 @@ class NamespaceSandbox implements BackendSandbox {
    * (nothing done) when it is not supervised.
    */
   detach(): boolean {
-    if (this.destroying) return false;
-    return this.holder.detach();
+    if (this.destroying || !this.holder.detach()) return false;
+    // Its namespace stays with it: only this server's hold on it goes (EgressNetwork.letGo).
+    this.egress?.letGo(this.id);
+    return true;
   }
 
   private async teardown(): Promise<void> {
