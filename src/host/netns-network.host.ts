@@ -152,6 +152,9 @@ export class EgressNetwork {
   /** Takes a namespace for the sandbox and registers its policy (and tenant) with the proxy. */
   async attach(sandboxId: string, policy: NetworkPolicy, tenantId?: string): Promise<NetworkAttachment> {
     await this.start();
+    // One namespace per sandbox: one a reattach took back and then gave up (the sandbox is
+    // recovered on a new one) goes first.
+    if (this.slots.has(sandboxId)) await this.detach(sandboxId);
     const slot = await this.pool.take(sandboxId);
     this.slots.set(sandboxId, slot);
     this.proxy.register(sandboxId, slot.address, policy, tenantId);
@@ -169,12 +172,19 @@ export class EgressNetwork {
     await this.start();
     const slot = await this.pool.reclaim(sandboxId);
     if (slot === undefined) {
-      throw new SandboxError('SANDBOX_CRASHED', `the network namespace of sandbox ${sandboxId} is gone`, { details: { sandboxId } });
+      // A host fault (something deleted it), not the sandbox's end: the engine recovers it on its files.
+      throw new SandboxError('HOST_NOT_READY', `the network namespace of sandbox ${sandboxId} is gone`, { details: { sandboxId } });
     }
     this.slots.set(sandboxId, slot);
-    await applyRuleset(sandboxRuleset(this.proxyAddress, this.proxy.ports), slot.path);
-    const record = await slotRecord(this.stateDir, slot.name);
-    this.proxy.register(sandboxId, slot.address, policy, tenantId, { connections: record.connections });
+    try {
+      await applyRuleset(sandboxRuleset(this.proxyAddress, this.proxy.ports), slot.path);
+      const record = await slotRecord(this.stateDir, slot.name);
+      this.proxy.register(sandboxId, slot.address, policy, tenantId, { connections: record.connections });
+    } catch (error) {
+      // Not taken over: the sandbox is recovered on a new namespace, and this one must not stay ours.
+      await this.detach(sandboxId).catch(() => undefined);
+      throw error;
+    }
     return this.attachment(slot);
   }
 
