@@ -6,6 +6,8 @@ export type EngineEvent = {
   sandbox: SandboxInfo;
   /** On `sandbox.created`: it came from the warm pool. */
   poolWarm?: boolean;
+  /** On `sandbox.recovered` on its files although it had a supervisor: why it was not taken over. */
+  reason?: string;
 };
 
 /** Which process a `ProcessObserver` call is about. */

@@ -42,8 +42,8 @@ export function egressLimitHit(
       used: total,
       unit: 'count',
       message:
-        `the egress proxy was at its capacity of ${total} connections for all sandboxes (${plural(capacity)} refused); ` +
-        'this limit is the server\'s, not the sandbox\'s: retry later, or ask the operator to raise the open-files limit.',
+        `the egress proxy was at its capacity of ${total} connections for all sandboxes, or could not record connection counts on its data disk (${plural(capacity)} refused); ` +
+        'this limit is the server\'s, not the sandbox\'s: retry later, or ask the operator to raise the open-files limit or free space on the data disk.',
     };
   }
   const max = network.maxConnections;

@@ -116,10 +116,16 @@ export class ProcessTable {
     // It runs already: its log takes room as it goes, without a reservation that could refuse it.
     const log = logs.open(owner, 0, (high) => agent.throttle?.(high));
     const adoptedAt = now();
-    const meta = labelled(agent.label, { argv: ['(restored)'], cwd: spec.cwd, startedAt: new Date(adoptedAt).toISOString() });
-    // The wall clock it was started with still runs from its start, across the restart.
-    const startedAt = Date.parse(meta.startedAt);
-    const timeoutMs = labelledTimeout(agent.label) ?? spec.limits.wallClockMs;
+    const labelledMeta = labelled(agent.label, { argv: ['(restored)'], cwd: spec.cwd, startedAt: new Date(adoptedAt).toISOString() });
+    // The wall clock it was started with still runs from its start, across the restart, within
+    // what a host could have given it: the label is the agent's, inside the sandbox.
+    const { startedAt, timeoutMs } = adoptedWallClock(labelledMeta.startedAt, labelledTimeout(agent.label), {
+      createdAtMs: Date.parse(info.createdAt),
+      nowMs: adoptedAt,
+      defaultTimeoutMs: spec.limits.wallClockMs,
+      maxTimeoutMs: this.options.maxWallClockMs,
+    });
+    const meta = { ...labelledMeta, startedAt: new Date(startedAt).toISOString() };
     let timedOut = false;
     const timer = setTimeout(() => {
       timedOut = true;
@@ -180,6 +186,31 @@ export class ProcessTable {
 }
 
 type ProcessMeta = Omit<ProcessInfo, 'pid' | 'running'>;
+
+export interface WallClockBounds {
+  /** When the sandbox was created: no process of it started before. */
+  createdAtMs: number;
+  nowMs: number;
+  /** The wall clock of a process whose label names none (the spec's `limits.wallClockMs`). */
+  defaultTimeoutMs: number;
+  /** The most any process could be started with (the operator's maximum, as `start` checks). */
+  maxTimeoutMs: number;
+}
+
+/**
+ * The wall clock an adopted process is held to, from what its label says. The label is kept by
+ * capsule-agent inside the sandbox, so sandbox code may have rewritten it: the start is clamped
+ * to between the sandbox's creation and now (one that cannot be read is taken as the creation,
+ * the earliest it can be), and the timeout to at most the operator's maximum, the largest a
+ * server could have started it with.
+ */
+export function adoptedWallClock(startedAt: string, timeoutMs: number | undefined, bounds: WallClockBounds): { startedAt: number; timeoutMs: number } {
+  const { nowMs } = bounds;
+  const createdAtMs = Number.isFinite(bounds.createdAtMs) ? bounds.createdAtMs : nowMs;
+  const labelledAt = Date.parse(startedAt);
+  const start = Number.isFinite(labelledAt) ? Math.max(createdAtMs, labelledAt) : createdAtMs;
+  return { startedAt: Math.min(start, nowMs), timeoutMs: Math.min(timeoutMs ?? bounds.defaultTimeoutMs, bounds.maxTimeoutMs) };
+}
 
 /** Whether a process was started with a pty, from its label (ProcessTable.start). */
 function labelledPty(label: string | undefined): boolean {

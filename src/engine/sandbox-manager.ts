@@ -620,14 +620,16 @@ export class SandboxManager implements SandboxEngine {
     this.endUnreadable();
     const live = this.options.store?.listLive() ?? [];
     // Sandboxes whose supervisor outlived the previous server: taken over as they run. Those
-    // that had one which is gone (or does not answer) end with the reason; the rest (started by
-    // a server without supervision) are recovered on their files.
+    // that had one which is gone end with the reason; those the host failed to take over, and
+    // the rest (started by a server without supervision), are recovered on their files.
     const reattached = new Map<string, BackendSandbox>();
     const lost = new Map<string, string>();
+    const notTaken = new Map<string, string>();
     for (const record of live) {
       const outcome = await this.tryReattach(record);
       if (outcome?.sandbox) reattached.set(record.sandboxId, outcome.sandbox);
       else if (outcome?.lost !== undefined) lost.set(record.sandboxId, outcome.lost);
+      else if (outcome?.notTaken !== undefined) notTaken.set(record.sandboxId, outcome.notTaken);
     }
     const kept = new Set(reattached.keys());
     // What is left of a lost sandbox (workspace, namespace, bundle) goes with the rest.
@@ -638,7 +640,7 @@ export class SandboxManager implements SandboxEngine {
       const why = lost.get(record.sandboxId);
       if (sandbox) this.resumeReattached(record, sandbox);
       else if (why !== undefined) await this.end(this.newEntry({ ...record }), 'failed', `crashed: ${why}`);
-      else await this.recover(record);
+      else await this.recover(record, notTaken.get(record.sandboxId));
     }
     await this.snapshotsOf?.reconcile();
     await this.volumesOf?.reconcile();
@@ -672,9 +674,12 @@ export class SandboxManager implements SandboxEngine {
 
   /**
    * A running record's sandbox taken over from its supervisor; `lost` with the reason when it
-   * had one that is gone; undefined when it never had one (or its TTL ran out meanwhile).
+   * had one that is gone (SANDBOX_CRASHED: the sandbox ended); `notTaken` with the reason when the
+   * host failed to take it over (a mount root, its network, a supervisor slow to answer): that
+   * is not the sandbox's end, and it is recovered on its files; undefined when it never had a
+   * supervisor (or its TTL ran out meanwhile).
    */
-  private async tryReattach(record: SandboxInfo): Promise<{ sandbox?: BackendSandbox; lost?: string } | undefined> {
+  private async tryReattach(record: SandboxInfo): Promise<{ sandbox?: BackendSandbox; lost?: string; notTaken?: string } | undefined> {
     if (record.state !== 'running' || Date.parse(record.expiresAt) <= this.now()) return undefined;
     const backend = this.backends.get(record.spec.backend);
     if (!backend?.reattach) return undefined;
@@ -686,7 +691,8 @@ export class SandboxManager implements SandboxEngine {
       return sandbox ? { sandbox } : undefined;
     } catch (error) {
       const message = (error as Error).message;
-      return { lost: error instanceof SandboxError && error.code === 'SANDBOX_CRASHED' ? message : `could not reattach after the restart: ${message}` };
+      if (error instanceof SandboxError && error.code === 'SANDBOX_CRASHED') return { lost: message };
+      return { notTaken: `could not reattach after the restart: ${message}` };
     }
   }
 
@@ -725,9 +731,11 @@ export class SandboxManager implements SandboxEngine {
 
   /**
    * A sandbox that was live when Capsule stopped. Paused to disk (a gVisor checkpoint), it stays
-   * paused with its processes until resumed; otherwise its files are kept and its processes are gone.
+   * paused with its processes until resumed; otherwise its files are kept and its processes are
+   * gone. `notTaken`: why its supervisor's sandbox could not be taken over (the reason of its
+   * `sandbox.recovered` event).
    */
-  private async recover(record: SandboxInfo): Promise<void> {
+  private async recover(record: SandboxInfo, notTaken?: string): Promise<void> {
     const entry = this.newEntry({ ...record });
     this.chargeRestored(entry);
     if (Date.parse(record.expiresAt) <= this.now()) {
@@ -748,7 +756,7 @@ export class SandboxManager implements SandboxEngine {
         delete entry.info.pause;
         this.markRunning(entry, this.now());
       }
-      this.onEvent({ type: 'sandbox.recovered', sandbox: snapshot(entry) });
+      this.onEvent({ type: 'sandbox.recovered', sandbox: snapshot(entry), ...(notTaken !== undefined ? { reason: notTaken } : {}) });
     } catch (error) {
       await this.end(entry, 'failed', `lost in a server restart: ${(error as Error).message}`);
     }

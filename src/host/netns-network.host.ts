@@ -1,5 +1,5 @@
 import { access, mkdir, readdir, rm, writeFile } from 'node:fs/promises';
-import { constants, readFileSync, renameSync, writeFileSync } from 'node:fs';
+import { constants, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
 import { createHash } from 'node:crypto';
 import { join, resolve } from 'node:path';
 import type { NetworkPolicy } from '../sandbox-spec/index.js';
@@ -85,6 +85,8 @@ export class EgressNetwork {
   private readonly stateDir: string;
   private readonly pool: NetnsPool;
   private readonly slots = new Map<string, NetnsSlot>();
+  /** Sandboxes let go (`letGo`) that keep running without this server: their host state stays. */
+  private readonly leftRunning = new Set<string>();
   private starting: Promise<void> | undefined;
   private readonly maxConcurrentConnections: number;
 
@@ -150,6 +152,9 @@ export class EgressNetwork {
   /** Takes a namespace for the sandbox and registers its policy (and tenant) with the proxy. */
   async attach(sandboxId: string, policy: NetworkPolicy, tenantId?: string): Promise<NetworkAttachment> {
     await this.start();
+    // One namespace per sandbox: one a reattach took back and then gave up (the sandbox is
+    // recovered on a new one) goes first.
+    if (this.slots.has(sandboxId)) await this.detach(sandboxId);
     const slot = await this.pool.take(sandboxId);
     this.slots.set(sandboxId, slot);
     this.proxy.register(sandboxId, slot.address, policy, tenantId);
@@ -167,12 +172,19 @@ export class EgressNetwork {
     await this.start();
     const slot = await this.pool.reclaim(sandboxId);
     if (slot === undefined) {
-      throw new SandboxError('SANDBOX_CRASHED', `the network namespace of sandbox ${sandboxId} is gone`, { details: { sandboxId } });
+      // A host fault (something deleted it), not the sandbox's end: the engine recovers it on its files.
+      throw new SandboxError('HOST_NOT_READY', `the network namespace of sandbox ${sandboxId} is gone`, { details: { sandboxId } });
     }
     this.slots.set(sandboxId, slot);
-    await applyRuleset(sandboxRuleset(this.proxyAddress, this.proxy.ports), slot.path);
-    const record = await slotRecord(this.stateDir, slot.name);
-    this.proxy.register(sandboxId, slot.address, policy, tenantId, { connections: record.connections });
+    try {
+      await applyRuleset(sandboxRuleset(this.proxyAddress, this.proxy.ports), slot.path);
+      const record = await slotRecord(this.stateDir, slot.name);
+      this.proxy.register(sandboxId, slot.address, policy, tenantId, { connections: record.connections });
+    } catch (error) {
+      // Not taken over: the sandbox is recovered on a new namespace, and this one must not stay ours.
+      await this.detach(sandboxId).catch(() => undefined);
+      throw error;
+    }
     return this.attachment(slot);
   }
 
@@ -194,8 +206,14 @@ export class EgressNetwork {
     const slot = this.slots.get(sandboxId);
     if (!slot) return;
     const file = join(this.stateDir, slot.name);
-    writeFileSync(`${file}.tmp`, `sandbox ${sandboxId}\nconnections ${upTo}\n`, { mode: 0o600 });
-    renameSync(`${file}.tmp`, file);
+    try {
+      writeFileSync(`${file}.tmp`, `sandbox ${sandboxId}\nconnections ${upTo}\n`, { mode: 0o600 });
+      renameSync(`${file}.tmp`, file);
+    } catch (error) {
+      // The old record stays whole; the proxy refuses the connection that needed the new one.
+      rmSync(`${file}.tmp`, { force: true });
+      throw error;
+    }
   }
 
   /** Replaces the policy of a live sandbox; new connections follow at once. */
@@ -216,20 +234,34 @@ export class EgressNetwork {
     await this.pool.release(slot);
   }
 
+  /**
+   * Lets go of a sandbox that keeps running under its supervisor (a stop that leaves it for the
+   * next server): the proxy forgets it and this network no longer holds its slot, but its
+   * namespace, slot file (with the connection bound), the host table and the anchor stay, so the
+   * next start's `reattach` takes it back. Until then the sandbox reaches nothing.
+   */
+  letGo(sandboxId: string): void {
+    this.proxy.unregister(sandboxId);
+    if (this.slots.delete(sandboxId)) this.leftRunning.add(sandboxId);
+  }
+
   /** Waits until the pool holds its ready namespaces. */
   async warm(): Promise<void> {
     await this.start();
     await this.pool.warm();
   }
 
-  /** Removes everything: sandbox namespaces still attached, the pool, proxy, rules, anchor. */
+  /**
+   * Removes everything: sandbox namespaces still attached, the pool, proxy, rules, anchor. The
+   * namespaces of sandboxes let go stay, and so do the host table and the anchor while there is one.
+   */
   async close(): Promise<void> {
     if (!this.starting) return;
     await this.starting.catch(() => undefined);
     for (const id of [...this.slots.keys()]) await this.detach(id);
     await this.pool.close();
     await this.proxy.close();
-    await removeHostState(this.names);
+    if (this.leftRunning.size === 0) await removeHostState(this.names);
     this.starting = undefined;
   }
 

@@ -187,6 +187,10 @@ export async function startServer(options: StartServerOptions): Promise<RunningS
       maxima: options.maxima,
       warmPool: options.warmPool,
       onEvent: (event) => {
+        // A sandbox the host failed to take over (its files kept, its processes gone): the operator hears why.
+        if (event.type === 'sandbox.recovered' && event.reason !== undefined) {
+          process.stderr.write(`capsule: sandbox ${event.sandbox.sandboxId} ${event.reason}; recovered on its files (its processes are gone)\n`);
+        }
         auditEvent(audit, event);
         observability.onEvent(event);
       },
@@ -315,7 +319,7 @@ function auditEvent(audit: AuditLog, event: EngineEvent): void {
       operation: event.type,
       phase: 'event',
       sandboxId: event.sandbox.sandboxId,
-      outcome: event.sandbox.endReason ?? event.sandbox.state,
+      outcome: event.sandbox.endReason ?? (event.reason !== undefined ? `${event.sandbox.state}: ${event.reason}` : event.sandbox.state),
     });
   } catch (error) {
     // The engine's own work cannot be undone; the failure is reported on stderr for the operator.

@@ -4,6 +4,8 @@ import Database from 'better-sqlite3';
 import { afterAll, afterEach, describe, expect, it } from 'vitest';
 import { listSandboxCgroups } from '../../src/host/cgroups.host.js';
 import { HostEnvironment } from '../../src/host/host-env.host.js';
+import { listInstanceNetns, NetworkNames } from '../../src/host/netns-pool.host.js';
+import { FAKE_ADDRESSES, FakeInternet } from '../integration/network-fake-internet.js';
 import { newApiKey } from '../../src/store/index.js';
 import { describeLeaks, findLeaks } from '../helpers/leaks.js';
 import { expectNoLeaks, testDataDir } from '../helpers/sandbox.js';
@@ -117,6 +119,63 @@ describe('sandboxes of every kind outlive capsule serve', () => {
     await exited(second.child);
     expect(second.child.exitCode, second.stderr()).toBe(0);
     expect(await listSandboxCgroups(host.cgroupPrefix)).toEqual([]);
+  }, 300_000);
+
+  it.skipIf(!isBuilt)('a SIGTERM stop keeps the network of the networked sandboxes it leaves running: after the restart they run their process under the same egress policy (needs npm run build)', async () => {
+    // The only destinations: the fake internet, in a namespace this test makes (198.51.100.0/24).
+    const fake = new FakeInternet(new NetworkNames(host.cgroupPrefix));
+    await fake.start();
+    try {
+      const [allowed, other] = FAKE_ADDRESSES;
+      const policy = { network: { mode: 'allowlist', allow: [`${allowed}/32`] } };
+      const first = await instance.serve();
+      const call = instance.api(first.url);
+      const net = await create(call, policy);
+      const gv = await create(call, { backend: 'gvisor', ...policy });
+      for (const id of [net, gv]) {
+        const started = await call('POST', `/v1/sandboxes/${id}/processes`, { argv: ['sh', '-c', COUNTER('/workspace/count')], background: true, tag: 'counter' });
+        expect(started.status, JSON.stringify(started.body)).toBe(201);
+      }
+      const counts = [net, gv].map((id) => join(host.volume.path(id), 'count'));
+      for (const file of counts) await countsPast(file, 1, `counting in ${file}`);
+      const PROBE = `curl -sS -x "$HTTP_PROXY" http://${allowed}/; curl -s -x "$HTTP_PROXY" http://${other}/`;
+      const enforced = new RegExp(`^hello from ${allowed.replace(/\./g, '\\.')} via ${allowed.replace(/\./g, '\\.')}\n\{"code":"EGRESS_NOT_ALLOWED"`);
+      for (const id of [net, gv]) expect((await sh(first.url, id, PROBE)).stdout).toMatch(enforced);
+      const netnsBefore = await listInstanceNetns(new NetworkNames(host.cgroupPrefix));
+
+      first.child.kill('SIGTERM');
+      await exited(first.child);
+      expect(first.child.exitCode, first.stderr()).toBe(0);
+      expect(first.stderr()).toMatch(new RegExp(`left 2 sandboxes running.*(${net}.*${gv}|${gv}.*${net})`));
+      // Their namespaces (with the slot files naming them) are still there; the pool's went.
+      const kept = await listInstanceNetns(new NetworkNames(host.cgroupPrefix));
+      expect(kept.length, `${kept.join(' ')} of ${netnsBefore.join(' ')}`).toBe(2);
+      expect(kept.every((name) => netnsBefore.includes(name))).toBe(true);
+      const owners = kept.map((name) => readFileSync(join(dataDir, 'net', 'slots', name), 'utf8').split('\n')[0]).sort();
+      expect(owners).toEqual([`sandbox ${net}`, `sandbox ${gv}`].sort());
+      for (const file of counts) {
+        const atStop = counted(file);
+        await countsPast(file, atStop + 3, `counting in ${file} while no server runs`);
+      }
+
+      const second = await instance.serve();
+      const call2 = instance.api(second.url);
+      for (const id of [net, gv]) {
+        const record = await call2<Info>('GET', `/v1/sandboxes/${id}`);
+        expect(record.body.state, JSON.stringify(record.body)).toBe('running');
+        const listed = await call2<{ processes: { tag?: string; running: boolean }[] }>('GET', `/v1/sandboxes/${id}/processes`);
+        expect(listed.body.processes.find((p) => p.tag === 'counter'), JSON.stringify(listed.body)).toMatchObject({ running: true });
+        // Exactly the policy before the stop: the allowed address answers, the other is refused by the proxy.
+        expect((await sh(second.url, id, PROBE)).stdout).toMatch(enforced);
+      }
+      for (const file of counts) await countsPast(file, counted(file), `counting in ${file} after the restart`);
+      for (const id of [net, gv]) expect((await call2('DELETE', `/v1/sandboxes/${id}`)).status).toBe(200);
+      second.child.kill('SIGTERM');
+      await exited(second.child);
+      expect(second.child.exitCode, second.stderr()).toBe(0);
+    } finally {
+      await fake.stop();
+    }
   }, 300_000);
 
   it.skipIf(!isBuilt)('a stop keeps a gVisor sandbox paused to disk, and the next start resumes it with its process (needs npm run build)', async () => {

@@ -17,8 +17,15 @@ const upstreamSockets = new Set<Socket>();
 let echo: Server;
 let silent: HttpServer;
 
-function startProxy(options: { maxDescriptors?: number; handshakeTimeoutMs?: number; idleTimeoutMs?: number } = {}): EgressProxy {
-  const { maxDescriptors, ...timeouts } = options;
+interface ProxyOptions {
+  maxDescriptors?: number;
+  handshakeTimeoutMs?: number;
+  idleTimeoutMs?: number;
+  recordConnections?: (sandboxId: string, upTo: number) => void;
+}
+
+function startProxy(options: ProxyOptions = {}): EgressProxy {
+  const { maxDescriptors, recordConnections, ...timeouts } = options;
   return new EgressProxy({
     address: '127.0.0.1',
     ports: { proxy: 0, http: 0, tls: 0, dns: 0 },
@@ -26,14 +33,16 @@ function startProxy(options: { maxDescriptors?: number; handshakeTimeoutMs?: num
     log: () => undefined,
     timeouts: { handshakeTimeoutMs: 60_000, idleTimeoutMs: 60_000, ...timeouts },
     ...(maxDescriptors === undefined ? {} : { maxDescriptors }),
+    ...(recordConnections === undefined ? {} : { recordConnections }),
   });
 }
 
 let proxy: EgressProxy | undefined;
-async function withProxy(options: Parameters<typeof startProxy>[0], maxConcurrentConnections = 256): Promise<EgressProxy> {
+async function withProxy(options: ProxyOptions, maxConcurrentConnections = 256, maxConnections?: number): Promise<EgressProxy> {
   proxy = startProxy(options);
   await proxy.start();
-  proxy.register('limits', '127.0.0.1', parseSpec({ network: { mode: 'internet', maxConcurrentConnections } }).network);
+  const network = { mode: 'internet', maxConcurrentConnections, ...(maxConnections === undefined ? {} : { maxConnections }) };
+  proxy.register('limits', '127.0.0.1', parseSpec({ network }).network);
   proxy.onEvent((e) => events.push(e));
   return proxy;
 }
@@ -134,6 +143,36 @@ describe('egress proxy limits and timeouts', () => {
     expect(p.stats('limits')).toMatchObject({ limitHits: 1, capacityLimitHits: 1, concurrencyLimitHits: 0 });
     expect(events.at(-1)).toMatchObject({ kind: 'limited', rule: 'proxy-capacity' });
     for (const client of held) client.socket.destroy();
+    await until(() => p.descriptorUse().inUse === 0, 'the descriptors to be given back');
+  });
+
+  it('refuses a connection whose connection bound cannot be written (a full data disk) with a classified 503, gives its slot back and records the bound on the next one', async () => {
+    let diskFull = true;
+    const recorded: number[] = [];
+    const recordConnections = (sandboxId: string, upTo: number): void => {
+      if (diskFull) throw Object.assign(new Error('ENOSPC: no space left on device, write'), { code: 'ENOSPC' });
+      recorded.push(upTo);
+    };
+    // 128 connections: a bound is written every 2 (a 64th).
+    const p = await withProxy({ recordConnections }, 256, 128);
+    const refused = tunnel(p.ports.proxy);
+    expect(await refused.closed).toBe('closed');
+    expect(refused.received()).toMatch(/^HTTP\/1\.1 503 Service Unavailable\r\n/);
+    const body = JSON.parse(refused.received().slice(refused.received().indexOf('\r\n\r\n') + 4)) as Record<string, string>;
+    expect(body).toMatchObject({ code: 'EGRESS_LIMIT', rule: 'connection-record', destination: `127.0.0.1:${echoPort()}` });
+    expect(body.message).toMatch(/cannot record this sandbox's connection count \(the data disk is full\)/);
+    expect(events.at(-1)).toMatchObject({ kind: 'limited', code: 'EGRESS_LIMIT', rule: 'connection-record' });
+    // Nothing counted, nothing held: the upstream slot went back with the refusal.
+    await until(() => p.descriptorUse().inUse === 0, 'the descriptors to be given back');
+    expect(p.stats('limits')).toMatchObject({ connections: 0, openConnections: 0, limitHits: 1, capacityLimitHits: 1, lifetimeLimitHits: 0 });
+    expect(recorded).toEqual([]);
+    // With room again, the next connection writes the bound it counts up to before it opens.
+    diskFull = false;
+    const next = tunnel(p.ports.proxy);
+    await until(() => next.received().startsWith('HTTP/1.1 200'), 'a tunnel');
+    expect(recorded).toEqual([2]);
+    expect(p.stats('limits')).toMatchObject({ connections: 1 });
+    next.socket.destroy();
     await until(() => p.descriptorUse().inUse === 0, 'the descriptors to be given back');
   });
 

@@ -33,6 +33,7 @@ export function egressNetworkProvider(network: EgressNetwork): NetworkNamespaceP
       setPolicy: (policy) => network.setPolicy(id, policy),
       stats: () => network.stats(id),
       release: () => network.detach(id),
+      letGo: () => network.letGo(id),
     };
   }
 }

@@ -7,7 +7,7 @@ import type { HostEnvironment, HostPaths } from '../../host/host-env.host.js';
 import type { SandboxSpec } from '../../sandbox-spec/index.js';
 import type { Backend, BackendProbe, BackendSandbox, Capability, CreateOptions, ReattachOptions, ReconcileReport } from '../backend.js';
 import { reattachHolder } from '../namespace/agent-holder.host.js';
-import { supervisorState } from '../namespace/supervisor.host.js';
+import { supervisorState, unansweredSupervisor } from '../namespace/supervisor.host.js';
 import type { HostMount } from '../../host/mount-roots.host.js';
 import { hostMountsOf } from '../host-mounts.js';
 import { volumesOf } from '../volumes.js';
@@ -106,7 +106,8 @@ export class GvisorBackend implements Backend {
    * Takes over a running sandbox whose supervisor outlived the previous server: the same runsc
    * container, cgroup, root, network namespace (policy registered again) and processes.
    * Undefined when it never had a supervisor; SANDBOX_CRASHED with the reason when its
-   * supervisor is gone (`runsc exited N while no server was attached`) or does not answer.
+   * supervisor is gone (`runsc exited N while no server was attached`); another error when the
+   * host fails to take it over (the engine then recovers it on its files).
    */
   async reattach(id: string, spec: SandboxSpec, options: ReattachOptions = {}): Promise<BackendSandbox | undefined> {
     const paths = await this.host.ensure();
@@ -116,12 +117,12 @@ export class GvisorBackend implements Backend {
     const { runsc } = await this.ready();
     const network = spec.network.mode === 'none' ? undefined : await this.options.network?.reattach?.(id, spec, options.tenantId);
     if (spec.network.mode !== 'none' && network === undefined) {
-      throw new SandboxError('SANDBOX_CRASHED', `its network cannot be taken over: this server has no network for gVisor sandboxes`, { details: { sandboxId: id } });
+      throw new SandboxError('HOST_NOT_READY', `its network cannot be taken over: this server has no network for gVisor sandboxes`, { details: { sandboxId: id } });
     }
     const holder = await reattachHolder(paths.dataDir, id, 'runsc').catch(() => undefined);
     if (holder === undefined) {
       await network?.release().catch(() => undefined);
-      throw new SandboxError('SANDBOX_CRASHED', 'its supervisor did not answer the restarted server', { details: { sandboxId: id } });
+      throw await unansweredSupervisor(paths.dataDir, id, 'runsc');
     }
     const volume = this.host.volume;
     const fromTemplate = await volume.isRoot(id);

@@ -157,7 +157,10 @@ export class GvisorSandbox implements BackendSandbox {
   detach(): boolean {
     if (this.state !== 'running' || this.holder === undefined) return false;
     this.state = 'destroyed';
-    return this.holder.detach();
+    if (!this.holder.detach()) return false;
+    // Its namespace stays with it: only this server's hold on it goes.
+    this.options.network?.letGo?.();
+    return true;
   }
 
   async counters(): Promise<SandboxCounters> {

@@ -18,6 +18,8 @@ export interface NetworkAttachment {
   /** Denied and over-limit connections so far (the egress proxy's counters). */
   stats?(): EgressStats | undefined;
   release(): Promise<void>;
+  /** Lets go of a namespace the sandbox keeps while it runs on without this server (see EgressNetwork.letGo). */
+  letGo?(): void;
 }
 
 /** A sandbox from a template: its root, its id range, Capsule's tools (all staged by the launcher). */

@@ -4,7 +4,7 @@ import { createHash } from 'node:crypto';
 import type { AgentRelay } from '../agent/index.js';
 import type { AgentClient, AgentProcess } from '../agent/index.js';
 import { pipedHolder, reattachHolder, supervisedHolder, type AgentHolder } from './agent-holder.host.js';
-import { listSupervised, logTail, removeSupervisor, supervisorFiles, supervisorState } from './supervisor.host.js';
+import { listSupervised, logTail, removeSupervisor, supervisorFiles, supervisorState, unansweredSupervisor } from './supervisor.host.js';
 import { SandboxError } from '../../errors/index.js';
 import { SandboxCgroup, listSandboxCgroups } from '../../host/cgroups.host.js';
 import type { HostEnvironment, HostPaths } from '../../host/host-env.host.js';
@@ -153,7 +153,8 @@ export class NamespaceBackend implements Backend {
    * workspace, processes, network namespace (its policy registered with this server's proxy
    * again) and volumes. Undefined when the sandbox never had a supervisor (a server without
    * supervision started it: `reconcile` removes what is left). SANDBOX_CRASHED, with the reason,
-   * when it had one that is gone or that no longer answers.
+   * when it had one that is gone; another error when the host fails to take it over (its network,
+   * a supervisor that does not answer): the engine then recovers it on its files.
    */
   async reattach(id: string, spec: SandboxSpec, options: ReattachOptions = {}): Promise<BackendSandbox | undefined> {
     const paths = await this.host.ensure();
@@ -167,7 +168,7 @@ export class NamespaceBackend implements Backend {
     const holder = await reattachHolder(paths.dataDir, id).catch(() => undefined);
     if (holder === undefined) {
       await egress?.detach(id).catch(() => undefined);
-      throw new SandboxError('SANDBOX_CRASHED', 'its supervisor did not answer the restarted server', { details: { sandboxId: id } });
+      throw await unansweredSupervisor(paths.dataDir, id);
     }
     const volume = this.host.volume;
     const fromTemplate = await volume.isRoot(id);
@@ -489,8 +490,10 @@ class NamespaceSandbox implements BackendSandbox {
    * (nothing done) when it is not supervised.
    */
   detach(): boolean {
-    if (this.destroying) return false;
-    return this.holder.detach();
+    if (this.destroying || !this.holder.detach()) return false;
+    // Its namespace stays with it: only this server's hold on it goes (EgressNetwork.letGo).
+    this.egress?.letGo(this.id);
+    return true;
   }
 
   private async teardown(): Promise<void> {

@@ -175,3 +175,14 @@ export async function removeSupervisor(dataDir: string, id: string): Promise<voi
   }
   await Promise.all([files.socket, files.pid, files.spool, files.log, files.exit].map((file) => rm(file, { force: true })));
 }
+
+/**
+ * Why a reattach could not talk to sandbox `id`'s supervisor: SANDBOX_CRASHED with the reason
+ * when it is gone now (the sandbox ended), else HOST_NOT_READY (alive but not answering, e.g. on a
+ * loaded host): that is the host's failure, and the engine recovers the sandbox on its files.
+ */
+export async function unansweredSupervisor(dataDir: string, id: string, what = 'agent'): Promise<SandboxError> {
+  const held = await supervisorState(dataDir, id, what);
+  if (held.state === 'ended') return new SandboxError('SANDBOX_CRASHED', held.reason, { details: { sandboxId: id } });
+  return new SandboxError('HOST_NOT_READY', 'its supervisor did not answer the restarted server', { details: { sandboxId: id } });
+}

@@ -67,6 +67,8 @@ export class DescriptorBudget {
 /** The `rule` of refusals past a sandbox's concurrent-connection limit, and past the proxy's budget. */
 export const CONCURRENCY_RULE = 'network.maxConcurrentConnections';
 export const CAPACITY_RULE = 'proxy-capacity';
+/** ... and when the proxy cannot record a sandbox's connection bound (`recordConnections` failed). */
+export const RECORD_RULE = 'connection-record';
 
 /** What the limits need to know of a sandbox: its limit and what it holds now. */
 export interface LimitedSandbox {

@@ -10,12 +10,12 @@ import { DnsResponder, type DnsQuestion } from './dns.js';
 import { CompiledPolicy, DestinationList, type Denial } from './policy.js';
 import { parseClientHello } from './sni.js';
 import { DenialLog } from './denial-log.js';
-import { CAPACITY_RULE, CONCURRENCY_RULE, ConnectionLimits, DEFAULT_EGRESS_TIMEOUTS } from './connection-limits.js';
+import { CAPACITY_RULE, CONCURRENCY_RULE, ConnectionLimits, DEFAULT_EGRESS_TIMEOUTS, RECORD_RULE } from './connection-limits.js';
 import { forwardHttp } from './forward-http.js';
 import { DEFAULT_EGRESS_PORTS, type EgressEvent, type EgressPorts, type EgressProtocol, type EgressProxyOptions, type EgressStats } from './egress-types.js';
 
 export { DEFAULT_EGRESS_PORTS, egressCounters } from './egress-types.js';
-export { CAPACITY_RULE, CONCURRENCY_RULE } from './connection-limits.js';
+export { CAPACITY_RULE, CONCURRENCY_RULE, RECORD_RULE } from './connection-limits.js';
 export type { EgressEvent, EgressPorts, EgressProtocol, EgressProxyOptions, EgressStats } from './egress-types.js';
 
 interface TrackedConnection {
@@ -45,6 +45,17 @@ interface Client {
  */
 export function connectionRecordStep(maxConnections: number): number {
   return Math.max(1, Math.min(256, Math.floor(maxConnections / 64)));
+}
+
+/** A connection refused because its sandbox's connection bound could not be recorded (the server's fault, not the sandbox's). */
+function recordDenial(error: unknown): Denial {
+  const code = (error as NodeJS.ErrnoException).code;
+  const why = code === 'ENOSPC' || code === 'EDQUOT' ? 'the data disk is full' : (error as Error).message;
+  return {
+    code: 'EGRESS_LIMIT',
+    rule: RECORD_RULE,
+    message: `the egress proxy cannot record this sandbox's connection count (${why}), so it opens no more connections for it; retry later, and ask the operator to free space on the data disk`,
+  };
 }
 
 /** An allowed connection holds an upstream slot until `release` (called once, when it closes). */
@@ -208,7 +219,7 @@ export class EgressProxy {
     else {
       client.stats.limitHits += 1;
       if (denial.rule === CONCURRENCY_RULE) client.stats.concurrencyLimitHits += 1;
-      else if (denial.rule === CAPACITY_RULE) client.stats.capacityLimitHits += 1;
+      else if (denial.rule === CAPACITY_RULE || denial.rule === RECORD_RULE) client.stats.capacityLimitHits += 1;
       else client.stats.lifetimeLimitHits += 1;
     }
     const event: EgressEvent = { sandboxId: client.sandboxId, kind, protocol, destination, code: denial.code, rule: denial.rule, message: denial.message };
@@ -269,8 +280,18 @@ export class EgressProxy {
     const release = this.claimUpstream(client, protocol, destination);
     if (typeof release !== 'function') return { ok: false, status: 429, body: { code: release.code, message: release.message, rule: release.rule, destination } };
     if (client.stats.connections + 1 > client.recordedUpTo && this.options.recordConnections) {
-      client.recordedUpTo = client.stats.connections + connectionRecordStep(client.policy.maxConnections);
-      this.options.recordConnections(client.sandboxId, client.recordedUpTo);
+      const upTo = client.stats.connections + connectionRecordStep(client.policy.maxConnections);
+      // Recorded before it is counted on: a bound that could not be written (a full data disk)
+      // refuses the connection rather than let a restart count from a lower one.
+      try {
+        this.options.recordConnections(client.sandboxId, upTo);
+      } catch (error) {
+        release();
+        const denial = recordDenial(error);
+        this.report(client, 'limited', protocol, destination, denial);
+        return { ok: false, status: 503, body: { code: denial.code, message: denial.message, rule: denial.rule, destination } };
+      }
+      client.recordedUpTo = upTo;
     }
     client.stats.connections += 1;
     return { ok: true, address, release };

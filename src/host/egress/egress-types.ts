@@ -39,7 +39,7 @@ export interface EgressStats {
   lifetimeLimitHits: number;
   /** ... because the sandbox held `network.maxConcurrentConnections` open connections. */
   concurrencyLimitHits: number;
-  /** ... because the proxy held its descriptor budget across all sandboxes. */
+  /** ... because the proxy held its descriptor budget across all sandboxes, or could not record the sandbox's connection bound. */
   capacityLimitHits: number;
   /** Connections of the sandbox the proxy holds open now (its side and upstream). */
   openConnections: number;
@@ -111,7 +111,9 @@ export interface EgressProxyOptions {
    * Called, synchronously, before a sandbox's lifetime connection count (`network.maxConnections`)
    * passes the last number recorded: `upTo` is the new bound to record. The proxy counts on to
    * it, so a new process that registers the sandbox with that bound (`register(..., { connections
-   * })`) after a crash starts at or above the true count: never looser. @default nothing recorded
+   * })`) after a crash starts at or above the true count: never looser. When it throws (a full
+   * data disk) the connection is refused (503, `EGRESS_LIMIT`, rule `connection-record`) and
+   * nothing is counted. @default nothing recorded
    */
   recordConnections?: (sandboxId: string, upTo: number) => void;
 }

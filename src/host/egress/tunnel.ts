@@ -123,6 +123,6 @@ export function sendJson(res: ServerResponse, status: number, body: object): voi
 /** An HTTP answer written on a raw socket (a CONNECT refusal). */
 export function endRaw(socket: Duplex, status: number, body: object): void {
   const text = JSON.stringify(body);
-  const reason = status === 403 ? 'Forbidden' : status === 429 ? 'Too Many Requests' : status === 400 ? 'Bad Request' : 'Bad Gateway';
+  const reason = status === 403 ? 'Forbidden' : status === 429 ? 'Too Many Requests' : status === 400 ? 'Bad Request' : status === 503 ? 'Service Unavailable' : 'Bad Gateway';
   socket.end(`HTTP/1.1 ${status} ${reason}\r\ncontent-type: application/json\r\ncontent-length: ${Buffer.byteLength(text)}\r\nconnection: close\r\n\r\n${text}`);
 }
