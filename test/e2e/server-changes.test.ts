@@ -35,7 +35,7 @@ describe('changes between a sandbox and where it came from', () => {
     try {
       const parent = await Sandbox.create({ ttlMs: 180_000 }, conn);
       await sh(parent, 'mkdir -p /workspace/src && printf "def f():\\n    return 1\\n" > /workspace/src/main.py && echo stale > /workspace/old.txt && echo notes > /workspace/notes.md');
-      await parent.commands.run(['/bin/sh', '-c', 'while :; do date +%s%N > /tmp/heartbeat; sleep 0.05; done'], { background: true });
+      await parent.commands.run(['/bin/sh', '-c', 'while :; do date +%s%N > /tmp/heartbeat.new && mv /tmp/heartbeat.new /tmp/heartbeat; sleep 0.05; done'], { background: true });
 
       // Snapshot, break things, and get the files back from the snapshot.
       const good = await parent.snapshot({ name: 'green' });
@@ -90,9 +90,11 @@ describe('changes between a sandbox and where it came from', () => {
       expect(await sh(parent, 'cat /workspace/src/main.py; ls /workspace')).toBe('def f():\n    return 5\nattempt-3.txt\nnotes.md\nout-3\nsrc\n');
       // The parent's own changes since the fork are what it applied.
       expect(summary((await parent.changes({ since: snapshot.snapshotId })).changes)).toEqual(summary(applied.applied));
-      // The background process went on through snapshot, fork and apply.
+      // The background process went on through snapshot, fork and apply, and is still beating
+      // (each beat is written aside and renamed over the last, so a read never sees half of one).
       const beat = Number(await sh(parent, 'cat /tmp/heartbeat'));
       expect(beat).toBeGreaterThan(0);
+      await expect.poll(async () => Number(await sh(parent, 'cat /tmp/heartbeat')), { timeout: 30_000, interval: 100 }).toBeGreaterThan(beat);
 
       // Discard the rest.
       for (const fork of sandboxes) await fork.kill();
