@@ -59,7 +59,7 @@ describe('a reattach the host fails', () => {
     const events: EngineEvent[] = [];
     const second = await open(events);
     try {
-      expect(second.get(T, sandboxId)).toMatchObject({ state: 'running' });
+      expect(second.get(T, sandboxId).state, JSON.stringify({ sandbox: second.get(T, sandboxId), events })).toBe('running');
       const recovered = events.find((e) => e.type === 'sandbox.recovered' && e.sandbox.sandboxId === sandboxId);
       expect(recovered?.reason).toMatch(new RegExp(`^could not reattach after the restart: the network namespace of sandbox ${sandboxId} is gone$`));
       expect(events.some((e) => e.type === 'sandbox.crashed')).toBe(false);
