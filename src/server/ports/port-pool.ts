@@ -9,7 +9,7 @@ export interface PortPoolOptions {
   maxIdlePerPort?: number;
   /** An idle connection is closed after this long without a request. @default 15000 */
   idleTimeoutMs?: number;
-  /** Sandbox ports with a pool at once; past it the least recently used pool is closed. @default 1024 */
+  /** Sandbox ports with a pool at once; past it the least recently used pool is retired. @default 1024 */
   maxPorts?: number;
 }
 
@@ -19,7 +19,8 @@ export interface PortPoolOptions {
  * instead of opening both anew: what keeps the proxy's cost per request under a millisecond.
  *
  * Bounded three ways: idle relays per port (maxIdlePerPort), how long one stays idle
- * (idleTimeoutMs), and pools at once (maxPorts). A pool goes as soon as its last relay closed,
+ * (idleTimeoutMs), and pools at once (maxPorts: past it the least recently used pool's idle
+ * relays close, and its busy ones when their request is done). A pool goes as soon as its last relay closed,
  * and relays close with their sandbox (the agent client ends them all), so a pool never outlives
  * the sandbox's connections. Every idle relay counts toward the agent's 256 relays.
  */
@@ -74,7 +75,7 @@ export class PortConnectionPool {
     while (this.pools.size > this.maxPorts) {
       const [oldest, pool] = this.pools.entries().next().value as [string, Agent];
       this.pools.delete(oldest);
-      pool.destroy();
+      retire(pool);
     }
     return agent;
   }
@@ -91,4 +92,14 @@ export class PortConnectionPool {
     const busy = tables.some((table) => Object.values(table).some((list) => (list?.length ?? 0) > 0));
     if (!busy) this.pools.delete(key);
   }
+}
+
+/**
+ * Takes an evicted pool out of service without cutting anyone off: its idle relays close now,
+ * and a relay still carrying a request (perhaps another tenant's) closes when that request is
+ * done instead of going back to the pool. Agent.destroy() would end those requests midway.
+ */
+function retire(agent: Agent): void {
+  agent.keepSocketAlive = () => false;
+  for (const list of Object.values(agent.freeSockets)) for (const socket of list ?? []) socket.destroy();
 }
