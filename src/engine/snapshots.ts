@@ -5,6 +5,7 @@ import { StoredDisks } from '../host/stored-disks.host.js';
 import type { SnapshotRecordStore } from '../store/snapshot-records.js';
 import type { SnapshotInfo } from '../wire/index.js';
 import type { DiskBudget } from './disk-budget.js';
+import { InFlight } from './in-flight.js';
 import { newSandboxId } from './ids.js';
 import type { ContextSnapshot } from './interpreter/index.js';
 import type { LiveSandbox } from './sandbox-table.js';
@@ -34,6 +35,7 @@ const CONTEXTS_FILE = 'contexts.json';
  */
 export class Snapshots {
   readonly disks: StoredDisks;
+  private readonly deleting = new InFlight();
 
   constructor(
     private readonly volume: WorkspaceVolume,
@@ -172,7 +174,12 @@ export class Snapshots {
    * Deletes the snapshot and its data. Refused (CONFLICT) while live sandboxes were made from it:
    * it is what their `changes` are measured against. `dependents` lists them.
    */
-  async delete(tenantId: string, snapshotId: string, dependents: readonly string[]): Promise<void> {
+  delete(tenantId: string, snapshotId: string, dependents: readonly string[]): Promise<void> {
+    // A second delete while one runs joins it: the data goes and the bytes come back once.
+    return this.deleting.run(`${tenantId}/${snapshotId}`, () => this.deleteNow(tenantId, snapshotId, dependents));
+  }
+
+  private async deleteNow(tenantId: string, snapshotId: string, dependents: readonly string[]): Promise<void> {
     const record = this.find(tenantId, snapshotId);
     if (dependents.length > 0) {
       throw new SandboxError('CONFLICT', `snapshot ${snapshotId} is the origin of ${dependents.length} live sandbox${dependents.length === 1 ? '' : 'es'}`, {

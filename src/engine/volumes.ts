@@ -4,6 +4,7 @@ import type { StoredDisks } from '../host/stored-disks.host.js';
 import type { VolumeRecordStore } from '../store/volume-records.js';
 import type { SandboxInfo, VolumeInfo } from '../wire/index.js';
 import type { DiskBudget } from './disk-budget.js';
+import { InFlight } from './in-flight.js';
 import { newSandboxId } from './ids.js';
 import { hasTemplateRoot } from './templates.js';
 
@@ -13,6 +14,8 @@ import { hasTemplateRoot } from './templates.js';
  * (`spec.volumes`); one sandbox at a time may write a volume unless it was created `shared`.
  */
 export class Volumes {
+  private readonly deleting = new InFlight();
+
   constructor(
     private readonly disks: StoredDisks,
     private readonly store: VolumeRecordStore,
@@ -64,9 +67,20 @@ export class Volumes {
     return record;
   }
 
-  /** The volume with what it holds now. */
-  async describe(tenantId: string, name: string): Promise<VolumeInfo> {
-    return this.withUsage(this.find(tenantId, name));
+  /** The volume with what it holds now, by name or by volume id (E2B's handle for it). */
+  async describe(tenantId: string, key: string, by: 'name' | 'id' = 'name'): Promise<VolumeInfo> {
+    return this.withUsage(by === 'name' ? this.find(tenantId, key) : this.findById(tenantId, key));
+  }
+
+  private findById(tenantId: string, volumeId: string): VolumeInfo {
+    const record = this.store.list(tenantId).find((info) => info.volumeId === volumeId);
+    if (!record) {
+      throw new SandboxError('VOLUME_NOT_FOUND', `volume ${volumeId} not found`, {
+        details: { volumeId },
+        hint: 'List your volumes (GET /v1/volumes, Volume.list() in the E2B SDK); volumes of other tenants are not visible.',
+      });
+    }
+    return record;
   }
 
   async list(tenantId: string): Promise<VolumeInfo[]> {
@@ -74,7 +88,12 @@ export class Volumes {
   }
 
   /** Deletes the volume and its data; CONFLICT while a live sandbox mounts it. */
-  async delete(tenantId: string, name: string, live: readonly SandboxInfo[]): Promise<void> {
+  delete(tenantId: string, name: string, live: readonly SandboxInfo[]): Promise<void> {
+    // A second delete while one runs joins it: the data goes and the bytes come back once.
+    return this.deleting.run(`${tenantId}/${name}`, () => this.deleteNow(tenantId, name, live));
+  }
+
+  private async deleteNow(tenantId: string, name: string, live: readonly SandboxInfo[]): Promise<void> {
     const info = this.find(tenantId, name);
     const users = live.filter((s) => s.tenantId === tenantId && s.spec.volumes.some((v) => v.name === name)).map((s) => s.sandboxId);
     if (users.length > 0) {
@@ -95,6 +114,12 @@ export class Volumes {
   resolve(tenantId: string, spec: SandboxSpec, live: readonly SandboxInfo[]): string[] {
     return spec.volumes.map((mount, index) => {
       const info = this.find(tenantId, mount.name);
+      if (this.deleting.has(`${tenantId}/${mount.name}`)) {
+        throw new SandboxError('CONFLICT', `volume ${mount.name} is being deleted`, {
+          details: { field: `volumes[${index}]`, volume: mount.name },
+          hint: 'Create the volume again once its delete is done, or mount another one.',
+        });
+      }
       if (!mount.readOnly) {
         // A host-template sandbox has one uid of its own: the volume is lent to it while it
         // writes, so two of them cannot write one volume at once even when it is shared.
