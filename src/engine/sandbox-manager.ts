@@ -365,8 +365,8 @@ export class SandboxManager implements SandboxEngine {
     return this.volumes.create(tenantId, input, owner);
   }
 
-  getVolume(tenantId: string, name: string): Promise<VolumeInfo> {
-    return this.volumes.describe(tenantId, name);
+  getVolume(tenantId: string, key: string, by: 'name' | 'id' = 'name'): Promise<VolumeInfo> {
+    return this.volumes.describe(tenantId, key, by);
   }
 
   listVolumes(tenantId: string): Promise<VolumeInfo[]> {

@@ -163,10 +163,13 @@ export interface SandboxEngine {
   exportChanges(tenantId: string, sandboxId: string, options?: { since?: string }): Promise<Readable>;
   /** Applies the changes of `from`, a fork of this sandbox; CONFLICT with the paths both changed. */
   applyChanges(tenantId: string, sandboxId: string, options: { from: string }): Promise<ApplyResult>;
-  /** A named volume of the tenant (ALREADY_EXISTS for a name it has). */
-  /** A volume; its size is charged to the tenant's disk quota under `owner.quotaBytes` (the creating key's). */
+  /**
+   * A named volume of the tenant (ALREADY_EXISTS for a name it has); its size is charged to the
+   * tenant's disk quota under `owner.quotaBytes` (the creating key's).
+   */
   createVolume(tenantId: string, input: { name: string; sizeBytes: number; shared?: boolean }, owner?: { quotaBytes?: number }): Promise<VolumeInfo>;
-  getVolume(tenantId: string, name: string): Promise<VolumeInfo>;
+  /** The tenant's volume with its usage, by name or (`by: 'id'`) by volume id; VOLUME_NOT_FOUND otherwise. */
+  getVolume(tenantId: string, key: string, by?: 'name' | 'id'): Promise<VolumeInfo>;
   listVolumes(tenantId: string): Promise<VolumeInfo[]>;
   /** Deletes a volume and its data; CONFLICT while a live sandbox mounts it. */
   deleteVolume(tenantId: string, name: string): Promise<void>;

@@ -42,17 +42,6 @@ export function stateRoutes(ctx: E2bContext): AnyRoute[] {
   const { engine } = ctx;
   const auth: Authenticate = (request) => e2bPrincipal(request, ctx.keys);
   const volumeBody = (info: VolumeInfo) => ({ volumeID: info.volumeId, name: info.name, token: ctx.tokens.issue(info.tenantId, info.volumeId) });
-  const volumeById = async (tenantId: string, volumeId: string): Promise<VolumeInfo> => {
-    const found = (await engine.listVolumes(tenantId)).find((volume) => volume.volumeId === volumeId);
-    if (!found) {
-      throw new SandboxError('VOLUME_NOT_FOUND', `volume ${volumeId} not found`, {
-        details: { volumeId },
-        hint: 'List your volumes with Volume.list(); volumes of other tenants are not visible.',
-      });
-    }
-    return found;
-  };
-
   return [
     defineRoute({
       name: 'e2b.snapshots.create',
@@ -185,7 +174,7 @@ export function stateRoutes(ctx: E2bContext): AnyRoute[] {
       auth,
       params: VolumeParams,
       async handler({ params, principal }) {
-        return { kind: 'json', status: 200, body: volumeBody(await volumeById(principal.tenantId, params.volumeID)) };
+        return { kind: 'json', status: 200, body: volumeBody(await engine.getVolume(principal.tenantId, params.volumeID, 'id')) };
       },
     }),
     defineRoute({
@@ -197,7 +186,7 @@ export function stateRoutes(ctx: E2bContext): AnyRoute[] {
       params: VolumeParams,
       audit: ({ params }) => ({ subject: params.volumeID }),
       async handler({ params, principal }) {
-        const volume = await volumeById(principal.tenantId, params.volumeID);
+        const volume = await engine.getVolume(principal.tenantId, params.volumeID, 'id');
         await engine.deleteVolume(principal.tenantId, volume.name);
         return { kind: 'empty', status: 204 };
       },
