@@ -117,6 +117,8 @@ export class NetnsPool {
   private readonly size: number;
   private readonly idle: NetnsSlot[] = [];
   private readonly used = new Set<number>();
+  /** Namespaces being made (recorded `idle`, not yet handed out): the pool's, as the idle ones are. */
+  private readonly making = new Set<string>();
   private filling: Promise<void> | undefined;
   private closed = false;
   private nextSlot = FIRST_SLOT;
@@ -156,6 +158,7 @@ export class NetnsPool {
   /** A namespace for `sandboxId`: from the pool when one is ready, else made now. */
   async take(sandboxId: string): Promise<NetnsSlot> {
     const slot = this.idle.shift() ?? (await this.create());
+    this.making.delete(slot.name);
     await writeFile(join(this.options.stateDir, slot.name), `sandbox ${sandboxId}\n`);
     // Refill a little later: the spawns of a refill would otherwise compete with the sandbox
     // start that just took the namespace (2 cores).
@@ -197,9 +200,13 @@ export class NetnsPool {
     this.used.delete(slot);
   }
 
-  /** Whether `name` is a namespace this pool holds ready (not a leak, not an orphan). */
+  /**
+   * Whether `name` is a namespace this pool holds ready or is making (not a leak, not an orphan):
+   * a start-up reconcile that runs while the pool fills must not delete one half made, which the
+   * pool would then hand to a sandbox whose launch finds no namespace.
+   */
   isIdle(name: string): boolean {
-    return this.idle.some((slot) => slot.name === name);
+    return this.making.has(name) || this.idle.some((slot) => slot.name === name);
   }
 
   isUsed(name: string): boolean {
@@ -227,7 +234,11 @@ export class NetnsPool {
   private refill(): void {
     if (this.filling || this.closed || this.idle.length >= this.size) return;
     this.filling = (async () => {
-      while (!this.closed && this.idle.length < this.size) this.idle.push(await this.create());
+      while (!this.closed && this.idle.length < this.size) {
+        const slot = await this.create();
+        this.idle.push(slot);
+        this.making.delete(slot.name);
+      }
     })()
       .catch((error: Error) => {
         this.fillFailures += 1;
@@ -257,6 +268,7 @@ export class NetnsPool {
     const name = names.netns(slot);
     const veth = names.veth(slot);
     const address = `${subnetBase}.${slot}`;
+    this.making.add(name);
     try {
       // Recorded first: a namespace being made belongs to the pool, never to nobody.
       await writeFile(join(this.options.stateDir, name), 'idle\n');
@@ -279,6 +291,7 @@ export class NetnsPool {
       await destroyNetns(name, veth).catch(() => undefined);
       await rm(join(this.options.stateDir, name), { force: true });
       this.used.delete(slot);
+      this.making.delete(name);
       throw error;
     }
     return { slot, name, path: join(NETNS_DIR, name), address };
