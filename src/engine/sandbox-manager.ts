@@ -32,6 +32,7 @@ import { adoptRestored, fromSnapshotInput } from './snapshot-create.js';
 import { Volumes } from './volumes.js';
 import { applyChanges, exportChanges, listChanges, type ChangesContext } from './changes/changes.js';
 import { TtlTimers } from './ttl.js';
+import { takeBackSandboxes } from './restart.js';
 import type { CreateSandboxCommand, EngineCloseOptions, EngineCollectOptions, ForkOptions, ListSandboxesQuery, ProcessHandle, SandboxEngine, SandboxFiles, StartProcessCommand } from './types.js';
 import { UsageSampler } from './usage-sampler.js';
 import { heldByPools, WarmPool } from './warm-pool.js';
@@ -617,94 +618,34 @@ export class SandboxManager implements SandboxEngine {
   // ---- lifecycle
 
   private async reconcile(): Promise<void> {
-    this.endUnreadable();
-    const live = this.options.store?.listLive() ?? [];
-    // Sandboxes whose supervisor outlived the previous server: taken over as they run. Those
-    // that had one which is gone end with the reason; those the host failed to take over, and
-    // the rest (started by a server without supervision), are recovered on their files.
-    const reattached = new Map<string, BackendSandbox>();
-    const lost = new Map<string, string>();
-    const notTaken = new Map<string, string>();
-    for (const record of live) {
-      const outcome = await this.tryReattach(record);
-      if (outcome?.sandbox) reattached.set(record.sandboxId, outcome.sandbox);
-      else if (outcome?.lost !== undefined) lost.set(record.sandboxId, outcome.lost);
-      else if (outcome?.notTaken !== undefined) notTaken.set(record.sandboxId, outcome.notTaken);
-    }
-    const kept = new Set(reattached.keys());
-    // What is left of a lost sandbox (workspace, namespace, bundle) goes with the rest.
-    const liveIds = new Set(live.map((r) => r.sandboxId).filter((id) => !lost.has(id)));
-    for (const backend of this.backends.values()) await backend.reconcile(liveIds, kept);
-    for (const record of live) {
-      const sandbox = reattached.get(record.sandboxId);
-      const why = lost.get(record.sandboxId);
-      if (sandbox) this.resumeReattached(record, sandbox);
-      else if (why !== undefined) await this.end(this.newEntry({ ...record }), 'failed', `crashed: ${why}`);
-      else await this.recover(record, notTaken.get(record.sandboxId));
-    }
+    await takeBackSandboxes({
+      ...(this.options.store ? { store: this.options.store } : {}),
+      backends: this.backends,
+      maxima: this.maxima,
+      now: this.now,
+      onEvent: this.onEvent,
+      backend: (name) => this.backend(name),
+      mountsFor: (spec, grant) => this.mountsFor(spec, grant),
+      volumesOf: (record) => (record.spec.volumes.length > 0 ? this.volumes.resolve(record.tenantId, record.spec, []) : []),
+      restoreEntry: (record) => {
+        const entry = this.newEntry({ ...record });
+        this.chargeRestored(entry);
+        return entry;
+      },
+      attach: (entry, sandbox) => this.attach(entry, sandbox),
+      adoptProcesses: (entry, sandbox) => {
+        const drivers = this.interpreters.adopt(sandbox, sandbox.processes?.() ?? []);
+        for (const agent of sandbox.processes?.() ?? []) if (!drivers.has(agent)) entry.processes.adopt(entry.info, agent);
+      },
+      markRunning: (entry, sinceMs) => this.markRunning(entry, sinceMs),
+      keepPaused: (entry) => {
+        this.table.save(entry);
+        this.ttl.schedule(entry);
+      },
+      end: (entry, state, reason) => this.end(entry, state, reason),
+    });
     await this.snapshotsOf?.reconcile();
     await this.volumesOf?.reconcile();
-  }
-
-  /**
-   * Live rows whose record cannot be read: nothing of them can be reattached or recovered, so
-   * each ends, readable again, with the reason (its host resources go with reconcile: it is not
-   * in the live set). The spec it shows is the default one, as the reason says.
-   */
-  private endUnreadable(): void {
-    const store = this.options.store;
-    for (const row of store?.listUnreadableLive?.() ?? []) {
-      const now = new Date(this.now()).toISOString();
-      const info: SandboxInfo = {
-        sandboxId: row.sandboxId,
-        tenantId: row.tenantId,
-        state: 'failed',
-        backend: 'namespace',
-        spec: parseSpec({}, this.maxima),
-        metadata: row.metadata,
-        createdAt: row.createdAt,
-        expiresAt: now,
-        endedAt: now,
-        endReason: `crashed: its stored record was unreadable after a restart (${row.error}); its processes and files were removed, and the spec shown is the default, not its own`,
-      };
-      store?.upsert(info);
-      this.onEvent({ type: 'sandbox.crashed', sandbox: info });
-    }
-  }
-
-  /**
-   * A running record's sandbox taken over from its supervisor; `lost` with the reason when it
-   * had one that is gone (SANDBOX_CRASHED: the sandbox ended); `notTaken` with the reason when the
-   * host failed to take it over (a mount root, its network, a supervisor slow to answer): that
-   * is not the sandbox's end, and it is recovered on its files; undefined when it never had a
-   * supervisor (or its TTL ran out meanwhile).
-   */
-  private async tryReattach(record: SandboxInfo): Promise<{ sandbox?: BackendSandbox; lost?: string; notTaken?: string } | undefined> {
-    if (record.state !== 'running' || Date.parse(record.expiresAt) <= this.now()) return undefined;
-    const backend = this.backends.get(record.spec.backend);
-    if (!backend?.reattach) return undefined;
-    try {
-      // The roots must still exist and pass the checks; volumes are the tenant's, as at create.
-      const mounts = await this.mountsFor(record.spec, 'all');
-      const volumes = record.spec.volumes.length > 0 ? this.volumes.resolve(record.tenantId, record.spec, []) : [];
-      const sandbox = await backend.reattach(record.sandboxId, record.spec, { tenantId: record.tenantId, mounts, volumes });
-      return sandbox ? { sandbox } : undefined;
-    } catch (error) {
-      const message = (error as Error).message;
-      if (error instanceof SandboxError && error.code === 'SANDBOX_CRASHED') return { lost: message };
-      return { notTaken: `could not reattach after the restart: ${message}` };
-    }
-  }
-
-  /** A running sandbox taken over from its supervisor: its processes, with what they wrote meanwhile. */
-  private resumeReattached(record: SandboxInfo, sandbox: BackendSandbox): void {
-    const entry = this.newEntry({ ...record });
-    this.chargeRestored(entry);
-    this.attach(entry, sandbox);
-    const drivers = this.interpreters.adopt(sandbox, sandbox.processes?.() ?? []);
-    for (const agent of sandbox.processes?.() ?? []) if (!drivers.has(agent)) entry.processes.adopt(entry.info, agent);
-    this.markRunning(entry, this.now());
-    this.onEvent({ type: 'sandbox.recovered', sandbox: snapshot(entry) });
   }
 
   /** A sandbox kept over a restart: its disk counts against the volume and its tenant's quota until it ends. */
@@ -727,39 +668,6 @@ export class SandboxManager implements SandboxEngine {
   /** A snapshot as the image a sandbox is made from: its disk, with no start command to run again. */
   private snapshotImage(from: SnapshotInfo): TemplateImage {
     return { ref: from.template, env: {}, ...(from.disk === 'root' ? { layerDir: this.snapshots.diskOf(from) } : {}) };
-  }
-
-  /**
-   * A sandbox that was live when Capsule stopped. Paused to disk (a gVisor checkpoint), it stays
-   * paused with its processes until resumed; otherwise its files are kept and its processes are
-   * gone. `notTaken`: why its supervisor's sandbox could not be taken over (the reason of its
-   * `sandbox.recovered` event).
-   */
-  private async recover(record: SandboxInfo, notTaken?: string): Promise<void> {
-    const entry = this.newEntry({ ...record });
-    this.chargeRestored(entry);
-    if (Date.parse(record.expiresAt) <= this.now()) {
-      await this.end(entry, 'expired', 'ttl expired while the server was down');
-      return;
-    }
-    try {
-      const backend = this.backend(record.spec.backend);
-      // The grant was checked at create; the roots must still exist and still pass the checks.
-      const mounts = await this.mountsFor(record.spec, 'all');
-      const volumes = record.spec.volumes.length > 0 ? this.volumes.resolve(record.tenantId, record.spec, []) : [];
-      if (record.state === 'paused' && record.pause?.survivesRestart && backend.restore) {
-        this.attach(entry, await backend.restore(record.sandboxId, record.spec, { mounts, volumes }));
-        this.table.save(entry);
-        this.ttl.schedule(entry);
-      } else {
-        this.attach(entry, await backend.create(record.spec, { id: record.sandboxId, reuseWorkspace: true, mounts, volumes, tenantId: record.tenantId }));
-        delete entry.info.pause;
-        this.markRunning(entry, this.now());
-      }
-      this.onEvent({ type: 'sandbox.recovered', sandbox: snapshot(entry), ...(notTaken !== undefined ? { reason: notTaken } : {}) });
-    } catch (error) {
-      await this.end(entry, 'failed', `lost in a server restart: ${(error as Error).message}`);
-    }
   }
 
   /** The spec's host mounts resolved against the operator's roots, for a caller with `grant`. */
