@@ -50,10 +50,10 @@ export class ServedInstance {
 
   /** A JSON call with the instance's key. */
   api(url: string) {
-    return async <T = Record<string, unknown>>(method: string, path: string, body?: unknown) => {
+    return async <T = Record<string, unknown>>(method: string, path: string, body?: unknown, headers: Record<string, string> = {}) => {
       const response = await fetch(`${url}${path}`, {
         method,
-        headers: { authorization: `Bearer ${this.apiKey}`, ...(body === undefined ? {} : { 'content-type': 'application/json' }) },
+        headers: { authorization: `Bearer ${this.apiKey}`, ...(body === undefined ? {} : { 'content-type': 'application/json' }), ...headers },
         body: body === undefined ? undefined : JSON.stringify(body),
       });
       const text = await response.text();

@@ -1,4 +1,4 @@
-import { spawn, spawnSync, type ChildProcessWithoutNullStreams } from 'node:child_process';
+import { spawnSync } from 'node:child_process';
 import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import Database from 'better-sqlite3';
@@ -8,6 +8,7 @@ import { HostEnvironment } from '../../src/host/host-env.host.js';
 import { newApiKey } from '../../src/store/index.js';
 import { expectNoLeaks, testDataDir } from '../helpers/sandbox.js';
 import { waitFor } from './server-helpers.js';
+import { exited, isBuilt, ServedInstance } from './served.js';
 
 /**
  * `capsule serve --no-supervise` (sandboxes tied to the server process, the old model) as a
@@ -16,56 +17,14 @@ import { waitFor } from './server-helpers.js';
  */
 const ROOT = resolve(import.meta.dirname, '../..');
 const BIN = join(ROOT, 'bin/capsule.js');
-const isBuilt = existsSync(join(ROOT, 'dist/src/server/bootstrap.js'));
 
 const dataDir = mkdtempSync(join(testDataDir(), 'crash-'));
 const host = new HostEnvironment({ dataDir });
 const apiKey = newApiKey();
-const children: ChildProcessWithoutNullStreams[] = [];
-
-interface Served {
-  child: ChildProcessWithoutNullStreams;
-  url: string;
-  stderr: () => string;
-}
-
-async function serve(): Promise<Served> {
-  const child = spawn(process.execPath, [BIN, 'serve', '--port', '0', '--data-dir', dataDir, '--log-level', 'warn', '--warm-pool', '0', '--no-supervise'], {
-    env: { ...process.env, CAPSULE_API_KEY: apiKey },
-  });
-  children.push(child);
-  let stdout = '';
-  let stderr = '';
-  child.stderr.on('data', (d: Buffer) => (stderr += d.toString()));
-  const url = await new Promise<string>((resolveUrl, reject) => {
-    const timer = setTimeout(() => reject(new Error(`capsule serve did not start in 30 s: ${stderr}`)), 30_000);
-    child.stdout.on('data', (d: Buffer) => {
-      stdout += d.toString();
-      const match = /^URL: (\S+)$/m.exec(stdout);
-      if (match?.[1] && /^API key: /m.test(stdout)) {
-        clearTimeout(timer);
-        resolveUrl(match[1]);
-      }
-    });
-    child.once('exit', (code) => reject(new Error(`capsule serve exited with ${code}: ${stderr}`)));
-  });
-  return { child, url, stderr: () => stderr };
-}
-
-function api(url: string) {
-  return async <T = Record<string, unknown>>(method: string, path: string, body?: unknown, headers: Record<string, string> = {}) => {
-    const response = await fetch(`${url}${path}`, {
-      method,
-      headers: { authorization: `Bearer ${apiKey}`, ...(body === undefined ? {} : { 'content-type': 'application/json' }), ...headers },
-      body: body === undefined ? undefined : JSON.stringify(body),
-    });
-    return { status: response.status, body: (await response.json()) as T };
-  };
-}
-
-function exited(child: ChildProcessWithoutNullStreams): Promise<void> {
-  return child.exitCode !== null || child.signalCode !== null ? Promise.resolve() : new Promise((r) => child.once('exit', () => r()));
-}
+const served = new ServedInstance(dataDir, apiKey);
+const children = served.children;
+const serve = () => served.serve('--no-supervise');
+const api = (url: string) => served.api(url);
 
 /** Sandbox ids whose cgroups exist, and processes of this data dir's sandboxes (from /proc/PID/cgroup). */
 async function hostState(): Promise<{ cgroups: string[]; processIds: Set<string>; workspaces: string[] }> {

@@ -1,6 +1,5 @@
-import { spawn, type ChildProcessWithoutNullStreams } from 'node:child_process';
 import { existsSync, mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
-import { join, resolve } from 'node:path';
+import { join } from 'node:path';
 import { afterAll, afterEach, describe, expect, it } from 'vitest';
 import { listSandboxCgroups } from '../../src/host/cgroups.host.js';
 import { HostEnvironment } from '../../src/host/host-env.host.js';
@@ -8,6 +7,7 @@ import { newApiKey } from '../../src/store/index.js';
 import { describeLeaks, findLeaks } from '../helpers/leaks.js';
 import { expectNoLeaks, testDataDir } from '../helpers/sandbox.js';
 import { waitFor } from './server-helpers.js';
+import { alive, exited, isBuilt, ServedInstance } from './served.js';
 
 /**
  * `capsule serve` (which supervises its sandboxes by default) as a child process, SIGKILLed while its sandboxes run, then started
@@ -15,79 +15,21 @@ import { waitFor } from './server-helpers.js';
  * processes are listed again by pid, output written while no server ran is readable, and a
  * supervisor or agent that dies ends only its own sandbox, with the reason. Runs on dist/.
  */
-const ROOT = resolve(import.meta.dirname, '../..');
-const BIN = join(ROOT, 'bin/capsule.js');
-const isBuilt = existsSync(join(ROOT, 'dist/src/server/bootstrap.js'));
 
 const dataDir = mkdtempSync(join(testDataDir(), 'sup-'));
 const host = new HostEnvironment({ dataDir });
 const apiKey = newApiKey();
-const children: ChildProcessWithoutNullStreams[] = [];
-
-interface Served {
-  child: ChildProcessWithoutNullStreams;
-  url: string;
-  stderr: () => string;
-}
-
-async function serve(...extra: string[]): Promise<Served> {
-  const args = [BIN, 'serve', '--port', '0', '--data-dir', dataDir, '--log-level', 'warn', '--warm-pool', '0', ...extra];
-  const child = spawn(process.execPath, args, { env: { ...process.env, CAPSULE_API_KEY: apiKey } });
-  children.push(child);
-  let stdout = '';
-  let stderr = '';
-  child.stderr.on('data', (d: Buffer) => (stderr += d.toString()));
-  const url = await new Promise<string>((resolveUrl, reject) => {
-    const timer = setTimeout(() => reject(new Error(`capsule serve did not start in 30 s: ${stderr}`)), 30_000);
-    child.stdout.on('data', (d: Buffer) => {
-      stdout += d.toString();
-      const match = /^URL: (\S+)$/m.exec(stdout);
-      if (match?.[1] && /^API key: /m.test(stdout)) {
-        clearTimeout(timer);
-        resolveUrl(match[1]);
-      }
-    });
-    child.once('exit', (code) => reject(new Error(`capsule serve exited with ${code}: ${stderr}`)));
-  });
-  return { child, url, stderr: () => stderr };
-}
-
-function exited(child: ChildProcessWithoutNullStreams): Promise<void> {
-  return child.exitCode !== null || child.signalCode !== null ? Promise.resolve() : new Promise((r) => child.once('exit', () => r()));
-}
-
-function api(url: string) {
-  return async <T = Record<string, unknown>>(method: string, path: string, body?: unknown) => {
-    const response = await fetch(`${url}${path}`, {
-      method,
-      headers: { authorization: `Bearer ${apiKey}`, ...(body === undefined ? {} : { 'content-type': 'application/json' }) },
-      body: body === undefined ? undefined : JSON.stringify(body),
-    });
-    const text = await response.text();
-    return { status: response.status, body: (text === '' ? null : JSON.parse(text)) as T };
-  };
-}
+const served = new ServedInstance(dataDir, apiKey);
+const children = served.children;
+const serve = (...extra: string[]) => served.serve(...extra);
+const api = (url: string) => served.api(url);
+const supervisorPid = (sandboxId: string) => served.supervisorPid(sandboxId);
 
 /** The stdout a process's event log holds (NDJSON, base64 chunks), read until its exit when it ended. */
 async function stdoutOf(url: string, sandboxId: string, pid: number): Promise<string> {
   const response = await fetch(`${url}/v1/sandboxes/${sandboxId}/processes/${pid}/events`, { headers: { authorization: `Bearer ${apiKey}` } });
   const lines = (await response.text()).split('\n').filter((l) => l !== '').map((l) => JSON.parse(l) as { type: string; data?: string });
   return lines.filter((e) => e.type === 'stdout').map((e) => Buffer.from(e.data ?? '', 'base64').toString()).join('');
-}
-
-function supervisorPid(sandboxId: string): number {
-  return Number(readFileSync(join(dataDir, 'run', `${sandboxId}.pid`), 'utf8').trim());
-}
-
-function alive(pid: number): boolean {
-  const stat = (() => {
-    try {
-      return readFileSync(`/proc/${pid}/stat`, 'utf8');
-    } catch {
-      return '';
-    }
-  })();
-  return stat !== '' && !/^\d+ \(.*\) Z /s.test(stat);
 }
 
 /** The host pid of a sandbox's agent: the capsule-agent in its cgroup whose parent is bwrap. */
