@@ -135,6 +135,25 @@ export class SandboxCgroup {
     await waitForEvent(events, 'frozen', frozen ? 1 : 0, timeoutMs);
   }
 
+  /**
+   * The lowest host uid the sandbox's processes are mapped to (their user namespace's uid_map),
+   * read off the processes themselves: what a server that takes a running sandbox over must hold
+   * for it. Undefined when no process in the group has a map of its own.
+   */
+  async mappedHostUid(): Promise<number | undefined> {
+    const procs = await readFile(join(this.dir('unified'), 'cgroup.procs'), 'utf8').catch(() => '');
+    for (const pid of procs.split('\n').filter(Boolean)) {
+      const map = await readFile(`/proc/${pid}/uid_map`, 'utf8').catch(() => '');
+      const hosts = map
+        .split('\n')
+        .map((line) => line.trim().split(/\s+/).map(Number))
+        .filter((fields) => fields.length === 3 && !(fields[0] === 0 && fields[1] === 0))
+        .map((fields) => fields[1]!);
+      if (hosts.length > 0) return Math.min(...hosts);
+    }
+    return undefined;
+  }
+
   async isPopulated(): Promise<boolean> {
     const events = await readFile(join(this.dir('unified'), 'cgroup.events'), 'utf8').catch(() => 'populated 0');
     return keyed(events, 'populated') === 1;

@@ -34,6 +34,20 @@ export class UidRanges {
     return base;
   }
 
+  /**
+   * Holds the range starting at `base` for the sandbox, as a running sandbox taken over after a
+   * restart has it; false when `base` is not a range's start or another sandbox holds it.
+   */
+  claim(sandboxId: string, base: number): boolean {
+    const held = this.inUse.get(sandboxId);
+    if (held !== undefined) return held === base;
+    const slot = (base - RANGE_BASE) / RANGE_SIZE;
+    if (!Number.isInteger(slot) || slot < 0 || slot >= RANGE_SLOTS || this.taken.has(slot)) return false;
+    this.taken.add(slot);
+    this.inUse.set(sandboxId, base);
+    return true;
+  }
+
   release(sandboxId: string): void {
     const base = this.inUse.get(sandboxId);
     if (base === undefined) return;

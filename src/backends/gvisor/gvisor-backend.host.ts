@@ -1,5 +1,5 @@
 import { createHash } from 'node:crypto';
-import { mkdir, rm, writeFile } from 'node:fs/promises';
+import { mkdir, readFile, rm, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { SandboxError } from '../../errors/index.js';
 import { SandboxCgroup, listSandboxCgroups } from '../../host/cgroups.host.js';
@@ -126,7 +126,14 @@ export class GvisorBackend implements Backend {
     }
     const volume = this.host.volume;
     const fromTemplate = await volume.isRoot(id);
-    const uid = fromTemplate ? this.host.uidRanges.allocate(id) : this.allocateUid(id);
+    let uid: number;
+    try {
+      uid = await this.reclaimUid(id, fromTemplate);
+    } catch (error) {
+      await network?.release().catch(() => undefined);
+      holder.detach();
+      throw error;
+    }
     // The volumes stay attached inside runsc's mount namespace; writable ones lent to a host
     // template's uid are given back when the sandbox ends, as after a create.
     const volumes = volumesOf(spec, options.volumes);
@@ -337,7 +344,28 @@ export class GvisorBackend implements Backend {
     await writeFile(join(bundleDir, 'config.json'), JSON.stringify(oci, null, 1), { mode: 0o600 });
   }
 
-  /** Derived from the id, so a sandbox restored after a restart finds its files owned by its uid. */
+  /**
+   * The host uid (or a template sandbox's range) a running sandbox taken over has: the one its
+   * bundle maps the sandbox's user to, not one derived again from its id (which can differ after
+   * a collision, and would let this server hand the uid in use to another sandbox). HOST_NOT_READY
+   * (the engine recovers it on its files) when another sandbox of this server holds it.
+   */
+  private async reclaimUid(id: string, fromTemplate: boolean): Promise<number> {
+    const bundled = await readFile(join(this.layout.bundleDir(id), 'config.json'), 'utf8')
+      .then((text) => JSON.parse(text) as OciSpec)
+      .then((oci) => oci.linux.uidMappings.map((m) => m.hostID).filter((hostId) => hostId !== 0))
+      .catch(() => [] as number[]);
+    if (bundled.length === 0) return fromTemplate ? this.host.uidRanges.allocate(id) : this.allocateUid(id);
+    const running = Math.min(...bundled);
+    const free = !fromTemplate && running >= UID_BASE && running < UID_BASE + UID_RANGE && !this.uidsInUse.has(running);
+    if (fromTemplate ? !this.host.uidRanges.claim(id, running) : !free) {
+      throw new SandboxError('HOST_NOT_READY', `its processes run as host uid ${running}, which another sandbox of this server holds`, { details: { sandboxId: id, uid: running } });
+    }
+    if (!fromTemplate) this.uidsInUse.add(running);
+    return running;
+  }
+
+  /** Derived from the id; a sandbox recovered on its files gets them chowned to its uid. */
   private allocateUid(id: string): number {
     let uid = UID_BASE + (createHash('sha256').update(`gvisor:${id}`).digest().readUInt32BE(0) % UID_RANGE);
     while (this.uidsInUse.has(uid)) uid = UID_BASE + ((uid - UID_BASE + 1) % UID_RANGE);

@@ -172,11 +172,19 @@ export class NamespaceBackend implements Backend {
     }
     const volume = this.host.volume;
     const fromTemplate = await volume.isRoot(id);
-    const uid = fromTemplate ? this.host.uidRanges.allocate(id) : this.allocateUid(id);
+    const cgroup = SandboxCgroup.attach(`${this.host.cgroupPrefix}${id}`);
+    let uid: number;
+    try {
+      uid = await this.reclaimUid(id, cgroup, fromTemplate);
+    } catch (error) {
+      await egress?.detach(id).catch(() => undefined);
+      holder.detach();
+      throw error;
+    }
     const lent = fromTemplate ? [] : volumes.filter((_, index) => spec.volumes[index]?.readOnly !== true);
     return NamespaceSandbox.take(
       {
-        id, spec, paths, uid, cgroup: SandboxCgroup.attach(`${this.host.cgroupPrefix}${id}`),
+        id, spec, paths, uid, cgroup,
         workspaceDir: fromTemplate ? join(volume.rootPath(id), 'workspace') : volume.path(id),
         network, egress, mounts: options.mounts ?? [], volumes, supervise: true,
         rootDir: fromTemplate ? volume.rootPath(id) : undefined,
@@ -240,8 +248,32 @@ export class NamespaceBackend implements Backend {
   }
 
   /**
-   * A host uid of its own for each live sandbox, derived from the id so that a sandbox recovered
-   * after a restart finds its files owned by the uid it runs as.
+   * The host uid (or a template sandbox's range) a running sandbox taken over has: the one its
+   * processes are mapped to, not one derived again from its id. A derived one can differ (two ids
+   * whose uids collided were given theirs in the order they were created), and this server would
+   * then hand the uid the sandbox really runs as to another sandbox once the one it mistook for
+   * its holder ends. HOST_NOT_READY (the engine recovers it on its files, with a fresh uid) when
+   * another sandbox holds it already.
+   */
+  private async reclaimUid(id: string, cgroup: SandboxCgroup, fromTemplate: boolean): Promise<number> {
+    const running = await cgroup.mappedHostUid();
+    if (running === undefined) return fromTemplate ? this.host.uidRanges.allocate(id) : this.allocateUid(id);
+    const claimed = fromTemplate ? this.host.uidRanges.claim(id, running) : this.claimUid(running);
+    if (!claimed) {
+      throw new SandboxError('HOST_NOT_READY', `its processes run as host uid ${running}, which another sandbox of this server holds`, { details: { sandboxId: id, uid: running } });
+    }
+    return running;
+  }
+
+  private claimUid(uid: number): boolean {
+    if (uid < UID_BASE || uid >= UID_BASE + UID_RANGE || this.uidsInUse.has(uid)) return false;
+    this.uidsInUse.add(uid);
+    return true;
+  }
+
+  /**
+   * A host uid of its own for each live sandbox, derived from the id (a collision moves to the
+   * next free one); a sandbox recovered on its files gets its workspace chowned to it.
    */
   private allocateUid(id: string): number {
     let uid = UID_BASE + (createHash('sha256').update(id).digest().readUInt32BE(0) % UID_RANGE);
