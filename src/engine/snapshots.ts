@@ -87,13 +87,19 @@ export class Snapshots {
     // Charged before anything is made: what the sandbox has written beyond its origin, which the
     // snapshot keeps (writes in the milliseconds before the freeze are not counted).
     const owner = { tenantId: info.tenantId, ...(entry.quotaBytes !== undefined ? { quotaBytes: entry.quotaBytes } : {}) };
-    const chargedBytes = (await this.disks.sandboxDiskBytes(info.sandboxId)) ?? 0;
+    let chargedBytes = (await this.disks.sandboxDiskBytes(info.sandboxId)) ?? 0;
     this.budget?.reserveStored(owner, 'snapshots', chargedBytes);
     const uncharge = () => this.budget?.releaseStored(owner, 'snapshots', chargedBytes);
     let checkpoint: SnapshotInfo['checkpoint'];
     try {
-      if (options.mode === 'full') checkpoint = await this.takeFull(sandbox, disk.path, snapshotId, await contexts());
-      else await this.takeFilesystem(entry, disk.path, snapshotId);
+      if (options.mode === 'full') {
+        checkpoint = await this.takeFull(sandbox, disk.path, snapshotId, await contexts());
+        // The image of its memory and processes is stored too, and counts as its disk does
+        // (QUOTA_EXCEEDED here removes the snapshot: nothing is kept that was not charged).
+        const imageBytes = await this.disks.checkpointBytes(snapshotId);
+        this.budget?.reserveStored(owner, 'snapshots', imageBytes);
+        chargedBytes += imageBytes;
+      } else await this.takeFilesystem(entry, disk.path, snapshotId);
     } catch (error) {
       await this.disks.deleteSnapshot(snapshotId).catch(() => undefined);
       uncharge();

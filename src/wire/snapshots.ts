@@ -27,7 +27,8 @@ export const SnapshotInfoSchema = z.object({
   /**
    * What the snapshot counts against the tenant's disk quota: the bytes its sandbox's disk had
    * written beyond its own origin (template or snapshot) at the instant it was taken, as that
-   * disk's limit counts them. Absent on snapshots taken before quotas counted them (then 0).
+   * disk's limit counts them, plus a `full` snapshot's checkpoint image. Absent on snapshots taken
+   * before quotas counted them (then 0).
    */
   chargedBytes: z.number().int().nonnegative().optional(),
   createdAt: z.string(),

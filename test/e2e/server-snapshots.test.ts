@@ -2,6 +2,7 @@ import { existsSync, mkdtempSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { HostEnvironment } from '../../src/host/host-env.host.js';
+import { StoredDisks } from '../../src/host/stored-disks.host.js';
 import { ConflictError, NotFoundError, Sandbox, Snapshots, type ConnectionOptions } from '../../src/sdk/index.js';
 import type { SnapshotInfo } from '../../src/wire/index.js';
 import { expectNoLeaks, testDataDir } from '../helpers/sandbox.js';
@@ -356,6 +357,10 @@ describe('full snapshots on gVisor (processes and memory)', () => {
       before = await tokenCountAbove(source, 3);
       snapshot = await source.snapshot({ mode: 'full', name: 'with processes' });
       expect(snapshot.checkpoint?.contexts).toEqual([]);
+      // Its checkpoint image is stored, and charged to the tenant's quota with its disk.
+      const imageBytes = await new StoredDisks(new HostEnvironment({ dataDir: testDataDir() }).volume).checkpointBytes(snapshot.snapshotId);
+      expect(imageBytes).toBeGreaterThan(1024 * 1024);
+      expect(snapshot.chargedBytes).toBeGreaterThanOrEqual(imageBytes);
       // A full snapshot restores under the source's spec: another one is refused, by field.
       const refused = await first.json<{ code: string; details: { field: string } }>('POST', '/v1/sandboxes', { body: { spec: { snapshot: snapshot.snapshotId, limits: { memoryBytes: 256 * 1024 ** 2 } } } });
       expect(refused.status).toBe(422);
