@@ -84,22 +84,34 @@ export class Snapshots {
     }
     const snapshotId = `snap_${newSandboxId()}`;
     const disk = await this.volume.diskPath(info.sandboxId);
-    // Charged before anything is made: what the sandbox has written beyond its origin, which the
-    // snapshot keeps (writes in the milliseconds before the freeze are not counted).
+    // Charged what the sandbox's disk holds beyond its origin, as its limit counts it. A root's is
+    // what it wrote beyond its layer (its exclusive bytes): charged before anything is made, after
+    // a commit so that data not yet committed counts too (writes in the milliseconds before the
+    // freeze do not). A host-template workspace's is all it references, which the snapshot's own
+    // quota group gives exactly once the snapshot's commit is done: charged just after it, with
+    // no commit of its own (QUOTA_EXCEEDED then removes the snapshot).
     const owner = { tenantId: info.tenantId, ...(entry.quotaBytes !== undefined ? { quotaBytes: entry.quotaBytes } : {}) };
-    let chargedBytes = (await this.disks.sandboxDiskBytes(info.sandboxId)) ?? 0;
+    const chargeAfter = disk.kind === 'workspace' && options.mode !== 'full';
+    let chargedBytes = chargeAfter ? 0 : ((await this.disks.sandboxDiskBytes(info.sandboxId)) ?? 0);
     this.budget?.reserveStored(owner, 'snapshots', chargedBytes);
     const uncharge = () => this.budget?.releaseStored(owner, 'snapshots', chargedBytes);
     let checkpoint: SnapshotInfo['checkpoint'];
     try {
-      if (options.mode === 'full') {
+      if (chargeAfter) {
+        await this.takeFilesystem(entry, disk.path, snapshotId);
+        const held = (await this.disks.snapshotSizeBytes(snapshotId)) ?? 0;
+        this.budget?.reserveStored(owner, 'snapshots', held);
+        chargedBytes = held;
+      } else if (options.mode === 'full') {
         checkpoint = await this.takeFull(sandbox, disk.path, snapshotId, await contexts());
         // The image of its memory and processes is stored too, and counts as its disk does
         // (QUOTA_EXCEEDED here removes the snapshot: nothing is kept that was not charged).
         const imageBytes = await this.disks.checkpointBytes(snapshotId);
         this.budget?.reserveStored(owner, 'snapshots', imageBytes);
         chargedBytes += imageBytes;
-      } else await this.takeFilesystem(entry, disk.path, snapshotId);
+      } else {
+        await this.takeFilesystem(entry, disk.path, snapshotId);
+      }
     } catch (error) {
       await this.disks.deleteSnapshot(snapshotId).catch(() => undefined);
       uncharge();

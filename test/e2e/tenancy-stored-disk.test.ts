@@ -2,6 +2,7 @@ import { mkdtempSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
 import { expectNoLeaks, testDataDir } from '../helpers/sandbox.js';
+import { sharedDebianTemplate, TEST_DEBIAN, testTemplates } from '../helpers/templates.js';
 import { expectError, readNdjson, startTestServer, type TestServer } from './server-helpers.js';
 
 /**
@@ -112,6 +113,27 @@ describe('snapshots and volumes against the tenant disk quota (issue 13)', () =>
     expect((await volume(a, 'a-more', 32 * MiB)).body.details).toMatchObject({ for: 'volumes', usage: { volumes: QUOTA - 16 * MiB } });
     expect((await t.call('DELETE', '/v1/volumes/a-whole', { key: a })).status).toBe(204);
   });
+
+  it('charges what a sandbox wrote though the data is not yet committed to disk (no sync before the snapshot)', async () => {
+    await sharedDebianTemplate(testTemplates());
+    t ??= await startTestServer({ databaseDir, tenantDiskQuotaBytes: QUOTA, warmPool: 0 });
+    const minted = await t.json<{ apiKey: string }>('POST', '/v1/keys', { body: { tenantId: 'stored-dirty' } });
+    const key = minted.body.apiKey;
+    keys.push(key);
+    for (const template of ['host', TEST_DEBIAN]) {
+      const created = await t.json<{ sandboxId: string }>('POST', '/v1/sandboxes', { key, body: { spec: { template, ttlMs: 120_000, limits: { diskBytes: 64 * MiB } } } });
+      expect(created.status, JSON.stringify(created.body)).toBe(201);
+      const sandboxId = created.body.sandboxId;
+      // Written and at once snapshotted: the btrfs transaction holding it is not committed yet.
+      const wrote = await t.call('POST', `/v1/sandboxes/${sandboxId}/processes`, { key, body: { argv: ['sh', '-c', 'head -c 24M /dev/urandom > /workspace/dirty.bin'] } });
+      expect(((await readNdjson(wrote)).at(-1) as { result: { exitCode: number } }).result.exitCode).toBe(0);
+      const taken = await t.json<{ snapshotId: string; chargedBytes: number }>('POST', `/v1/sandboxes/${sandboxId}/snapshots`, { key, body: {} });
+      expect(taken.status).toBe(201);
+      expect(taken.body.chargedBytes, template).toBeGreaterThanOrEqual(24 * MiB);
+      expect((await t.call('DELETE', `/v1/sandboxes/${sandboxId}`, { key })).status).toBe(200);
+      expect((await t.call('DELETE', `/v1/snapshots/${taken.body.snapshotId}`, { key })).status).toBe(204);
+    }
+  }, 25 * 60_000);
 
   it("charges a /v1 fork to the key's own disk quota, not the server's default", async () => {
     t ??= await startTestServer({ databaseDir, tenantDiskQuotaBytes: QUOTA, warmPool: 0 });
