@@ -2,8 +2,9 @@
  * Many sandboxes at once for the load benchmark: creates at a fill and at a steady churn, and the
  * host memory an idle one costs. Every phase is bounded by a count and a time.
  */
-import { readdir, readFile } from 'node:fs/promises';
+import { readFile } from 'node:fs/promises';
 import { Sandbox, type ConnectionOptions } from '../src/sdk/index.js';
+import { descendants, pssBytes } from './proc.js';
 import { percentile } from './stats.js';
 
 const MiB = 1024 * 1024;
@@ -137,7 +138,7 @@ export async function idleDensity(conn: ConnectionOptions, count: number, server
     const made = Math.max(1, sandboxes.length);
     const availableAfter = await memAvailable();
     const rssAfter = await serverRss();
-    const pids = (await descendants(serverPid)).filter((pid) => pid !== serverPid);
+    const pids = await descendants(serverPid);
     let pss = 0;
     for (const pid of pids) pss += await pssBytes(pid);
     return {
@@ -167,30 +168,3 @@ export async function memAvailable(): Promise<number> {
   return Number(/^MemAvailable:\s+(\d+) kB/m.exec(await readFile('/proc/meminfo', 'utf8'))?.[1] ?? 0) * 1024;
 }
 
-/** Live descendants of `root`, itself included. */
-export async function descendants(root: number): Promise<number[]> {
-  const parents = new Map<number, number>();
-  for (const entry of await readdir('/proc')) {
-    if (!/^\d+$/.test(entry)) continue;
-    const stat = await readFile(`/proc/${entry}/stat`, 'utf8').catch(() => '');
-    const match = /^\d+ \(.*\) \S+ (\d+)/s.exec(stat);
-    if (match) parents.set(Number(entry), Number(match[1]));
-  }
-  const found: number[] = [];
-  for (const pid of parents.keys()) {
-    let cursor: number | undefined = pid;
-    for (let hops = 0; cursor !== undefined && cursor > 1 && hops < 64; hops++) {
-      if (cursor === root) {
-        found.push(pid);
-        break;
-      }
-      cursor = parents.get(cursor);
-    }
-  }
-  return found;
-}
-
-async function pssBytes(pid: number): Promise<number> {
-  const rollup = await readFile(`/proc/${pid}/smaps_rollup`, 'utf8').catch(() => '');
-  return Number(/^Pss:\s+(\d+) kB/m.exec(rollup)?.[1] ?? 0) * 1024;
-}

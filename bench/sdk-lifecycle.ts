@@ -13,12 +13,13 @@
  */
 import { spawn } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
-import { mkdtemp, readdir, readFile, rm } from 'node:fs/promises';
+import { mkdtemp, readFile, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { HostEnvironment } from '../src/host/host-env.host.js';
 import { Sandbox, type ConnectionOptions } from '../src/sdk/index.js';
 import { startServer } from '../src/server/bootstrap.js';
+import { descendants, pssBytes } from './proc.js';
 import { summarize, table, timeIt, type Summary } from './stats.js';
 
 const MiB = 1024 * 1024;
@@ -49,33 +50,6 @@ async function echoHi(sandbox: Sandbox): Promise<void> {
   if (result.outcome !== 'ok' || result.stdout !== 'hi\n') throw new Error(`echo hi failed: ${JSON.stringify(result)}`);
 }
 
-/** Live descendants of `root` (the sandboxes' launchers, bwraps and agents when root is us). */
-async function descendants(root: number): Promise<number[]> {
-  const parents = new Map<number, number>();
-  for (const entry of await readdir('/proc')) {
-    if (!/^\d+$/.test(entry)) continue;
-    const stat = await readFile(`/proc/${entry}/stat`, 'utf8').catch(() => '');
-    const match = /^\d+ \(.*\) \S+ (\d+)/s.exec(stat);
-    if (match) parents.set(Number(entry), Number(match[1]));
-  }
-  const found: number[] = [];
-  for (const pid of parents.keys()) {
-    let cursor = parents.get(pid);
-    for (let hops = 0; cursor !== undefined && cursor > 1 && hops < 64; hops++) {
-      if (cursor === root) {
-        found.push(pid);
-        break;
-      }
-      cursor = parents.get(cursor);
-    }
-  }
-  return found;
-}
-
-async function pssBytes(pid: number): Promise<number> {
-  const rollup = await readFile(`/proc/${pid}/smaps_rollup`, 'utf8').catch(() => '');
-  return Number(/^Pss:\s+(\d+) kB/m.exec(rollup)?.[1] ?? 0) * 1024;
-}
 
 async function rssBytes(): Promise<number> {
   (globalThis as { gc?: () => void }).gc?.();
