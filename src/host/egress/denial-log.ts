@@ -1,12 +1,6 @@
-import type { EgressEvent } from './egress-types.js';
+import type { EgressEvent, EgressLogEntry } from './egress-types.js';
 
-/** A log line about denied egress: the first denial of a kind, or a sum of its repeats. */
-export interface EgressLogEntry extends EgressEvent {
-  /** On a summary: how many more denials of this kind the window held. */
-  repeated?: number;
-  /** On a summary: the window, in milliseconds. */
-  windowMs?: number;
-}
+export type { EgressLogEntry } from './egress-types.js';
 
 export interface DenialLogOptions {
   write: (entry: EgressLogEntry) => void;

@@ -1,7 +1,6 @@
 import type { ForbiddenAddresses } from './addresses.js';
 import type { CredentialBroker } from './broker.js';
 import type { EgressTimeouts } from './connection-limits.js';
-import type { EgressLogEntry } from './denial-log.js';
 import type { DenyCode } from './policy.js';
 
 /** Ports of the proxy on its address: proxy-aware clients, redirected HTTP, redirected TLS, DNS. */
@@ -26,6 +25,14 @@ export interface EgressEvent {
   code: DenyCode;
   rule: string;
   message: string;
+}
+
+/** A log line about denied egress: the first denial of a kind, or a sum of its repeats. */
+export interface EgressLogEntry extends EgressEvent {
+  /** On a summary: how many more denials of this kind the window held. */
+  repeated?: number;
+  /** On a summary: the window, in milliseconds. */
+  windowMs?: number;
 }
 
 export interface EgressStats {
