@@ -9,6 +9,9 @@ import { expectError, readNdjson } from './server-helpers.js';
  * runs several cases in it: a kernel takes a second or two to start.
  */
 const MiB = 1024 * 1024;
+// Each case starts interpreter contexts (a Node or Python process each, some restarted): 15 s
+// on a quiet machine, over 60 s when the 2 cores are shared with other test runs.
+const INTERPRETER_TEST_MS = 240_000;
 let t: E2bTestServer;
 
 beforeAll(async () => {
@@ -99,7 +102,7 @@ describe('POST /v1/sandboxes/{id}/code', () => {
       expect(slow.execution.limit).toMatchObject({ resource: 'wall_clock' });
       expect(slow.execution.limit?.message).toContain(slow.execution.contextId);
       expect((await run(id, { code: 'print(x, y)' })).stdout).toBe('42 1\n');
-    }));
+    }), INTERPRETER_TEST_MS);
 
   it('js and contexts: state, independent contexts, restart, delete, errors, and the E2B facade sees them', () =>
     withSandbox(async (id) => {
@@ -148,7 +151,7 @@ describe('POST /v1/sandboxes/{id}/code', () => {
       const runs = audit.body.records.filter((r) => r.operation === 'code.run');
       expect(runs.length).toBeGreaterThan(0);
       expect(JSON.stringify(audit.body)).not.toContain('console.log(x * 2)');
-    }));
+    }), INTERPRETER_TEST_MS);
 
   it('a memory bomb ends the context with a memory limit naming it; the server and sandbox stay healthy', () =>
     withSandbox(async (id) => {
@@ -166,7 +169,7 @@ describe('POST /v1/sandboxes/{id}/code', () => {
 
       expect((await t.json('GET', '/healthz')).status).toBe(200);
       expect((await t.json<{ state: string }>('GET', `/v1/sandboxes/${id}`)).body.state).toBe('running');
-    }, 256 * MiB));
+    }, 256 * MiB), INTERPRETER_TEST_MS);
 
   it("answers 404 for another tenant's or an unknown sandbox, 409 for an ended one", async () => {
     expectError((await t.json('POST', '/v1/sandboxes/aaaaaaaaaaaaaaaaaaaa/code', { body: { code: '1' } })).body, 'SANDBOX_NOT_FOUND');
