@@ -645,7 +645,7 @@ export class SandboxManager implements SandboxEngine {
       end: (entry, state, reason) => this.end(entry, state, reason),
     });
     await this.snapshotsOf?.reconcile();
-    await this.volumesOf?.reconcile();
+    await this.volumesOf?.reconcile(this.liveInfos());
   }
 
   /** A sandbox kept over a restart: its disk counts against the volume and its tenant's quota until it ends. */

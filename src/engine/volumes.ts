@@ -144,11 +144,21 @@ export class Volumes {
   }
 
   /** At start-up: volume data without a record (a crash between the two) is deleted. */
-  async reconcile(): Promise<void> {
+  /**
+   * At start-up, after the live sandboxes came back (`live`): volume data without a record goes,
+   * and a volume still lent to a host-template sandbox that did not come back (its record was
+   * unreadable, its supervisor gone) is given back to the stored user, so that the next sandbox
+   * to mount it, of either kind, can write it.
+   */
+  async reconcile(live: readonly SandboxInfo[]): Promise<void> {
     const records = this.store.all();
     const known = new Set(records.map((r) => r.volumeId));
     for (const record of records) this.budget?.restoreStored({ tenantId: record.tenantId }, 'volumes', record.sizeBytes);
     for (const id of await this.disks.listVolumes()) if (!known.has(id)) await this.disks.deleteVolume(id);
+    for (const record of records) {
+      const lentTo = live.some((s) => s.tenantId === record.tenantId && !hasTemplateRoot(s.spec.template) && s.spec.volumes.some((v) => v.name === record.name && !v.readOnly));
+      if (!lentTo) await this.disks.returnIfLent(record.volumeId);
+    }
   }
 
   private async withUsage(info: VolumeInfo): Promise<VolumeInfo> {

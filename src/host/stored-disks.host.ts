@@ -122,6 +122,13 @@ export class StoredDisks {
     return this.at('volumes', volumeId);
   }
 
+  /** Gives a volume lent to a sandbox's uid (see lendVolume) back to the stored user; a stat when it is not lent. */
+  async returnIfLent(volumeId: string): Promise<void> {
+    const path = this.volumePath(volumeId);
+    const info = await stat(path).catch(() => undefined);
+    if (info !== undefined && info.uid !== STORED_USER_ID) await returnVolume(path);
+  }
+
   /** A new empty volume holding at most `sizeBytes`, its top directory the stored user's. */
   async createVolume(volumeId: string, sizeBytes: number): Promise<string> {
     await mkdir(this.at('volumes'), { recursive: true, mode: 0o700 });

@@ -1,4 +1,4 @@
-import { existsSync, mkdtempSync } from 'node:fs';
+import { chownSync, existsSync, mkdtempSync, statSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { HostEnvironment } from '../../src/host/host-env.host.js';
@@ -56,9 +56,14 @@ describe('volumes', () => {
     } finally {
       await first.server.close();
     }
+    // As a host-template sandbox that did not come back leaves it: lent to that sandbox's uid.
+    const volumeDir = join(host.volume.mountPoint, 'volumes', volumeId);
+    chownSync(volumeDir, 3_000_123, 3_000_123);
     const second = await startTestServer({ databaseDir: dbDir, env: { CAPSULE_API_KEY: first.apiKey } });
     const again = { url: second.url, apiKey: first.apiKey };
     try {
+      // Nobody holds it after the restart: it is the stored user's again.
+      expect(statSync(volumeDir).uid).toBe(1000);
       expect((await Volumes.list(again)).map((v) => v.volumeId)).toEqual([volumeId]);
       const after = await Sandbox.create({ ttlMs: 60_000, volumes: [{ name: 'data', path: '/data' }] }, again);
       expect(await sh(after, 'cat /data/run1/out && echo more >> /data/run1/out')).toMatchObject({ exitCode: 0, stdout: 'result-1\n' });
