@@ -198,7 +198,17 @@ export class SandboxManager implements SandboxEngine {
 
   async create(command: CreateSandboxCommand): Promise<SandboxInfo> {
     this.assertOpen();
-    const from = command.spec?.snapshot !== undefined ? this.snapshots.find(command.tenantId, command.spec.snapshot) : undefined;
+    // A snapshot being made from is held: its delete is refused until the sandbox is in the
+    // table (a dependent from then on) or its create failed.
+    const from = command.spec?.snapshot !== undefined ? this.snapshots.hold(command.tenantId, command.spec.snapshot) : undefined;
+    try {
+      return await this.createFrom(command, from?.info);
+    } finally {
+      from?.release();
+    }
+  }
+
+  private async createFrom(command: CreateSandboxCommand, from: SnapshotInfo | undefined): Promise<SandboxInfo> {
     const input = from ? fromSnapshotInput(command.spec ?? {}, from) : (command.spec ?? {});
     const full = from?.mode === 'full' ? await this.snapshots.full(from) : undefined;
     const image = from ? this.snapshotImage(from) : await this.templates.resolve(command.tenantId, input.template ?? this.templates.defaultRef);
@@ -375,8 +385,8 @@ export class SandboxManager implements SandboxEngine {
   }
 
   /** Deletes a volume and its data; CONFLICT while a live sandbox mounts it. */
-  deleteVolume(tenantId: string, name: string): Promise<void> {
-    return this.volumes.delete(tenantId, name, this.liveInfos());
+  deleteVolume(tenantId: string, key: string, by: 'name' | 'id' = 'name'): Promise<void> {
+    return this.volumes.delete(tenantId, key, this.liveInfos(), by);
   }
 
   private liveInfos(): SandboxInfo[] {

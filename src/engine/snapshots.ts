@@ -36,6 +36,8 @@ const CONTEXTS_FILE = 'contexts.json';
 export class Snapshots {
   readonly disks: StoredDisks;
   private readonly deleting = new InFlight();
+  /** Snapshots sandboxes are being made from, and how many. */
+  private readonly held = new Map<string, number>();
 
   constructor(
     private readonly volume: WorkspaceVolume,
@@ -192,6 +194,30 @@ export class Snapshots {
    * Deletes the snapshot and its data. Refused (CONFLICT) while live sandboxes were made from it:
    * it is what their `changes` are measured against. `dependents` lists them.
    */
+  /**
+   * The tenant's snapshot, held while a sandbox is made from it (a delete meanwhile is a
+   * CONFLICT); CONFLICT too while it is being deleted. `release` once the sandbox is made or not.
+   */
+  hold(tenantId: string, snapshotId: string): { info: SnapshotInfo; release: () => void } {
+    const info = this.find(tenantId, snapshotId);
+    if (this.deleting.has(`${tenantId}/${snapshotId}`)) {
+      throw new SandboxError('CONFLICT', `snapshot ${snapshotId} is being deleted`, {
+        details: { snapshotId },
+        hint: 'Make the sandbox from another snapshot (`capsule snapshot ls`).',
+      });
+    }
+    this.held.set(snapshotId, (this.held.get(snapshotId) ?? 0) + 1);
+    let released = false;
+    const release = () => {
+      if (released) return;
+      released = true;
+      const left = (this.held.get(snapshotId) ?? 1) - 1;
+      if (left > 0) this.held.set(snapshotId, left);
+      else this.held.delete(snapshotId);
+    };
+    return { info, release };
+  }
+
   delete(tenantId: string, snapshotId: string, dependents: readonly string[]): Promise<void> {
     // A second delete while one runs joins it: the data goes and the bytes come back once.
     return this.deleting.run(`${tenantId}/${snapshotId}`, () => this.deleteNow(tenantId, snapshotId, dependents));
@@ -199,6 +225,12 @@ export class Snapshots {
 
   private async deleteNow(tenantId: string, snapshotId: string, dependents: readonly string[]): Promise<void> {
     const record = this.find(tenantId, snapshotId);
+    if (this.held.has(snapshotId)) {
+      throw new SandboxError('CONFLICT', `snapshot ${snapshotId} is the origin of a sandbox being made`, {
+        details: { snapshotId },
+        hint: 'Wait for the create (or fork) to finish, kill the sandbox it made, then delete the snapshot.',
+      });
+    }
     if (dependents.length > 0) {
       throw new SandboxError('CONFLICT', `snapshot ${snapshotId} is the origin of ${dependents.length} live sandbox${dependents.length === 1 ? '' : 'es'}`, {
         details: { snapshotId, sandboxes: [...dependents] },

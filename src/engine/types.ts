@@ -171,8 +171,8 @@ export interface SandboxEngine {
   /** The tenant's volume with its usage, by name or (`by: 'id'`) by volume id; VOLUME_NOT_FOUND otherwise. */
   getVolume(tenantId: string, key: string, by?: 'name' | 'id'): Promise<VolumeInfo>;
   listVolumes(tenantId: string): Promise<VolumeInfo[]>;
-  /** Deletes a volume and its data; CONFLICT while a live sandbox mounts it. */
-  deleteVolume(tenantId: string, name: string): Promise<void>;
+  /** Deletes a volume (by name, or `by: 'id'`) and its data; CONFLICT while a live sandbox mounts it. */
+  deleteVolume(tenantId: string, key: string, by?: 'name' | 'id'): Promise<void>;
   /**
    * Stops the engine. Every live sandbox is killed, except with `keepSandboxes`: running ones held
    * by a supervisor (`capsule serve`) are let go and keep running for the next start, which

@@ -88,13 +88,18 @@ export class Volumes {
   }
 
   /** Deletes the volume and its data; CONFLICT while a live sandbox mounts it. */
-  delete(tenantId: string, name: string, live: readonly SandboxInfo[]): Promise<void> {
+  /**
+   * Deletes the volume (by name, or `by: 'id'`, E2B's handle) and its data; CONFLICT while a
+   * live sandbox mounts it. By id, a volume made since under the same name is not this one.
+   */
+  delete(tenantId: string, key: string, live: readonly SandboxInfo[], by: 'name' | 'id' = 'name'): Promise<void> {
+    const name = by === 'name' ? key : this.findById(tenantId, key).name;
     // A second delete while one runs joins it: the data goes and the bytes come back once.
-    return this.deleting.run(`${tenantId}/${name}`, () => this.deleteNow(tenantId, name, live));
+    return this.deleting.run(`${tenantId}/${name}`, () => this.deleteNow(tenantId, name, live, by === 'id' ? key : undefined));
   }
 
-  private async deleteNow(tenantId: string, name: string, live: readonly SandboxInfo[]): Promise<void> {
-    const info = this.find(tenantId, name);
+  private async deleteNow(tenantId: string, name: string, live: readonly SandboxInfo[], volumeId?: string): Promise<void> {
+    const info = volumeId === undefined ? this.find(tenantId, name) : this.findById(tenantId, volumeId);
     const users = live.filter((s) => s.tenantId === tenantId && s.spec.volumes.some((v) => v.name === name)).map((s) => s.sandboxId);
     if (users.length > 0) {
       throw new SandboxError('CONFLICT', `volume ${name} is mounted by ${users.length} live sandbox${users.length === 1 ? '' : 'es'}`, {
@@ -143,9 +148,9 @@ export class Volumes {
     });
   }
 
-  /** At start-up: volume data without a record (a crash between the two) is deleted. */
   /**
-   * At start-up, after the live sandboxes came back (`live`): volume data without a record goes,
+   * At start-up, after the live sandboxes came back (`live`): volume data without a record (a
+   * crash between the two) goes,
    * and a volume still lent to a host-template sandbox that did not come back (its record was
    * unreadable, its supervisor gone) is given back to the stored user, so that the next sandbox
    * to mount it, of either kind, can write it.
@@ -157,7 +162,12 @@ export class Volumes {
     for (const id of await this.disks.listVolumes()) if (!known.has(id)) await this.disks.deleteVolume(id);
     for (const record of records) {
       const lentTo = live.some((s) => s.tenantId === record.tenantId && !hasTemplateRoot(s.spec.template) && s.spec.volumes.some((v) => v.name === record.name && !v.readOnly));
-      if (!lentTo) await this.disks.returnIfLent(record.volumeId);
+      if (lentTo) continue;
+      // Not a reason to refuse to start: the volume stays lent, and the next host-template
+      // sandbox that mounts it takes it over as before.
+      await this.disks.returnIfLent(record.volumeId).catch((error: Error) => {
+        process.stderr.write(`capsule: volume ${record.name} of tenant ${record.tenantId} could not be given back to the stored user: ${error.message}\n`);
+      });
     }
   }
 

@@ -158,6 +158,8 @@ export class NetnsPool {
   /** A namespace for `sandboxId`: from the pool when one is ready, else made now. */
   async take(sandboxId: string): Promise<NetnsSlot> {
     const slot = this.idle.shift() ?? (await this.create());
+    // From here until the caller records it (EgressNetwork.slots) nothing counts it as ours:
+    // safe because reconcile runs only at start-up, before any take().
     this.making.delete(slot.name);
     await writeFile(join(this.options.stateDir, slot.name), `sandbox ${sandboxId}\n`);
     // Refill a little later: the spawns of a refill would otherwise compete with the sandbox

@@ -7,6 +7,9 @@ import { subvolumeId, type WorkspaceVolume } from './volume.host.js';
 
 /** The user every template and volume stores its files as (raw ids, seen through idmapped mounts). */
 export const STORED_USER_ID = 1000;
+/** The host uids a host-template sandbox runs as (namespace 3,000,000+, gVisor 4,000,000+): a volume owned by one is lent. */
+const LENT_UID_FIRST = 3_000_000;
+const LENT_UID_LAST = 4_999_999;
 
 /**
  * Disks that outlive sandboxes, on the same btrfs volume as their workspaces and roots (so every
@@ -122,11 +125,18 @@ export class StoredDisks {
     return this.at('volumes', volumeId);
   }
 
-  /** Gives a volume lent to a sandbox's uid (see lendVolume) back to the stored user; a stat when it is not lent. */
-  async returnIfLent(volumeId: string): Promise<void> {
+  /**
+   * Gives a volume lent to a host-template sandbox's uid (see lendVolume) back to the stored user;
+   * a stat when it is not lent. Only a top directory owned by one of those uids (the namespace
+   * and gVisor backends' single uids, 3,000,000 to 4,999,999) is a lend: a template sandbox may
+   * chown its volume's files to any user of its own, and that is kept.
+   */
+  async returnIfLent(volumeId: string): Promise<boolean> {
     const path = this.volumePath(volumeId);
     const info = await stat(path).catch(() => undefined);
-    if (info !== undefined && info.uid !== STORED_USER_ID) await returnVolume(path);
+    if (info === undefined || info.uid < LENT_UID_FIRST || info.uid > LENT_UID_LAST) return false;
+    await returnVolume(path);
+    return true;
   }
 
   /** A new empty volume holding at most `sizeBytes`, its top directory the stored user's. */

@@ -186,8 +186,7 @@ export function stateRoutes(ctx: E2bContext): AnyRoute[] {
       params: VolumeParams,
       audit: ({ params }) => ({ subject: params.volumeID }),
       async handler({ params, principal }) {
-        const volume = await engine.getVolume(principal.tenantId, params.volumeID, 'id');
-        await engine.deleteVolume(principal.tenantId, volume.name);
+        await engine.deleteVolume(principal.tenantId, params.volumeID, 'id');
         return { kind: 'empty', status: 204 };
       },
     }),

@@ -26,6 +26,8 @@ export interface PortPoolOptions {
  */
 export class PortConnectionPool {
   private readonly pools = new Map<string, Agent>();
+  /** Evicted pools whose relays still carry a request: ended by close() too. */
+  private readonly retired = new Set<Agent>();
   private readonly maxIdlePerPort: number;
   private readonly idleTimeoutMs: number;
   private readonly maxPorts: number;
@@ -76,21 +78,22 @@ export class PortConnectionPool {
       const [oldest, pool] = this.pools.entries().next().value as [string, Agent];
       this.pools.delete(oldest);
       retire(pool);
+      if (busy(pool)) this.retired.add(pool);
     }
     return agent;
   }
 
   /** Closes every pooled relay (the server is shutting down). */
   close(): void {
-    for (const agent of this.pools.values()) agent.destroy();
+    for (const agent of [...this.pools.values(), ...this.retired]) agent.destroy();
     this.pools.clear();
+    this.retired.clear();
   }
 
   private dropIfEmpty(key: string, agent: Agent): void {
-    if (this.pools.get(key) !== agent) return;
-    const tables: Record<string, unknown[] | undefined>[] = [agent.sockets, agent.freeSockets, agent.requests];
-    const busy = tables.some((table) => Object.values(table).some((list) => (list?.length ?? 0) > 0));
-    if (!busy) this.pools.delete(key);
+    if (busy(agent)) return;
+    this.retired.delete(agent);
+    if (this.pools.get(key) === agent) this.pools.delete(key);
   }
 }
 
@@ -102,4 +105,10 @@ export class PortConnectionPool {
 function retire(agent: Agent): void {
   agent.keepSocketAlive = () => false;
   for (const list of Object.values(agent.freeSockets)) for (const socket of list ?? []) socket.destroy();
+}
+
+/** Whether the agent still has a relay open or a request waiting for one. */
+function busy(agent: Agent): boolean {
+  const tables: Record<string, unknown[] | undefined>[] = [agent.sockets, agent.freeSockets, agent.requests];
+  return tables.some((table) => Object.values(table).some((list) => (list?.length ?? 0) > 0));
 }
