@@ -6,6 +6,9 @@ import { runCommand } from './run-command.host.js';
 import { withLock } from './lock.host.js';
 import { pathExists } from './fs-util.js';
 
+/** The filesystem's own top subvolume (id 5): its quota group is never stale. */
+const TOP_LEVEL_SUBVOLUME = 5;
+
 /**
  * Workspaces live on one loop-mounted btrfs volume: a subvolume per sandbox, bounded by a quota
  * group. Creating one costs two short `btrfs` calls (~5 ms), deleting one is O(1), the quota is
@@ -333,9 +336,29 @@ export class WorkspaceVolume {
     return [...ids];
   }
 
-  /** Drops quota groups of deleted subvolumes (the kernel keeps them until asked). */
+  /**
+   * Drops quota groups of deleted subvolumes that the kernel keeps (newer kernels drop them
+   * themselves once the subvolume is gone). Only one whose numbers are 0: a subvolume deleted but
+   * not yet dropped by btrfs's cleaner still has them, and destroying its quota group then marks
+   * every quota group of the volume inconsistent, which stops every disk limit on it (seen in
+   * CI: `btrfs qgroup clear-stale` ran while a template root was being dropped, and later
+   * sandboxes wrote past their limits). That one waits for a later pass. A volume found
+   * inconsistent anyway is rescanned, so that its limits hold again.
+   */
   async clearStaleQgroups(): Promise<void> {
-    await runCommand(['btrfs', 'qgroup', 'clear-stale', this.mountPoint], { check: false });
+    await this.readFsid();
+    const qgroups = `/sys/fs/btrfs/${this.fsid}/qgroups`;
+    const listed = await runCommand(['btrfs', 'subvolume', 'list', this.mountPoint], { check: false });
+    const live = new Set([...listed.stdout.matchAll(/^ID (\d+) /gm)].map((m) => Number(m[1])));
+    for (const entry of await readdir(qgroups).catch(() => [] as string[])) {
+      const id = Number(/^0_(\d+)$/.exec(entry)?.[1] ?? NaN);
+      if (!Number.isInteger(id) || id === TOP_LEVEL_SUBVOLUME || live.has(id)) continue;
+      const numbers = await Promise.all(['referenced', 'exclusive'].map((file) => readFile(join(qgroups, entry, file), 'utf8').then(Number, () => NaN)));
+      if (numbers.some((n) => n !== 0)) continue;
+      await runCommand(['btrfs', 'qgroup', 'destroy', `0/${id}`, this.mountPoint], { check: false });
+    }
+    const inconsistent = await readFile(join(qgroups, 'inconsistent'), 'utf8').catch(() => '0');
+    if (inconsistent.trim() === '1') await runCommand(['btrfs', 'quota', 'rescan', '-w', this.mountPoint], { check: false, timeoutMs: 300_000 });
   }
 
   private async qgroupDir(id: string, path: string): Promise<string | undefined> {
