@@ -59,6 +59,8 @@ export class WorkspaceVolume {
   private hold: number | undefined;
   /** Subvolume ids by workspace id, learned once per workspace. */
   private readonly subvolumeIds = new Map<string, number>();
+  /** The quota rescan running, if one is (see keepQuotasHolding). */
+  private rescanning: Promise<void> | undefined;
 
   constructor(options: WorkspaceVolumeOptions) {
     this.image = join(options.dataDir, 'volume.img');
@@ -68,11 +70,27 @@ export class WorkspaceVolume {
 
   /** Creates and mounts the volume if needed; idempotent and cheap when already mounted. */
   async ensure(): Promise<void> {
-    if (await this.isMounted()) {
-      await this.holdMount();
-      return;
-    }
-    await withLock(`${this.mountPoint}.lock`, () => this.mount());
+    if (await this.isMounted()) await this.holdMount();
+    else await withLock(`${this.mountPoint}.lock`, () => this.mount());
+    await this.keepQuotasHolding();
+  }
+
+  /**
+   * Rescans the volume's quota accounting when the kernel marked it inconsistent (after which no
+   * disk limit on it holds): on every ensure, so before each create, a read of one sysfs file.
+   * Concurrent callers wait for one rescan. Not before the volume's uuid is known (the first
+   * usage read learns it; the start-up pass, clearStaleQgroups, reads it first).
+   */
+  private async keepQuotasHolding(): Promise<void> {
+    if (!this.fsid) return;
+    const flag = await readFile(`/sys/fs/btrfs/${this.fsid}/qgroups/inconsistent`, 'utf8').catch(() => '0');
+    if (flag.trim() !== '1') return;
+    this.rescanning ??= runCommand(['btrfs', 'quota', 'rescan', '-w', this.mountPoint], { check: false, timeoutMs: 300_000 })
+      .then(() => undefined)
+      .finally(() => {
+        this.rescanning = undefined;
+      });
+    await this.rescanning;
   }
 
   private async mount(): Promise<void> {
@@ -343,7 +361,7 @@ export class WorkspaceVolume {
    * every quota group of the volume inconsistent, which stops every disk limit on it (seen in
    * CI: `btrfs qgroup clear-stale` ran while a template root was being dropped, and later
    * sandboxes wrote past their limits). That one waits for a later pass. A volume found
-   * inconsistent anyway is rescanned, so that its limits hold again.
+   * inconsistent anyway is rescanned, so that its limits hold again (as every ensure does).
    */
   async clearStaleQgroups(): Promise<void> {
     await this.readFsid();
@@ -357,8 +375,7 @@ export class WorkspaceVolume {
       if (numbers.some((n) => n !== 0)) continue;
       await runCommand(['btrfs', 'qgroup', 'destroy', `0/${id}`, this.mountPoint], { check: false });
     }
-    const inconsistent = await readFile(join(qgroups, 'inconsistent'), 'utf8').catch(() => '0');
-    if (inconsistent.trim() === '1') await runCommand(['btrfs', 'quota', 'rescan', '-w', this.mountPoint], { check: false, timeoutMs: 300_000 });
+    await this.keepQuotasHolding();
   }
 
   private async qgroupDir(id: string, path: string): Promise<string | undefined> {
