@@ -6,6 +6,8 @@ import { runCommand } from './run-command.host.js';
 import { withLock } from './lock.host.js';
 import { pathExists } from './fs-util.js';
 
+/** How often a process holding the volume checks that its quota accounting is consistent (a sysfs read). */
+const QUOTA_WATCH_MS = 2000;
 /** The filesystem's own top subvolume (id 5): its quota group is never stale. */
 const TOP_LEVEL_SUBVOLUME = 5;
 
@@ -61,6 +63,7 @@ export class WorkspaceVolume {
   private readonly subvolumeIds = new Map<string, number>();
   /** The quota rescan running, if one is (see keepQuotasHolding). */
   private rescanning: Promise<void> | undefined;
+  private quotaWatch: NodeJS.Timeout | undefined;
 
   constructor(options: WorkspaceVolumeOptions) {
     this.image = join(options.dataDir, 'volume.img');
@@ -113,12 +116,19 @@ export class WorkspaceVolume {
 
   private holdMount(): Promise<void> {
     this.hold ??= openSync(this.mountPoint, 'r');
+    // While this process holds the volume: a kernel that marks its quota accounting inconsistent
+    // (this kernel does when it drops some deleted subvolumes) is answered within seconds, not
+    // at the next create, so the running sandboxes' disk limits hold again.
+    this.quotaWatch ??= setInterval(() => void this.keepQuotasHolding().catch(() => undefined), QUOTA_WATCH_MS);
+    this.quotaWatch.unref();
     return Promise.resolve();
   }
 
   private letGo(): Promise<void> {
     if (this.hold !== undefined) closeSync(this.hold);
     this.hold = undefined;
+    clearInterval(this.quotaWatch);
+    this.quotaWatch = undefined;
     return Promise.resolve();
   }
 
