@@ -108,7 +108,11 @@ export interface HandleGrants {
  * Durable sandboxes: lifecycle (create → running → killed/expired/failed), TTLs, pause, the
  * processes and interpreter contexts of each, and recovery after a crash. Thin callers (HTTP
  * routes, the E2B facade, MCP) turn requests into calls here; the pieces live beside it
- * (sandbox-table, ttl, pausing, process-table, interpreters, recovery).
+ * (sandbox-table, ttl, pausing, process-table, interpreters, restart).
+ *
+ * Over 800 lines (811): it is the SandboxEngine's one implementation, and most of its methods
+ * are a tenant check and a delegation. The next piece to move out is the lifecycle of a live
+ * entry (attach, markRunning, pause, expire, end) into its own file, as restart.ts was.
  */
 export class SandboxManager implements SandboxEngine {
   private readonly table: SandboxTable;
