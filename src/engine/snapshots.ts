@@ -98,12 +98,14 @@ export class Snapshots {
     this.budget?.reserveStored(owner, 'snapshots', chargedBytes);
     const uncharge = () => this.budget?.releaseStored(owner, 'snapshots', chargedBytes);
     let checkpoint: SnapshotInfo['checkpoint'];
+    // Known at once when the charge was read off the snapshot (a workspace's is its size).
+    let sizeBytes: number | undefined;
     try {
       if (chargeAfter) {
         await this.takeFilesystem(entry, disk.path, snapshotId);
-        const held = (await this.disks.snapshotSizeBytes(snapshotId)) ?? 0;
-        this.budget?.reserveStored(owner, 'snapshots', held);
-        chargedBytes = held;
+        sizeBytes = await this.disks.snapshotSizeBytes(snapshotId);
+        this.budget?.reserveStored(owner, 'snapshots', sizeBytes ?? 0);
+        chargedBytes = sizeBytes ?? 0;
       } else if (options.mode === 'full') {
         checkpoint = await this.takeFull(sandbox, disk.path, snapshotId, await contexts());
         // The image of its memory and processes is stored too, and counts as its disk does
@@ -130,6 +132,7 @@ export class Snapshots {
       backend: info.backend,
       disk: disk.kind,
       chargedBytes,
+      ...(sizeBytes !== undefined ? { sizeBytes } : {}),
       createdAt: new Date(this.now()).toISOString(),
       spec: structuredClone(info.spec),
       ...(checkpoint ? { checkpoint } : {}),
@@ -141,9 +144,9 @@ export class Snapshots {
       uncharge();
       throw error;
     }
-    // Its size is read off the path (two btrfs spawns): GET and list show it once known.
+    // Otherwise its size is read off the path (two btrfs spawns): GET and list show it once known.
     // Best effort: a size the kernel does not give, or a store closed meanwhile, leaves it absent.
-    void this.recordSize(record).catch(() => undefined);
+    if (sizeBytes === undefined) void this.recordSize(record).catch(() => undefined);
     return structuredClone(record);
   }
 
