@@ -1,7 +1,11 @@
 import { spawn, type ChildProcessWithoutNullStreams } from 'node:child_process';
-import { existsSync, readdirSync, readFileSync } from 'node:fs';
+import { existsSync, readdirSync, readFileSync, rmSync } from 'node:fs';
 import { createServer } from 'node:net';
 import { join, resolve } from 'node:path';
+import { expect } from 'vitest';
+import { HostEnvironment } from '../../src/host/host-env.host.js';
+import { describeLeaks, findLeaks } from '../helpers/leaks.js';
+import { expectNoLeaks } from '../helpers/sandbox.js';
 
 /**
  * `capsule serve` (the built CLI, dist/) as a child process on a data directory of the test's
@@ -82,6 +86,19 @@ export class ServedInstance {
     const last = await this.serve('--stop-sandboxes');
     last.child.kill('SIGTERM');
     await exited(last.child);
+  }
+
+  /**
+   * After the file: ends what is left running, removes the instance's volume and data directory,
+   * and fails on any host resource of the instance left behind.
+   */
+  async tearDown(): Promise<void> {
+    await this.cleanUp();
+    const leaks = describeLeaks(await findLeaks(this.dataDir));
+    await new HostEnvironment({ dataDir: this.dataDir }).volume.unmount().catch(() => undefined);
+    rmSync(this.dataDir, { recursive: true, force: true });
+    expect(leaks, 'host resources of the instance left behind').toBe('');
+    await expectNoLeaks();
   }
 
   supervisorPid(sandboxId: string): number {

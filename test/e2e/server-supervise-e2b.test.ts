@@ -1,11 +1,10 @@
-import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { existsSync, mkdtempSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { Sandbox } from '@e2b/code-interpreter';
 import { afterAll, afterEach, describe, expect, it } from 'vitest';
 import { HostEnvironment } from '../../src/host/host-env.host.js';
 import { newApiKey } from '../../src/store/index.js';
-import { describeLeaks, findLeaks } from '../helpers/leaks.js';
-import { expectNoLeaks, testDataDir } from '../helpers/sandbox.js';
+import { testDataDir } from '../helpers/sandbox.js';
 import { waitFor } from './server-helpers.js';
 import { alive, exited, freePort, isBuilt, ServedInstance } from './served.js';
 
@@ -22,14 +21,7 @@ const instance = new ServedInstance(dataDir, newApiKey());
 const e2bKey = `e2b_${instance.apiKey.slice('cap_'.length)}`;
 
 afterEach(() => instance.stopAll());
-afterAll(async () => {
-  await instance.cleanUp();
-  const leaks = describeLeaks(await findLeaks(dataDir));
-  await host.volume.unmount().catch(() => undefined);
-  rmSync(dataDir, { recursive: true, force: true });
-  expect(leaks, 'host resources of the instance left behind').toBe('');
-  await expectNoLeaks();
-});
+afterAll(() => instance.tearDown());
 
 const COUNTER = 'i=0; while :; do echo "tick $i"; echo $i > /home/user/count; i=$((i+1)); sleep 0.1; done';
 

@@ -1,4 +1,4 @@
-import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs';
+import { existsSync, mkdtempSync, readdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import Database from 'better-sqlite3';
 import { afterAll, afterEach, describe, expect, it } from 'vitest';
@@ -7,8 +7,7 @@ import { HostEnvironment } from '../../src/host/host-env.host.js';
 import { listInstanceNetns, NetworkNames } from '../../src/host/netns-pool.host.js';
 import { FAKE_ADDRESSES, FakeInternet } from '../integration/network-fake-internet.js';
 import { newApiKey } from '../../src/store/index.js';
-import { describeLeaks, findLeaks } from '../helpers/leaks.js';
-import { expectNoLeaks, testDataDir } from '../helpers/sandbox.js';
+import { testDataDir } from '../helpers/sandbox.js';
 import { waitFor } from './server-helpers.js';
 import { alive, exited, isBuilt, ServedInstance } from './served.js';
 
@@ -24,14 +23,7 @@ const host = new HostEnvironment({ dataDir });
 const instance = new ServedInstance(dataDir, newApiKey());
 
 afterEach(() => instance.stopAll());
-afterAll(async () => {
-  await instance.cleanUp();
-  const leaks = describeLeaks(await findLeaks(dataDir));
-  await host.volume.unmount().catch(() => undefined);
-  rmSync(dataDir, { recursive: true, force: true });
-  expect(leaks, 'host resources of the instance left behind').toBe('');
-  await expectNoLeaks();
-});
+afterAll(() => instance.tearDown());
 
 const COUNTER = (file: string) => `i=0; while :; do echo $i > ${file}; i=$((i+1)); sleep 0.1; done`;
 type Call = ReturnType<ServedInstance['api']>;
