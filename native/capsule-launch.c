@@ -14,6 +14,9 @@
  * measured here), a fork into the group does not. Where that is not possible (see fork_into)
  * the child is forked and joins by a write.
  *
+ * With --subvolume UID:LIMIT_BYTES:PATH, first of all (launch-subvolume.c): make PATH a new btrfs
+ * subvolume, owned by UID, mode 0700, its quota limit set (a sandbox's fresh workspace).
+ *
  * In the child:
  *   1. write our pid to each --cgroup-procs file (the v1 memory, pids, cpu groups);
  *   2. set each --rlimit;
@@ -35,7 +38,7 @@
  *   an `:idmap` attach (the sandbox's root snapshot) is seen through it, so ids 0..COUNT-1 on
  *   disk are the sandbox's own 0..COUNT-1; FD keeps the namespace for bwrap --userns.
  *
- * Usage: capsule-launch [--cgroup2-dir DIR] [--cgroup-procs FILE]... [--netns FILE] [--rlimit NAME=SOFT[:HARD]]...
+ * Usage: capsule-launch [--subvolume UID:LIMIT_BYTES:PATH] [--cgroup2-dir DIR] [--cgroup-procs FILE]... [--netns FILE] [--rlimit NAME=SOFT[:HARD]]...
  *                       [--fd N:PATH]... [--forbid DIR] [--mount I:FD:KIND ROOT SUBPATH]...
  *                       [--userns BASE:COUNT[:FD]] [--stage DIR] [--attach FD:ro|rw[:idmap] TARGET]...
  *                       [--uid N --gid N] [--supervise SOCKET --spool FILE [--spool-bytes N] [--pidfile FILE]]
@@ -67,6 +70,7 @@
 #include <unistd.h>
 
 #include "launch-mounts.h"
+#include "launch-subvolume.h"
 #include "launch-supervise.h"
 
 static void die(const char *what, const char *arg) {
@@ -231,6 +235,7 @@ int main(int argc, char **argv) {
     int nmounts = 0, nattaches = 0;
     if (cgroups == NULL || rlimits == NULL || fds == NULL || mounts == NULL || attaches == NULL) die("calloc", NULL);
     const char *netns = NULL, *cgroup2 = NULL, *forbid = NULL, *stage = NULL;
+    char *subvolume = NULL;
     long uid = -1, gid = -1;
     struct supervise_options supervise_opts = {.spool_bytes = 16ull * 1024 * 1024};
     unsigned long userns_base = 0, userns_count = 0;
@@ -279,6 +284,7 @@ int main(int argc, char **argv) {
         else if (strcmp(opt, "--fd") == 0) fds[nfds++] = value;
         else if (strcmp(opt, "--forbid") == 0) forbid = value;
         else if (strcmp(opt, "--stage") == 0) stage = value;
+        else if (strcmp(opt, "--subvolume") == 0) subvolume = value;
         else if (strcmp(opt, "--userns") == 0) {
             /* --userns BASE:COUNT[:FD]: a user namespace mapping 0..COUNT-1 to BASE..; FD keeps it for bwrap --userns. */
             int n = sscanf(value, "%lu:%lu:%d", &userns_base, &userns_count, &userns_keep);
@@ -296,6 +302,8 @@ int main(int argc, char **argv) {
     if (i >= argc) usage("no program to run");
 
     if (prctl(PR_SET_CHILD_SUBREAPER, 1) != 0) die("prctl subreaper", NULL);
+    /* Before anything starts (and before a supervisor says it is ready): the child's --fd opens it. */
+    if (subvolume != NULL) subvolume_create(subvolume);
     int supervising = supervise_opts.socket_path != NULL;
     int listen_fd = -1, sigfd = -1, agent_in[2] = {-1, -1}, agent_out[2] = {-1, -1};
     sigset_t chld;

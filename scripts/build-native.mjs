@@ -12,7 +12,7 @@ mkdirSync(out, { recursive: true });
 const programs = [
   // Static: it runs inside sandboxes whose root is any template (musl, another glibc, no libc).
   { name: 'capsule-agent', libs: ['-lutil', '-static'], extra: ['agent-users.c', 'agent-relay.c'], headers: ['agent-users.h', 'agent-relay.h'] },
-  { name: 'capsule-launch', libs: [], extra: ['launch-mounts.c', 'launch-supervise.c'], headers: ['launch-mounts.h', 'launch-supervise.h'] },
+  { name: 'capsule-launch', libs: [], extra: ['launch-mounts.c', 'launch-subvolume.c', 'launch-supervise.c'], headers: ['launch-mounts.h', 'launch-subvolume.h', 'launch-supervise.h'] },
   { name: 'seccomp-gen', libs: ['-lseccomp'] },
 ];
 

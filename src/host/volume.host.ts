@@ -153,6 +153,11 @@ export class WorkspaceVolume {
     await runCommand(['umount', this.mountPoint], { check: false });
   }
 
+  /**
+   * Where sandbox `id`'s bare workspace subvolume is. The namespace backend has capsule-launch
+   * make a fresh one there (`--subvolume`: the same subvolume, owner, mode and limit as
+   * createWithoutLimit + setLimit, by ioctl); everything else about it is this class's.
+   */
   path(id: string): string {
     return join(this.mountPoint, `${WORKSPACE_PREFIX}${id}`);
   }

@@ -1,5 +1,5 @@
 import { execFileSync, spawnSync } from 'node:child_process';
-import { mkdir, mkdtemp, rm, rmdir, symlink, writeFile } from 'node:fs/promises';
+import { mkdir, mkdtemp, rm, rmdir, stat, symlink, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
@@ -106,5 +106,49 @@ describe('capsule-launch --mount', () => {
       expect(r.stderr, `${mountRoot} ${subpath}`).toMatch(new RegExp(`mount 0 refused \\(${code}\\): `));
       expect(r.stderr, `${mountRoot} ${subpath}`).toMatch(why);
     }
+  });
+});
+
+/*
+ * A namespace sandbox's fresh workspace is made by the launcher (--subvolume), not by `btrfs`
+ * spawns: the same subvolume, owner, mode and quota limit, or a clear refusal before anything runs.
+ */
+describe('capsule-launch --subvolume', () => {
+  const id = 'launchsubvol';
+  let host: HostEnvironment;
+  let launcher: string;
+
+  beforeAll(async () => {
+    host = new HostEnvironment({ dataDir: testDataDir() });
+    launcher = (await host.ensure()).launcher;
+  });
+  afterEach(() => host.volume.delete(id));
+
+  const launch = (spec: string) => spawnSync(launcher, ['--subvolume', spec, '--', '/bin/true'], { encoding: 'utf8', timeout: 10_000 });
+
+  it('makes the workspace subvolume with its owner, mode 0700 and disk limit', async () => {
+    const path = host.volume.path(id);
+    const made = launch(`4242:${8 * 1024 * 1024}:${path}`);
+    expect(made.status, made.stderr).toBe(0);
+    const info = await stat(path);
+    expect({ uid: info.uid, gid: info.gid, mode: info.mode & 0o7777 }).toEqual({ uid: 4242, gid: 4242, mode: 0o700 });
+    expect(execFileSync('btrfs', ['inspect-internal', 'rootid', path], { encoding: 'utf8' }).trim()).not.toBe('5');
+    // The limit as btrfs reports it for this subvolume's quota group: max referenced, 8 MiB.
+    const show = execFileSync('btrfs', ['qgroup', 'show', '-r', '--raw', '-f', path], { encoding: 'utf8' });
+    expect(show.trim().split('\n').at(-1)?.split(/\s+/)[3]).toBe(String(8 * 1024 * 1024));
+  });
+
+  it('refuses a path that exists, one off btrfs and a malformed spec, saying which', async () => {
+    const path = host.volume.path(id);
+    expect(launch(`4242:0:${path}`).status).toBe(0);
+    const again = launch(`4242:0:${path}`);
+    expect(again.status).toBe(125);
+    expect(again.stderr).toContain(`capsule-launch: subvolume ${path}: create: File exists`);
+    const offBtrfs = launch(`4242:0:${join(tmpdir(), `capsule-not-btrfs-${process.pid}`)}`);
+    expect(offBtrfs.status).toBe(125);
+    expect(offBtrfs.stderr).toMatch(/subvolume .*: create: Inappropriate ioctl for device/);
+    const malformed = launch(`someone:0:${path}`);
+    expect(malformed.status).toBe(125);
+    expect(malformed.stderr).toContain('--subvolume wants UID:LIMIT_BYTES:PATH (bad uid)');
   });
 });

@@ -1,0 +1,70 @@
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/btrfs.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "launch-subvolume.h"
+
+static void fail(const char *path, const char *what) {
+    fprintf(stderr, "capsule-launch: subvolume %s: %s: %s\n", path, what, strerror(errno));
+    exit(125);
+}
+
+static unsigned long long parse_number(const char *text, const char *what) {
+    char *end = NULL;
+    errno = 0;
+    unsigned long long value = strtoull(text, &end, 10);
+    if (errno != 0 || end == text || *end != '\0' || text[0] == '-') {
+        fprintf(stderr, "capsule-launch: --subvolume wants UID:LIMIT_BYTES:PATH (bad %s)\n", what);
+        exit(125);
+    }
+    return value;
+}
+
+void subvolume_create(char *spec) {
+    char *first = strchr(spec, ':');
+    char *second = first == NULL ? NULL : strchr(first + 1, ':');
+    if (second == NULL) {
+        fprintf(stderr, "capsule-launch: --subvolume wants UID:LIMIT_BYTES:PATH\n");
+        exit(125);
+    }
+    *first = '\0';
+    *second = '\0';
+    unsigned long long owner = parse_number(spec, "uid");
+    unsigned long long limit = parse_number(first + 1, "limit");
+    char *path = second + 1;
+    char *slash = strrchr(path, '/');
+    if (path[0] != '/' || slash == NULL || slash[1] == '\0' || strlen(slash + 1) >= BTRFS_PATH_NAME_MAX || owner > 0xfffffffeULL) {
+        errno = EINVAL;
+        fail(path, "wants an absolute path ending in a name, and a uid");
+    }
+    const char *name = slash + 1;
+
+    /* The parent, then the new subvolume through it: no path is looked up twice. */
+    *slash = '\0';
+    int parent = open(slash == path ? "/" : path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    *slash = '/';
+    if (parent < 0) fail(path, "open parent");
+    struct btrfs_ioctl_vol_args create = {0};
+    strncpy(create.name, name, sizeof create.name - 1);
+    if (ioctl(parent, BTRFS_IOC_SUBVOL_CREATE, &create) != 0) fail(path, "create");
+    int fd = openat(parent, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) fail(path, "open");
+    close(parent);
+
+    /* The sandbox's alone: its uid's, 0700 (btrfs makes a subvolume root's 0755). */
+    if (fchown(fd, (uid_t)owner, (gid_t)owner) != 0) fail(path, "chown");
+    if (fchmod(fd, 0700) != 0) fail(path, "chmod");
+    if (limit > 0) {
+        /* qgroupid 0: the quota group of the subvolume fd is in (what `btrfs qgroup limit SIZE PATH` sets). */
+        struct btrfs_ioctl_qgroup_limit_args quota = {.qgroupid = 0, .lim = {.flags = BTRFS_QGROUP_LIMIT_MAX_RFER, .max_rfer = limit}};
+        if (ioctl(fd, BTRFS_IOC_QGROUP_LIMIT, &quota) != 0) fail(path, "set its quota limit");
+    }
+    close(fd);
+}
