@@ -98,9 +98,13 @@ function endUnreadable(ctx: RestartContext): void {
  * supervisor (or its TTL ran out meanwhile).
  */
 async function tryReattach(ctx: RestartContext, record: SandboxInfo): Promise<{ sandbox?: BackendSandbox; lost?: string; notTaken?: string } | undefined> {
-  if (record.state !== 'running' || Date.parse(record.expiresAt) <= ctx.now()) return undefined;
+  if (Date.parse(record.expiresAt) <= ctx.now()) return undefined;
   const backend = ctx.backends.get(record.spec.backend);
   if (!backend?.reattach) return undefined;
+  // Paused and held by its supervisor (a namespace sandbox, frozen or files-only); a backend
+  // that restores its pauses from disk (gVisor's checkpoints) has none held to take over.
+  const heldPaused = record.state === 'paused' && record.pause?.survivesRestart === true && backend.restore === undefined;
+  if (record.state !== 'running' && !heldPaused) return undefined;
   try {
     // The roots must still exist and pass the checks; volumes are the tenant's, as at create.
     const mounts = await ctx.mountsFor(record.spec, 'all');
@@ -113,12 +117,16 @@ async function tryReattach(ctx: RestartContext, record: SandboxInfo): Promise<{ 
   }
 }
 
-/** A running sandbox taken over from its supervisor: its processes, with what they wrote meanwhile. */
+/**
+ * A sandbox taken over from its supervisor: its processes, with what they wrote meanwhile. A
+ * paused one stays paused (its TTL as the pause left it) until resumed.
+ */
 function resumeReattached(ctx: RestartContext, record: SandboxInfo, sandbox: BackendSandbox): void {
   const entry = ctx.restoreEntry(record);
   ctx.attach(entry, sandbox);
   ctx.adoptProcesses(entry, sandbox);
-  ctx.markRunning(entry, ctx.now());
+  if (record.state === 'paused') ctx.keepPaused(entry);
+  else ctx.markRunning(entry, ctx.now());
   ctx.onEvent({ type: 'sandbox.recovered', sandbox: snapshot(entry) });
 }
 

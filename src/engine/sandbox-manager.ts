@@ -581,9 +581,13 @@ export class SandboxManager implements SandboxEngine {
     const left: string[] = [];
     if (options.keepSandboxes === true) {
       for (const entry of this.table.all()) {
-        // Paused to disk (a gVisor checkpoint): nothing runs, the next start restores it as is.
-        const pausedToDisk = entry.info.state === 'paused' && entry.info.pause?.survivesRestart === true && !entry.ending;
-        if (!pausedToDisk && (entry.info.state !== 'running' || entry.ending || !entry.sandbox?.detach?.())) continue;
+        // Paused so that it survives a restart: a gVisor checkpoint on disk (nothing runs, the
+        // next start restores it), or a namespace sandbox its supervisor holds (let go of here,
+        // the next start reattaches it still paused).
+        const pausedToKeep = entry.info.state === 'paused' && entry.info.pause?.survivesRestart === true;
+        if (entry.ending) continue;
+        if (pausedToKeep) entry.sandbox?.detach?.();
+        else if (entry.info.state !== 'running' || !entry.sandbox?.detach?.()) continue;
         // The record stays running; the next start reattaches to its supervisor.
         this.ttl.clear(entry);
         this.usageSampler.untrack(entry.info.sandboxId);

@@ -128,6 +128,11 @@ export class SandboxCgroup {
    * the thread pool costs a snapshot, whose sandbox stays frozen meanwhile, a millisecond on a
    * busy host. A thaw is reported at once; a freeze waits for the events file when it is not.
    */
+  /** Whether the group is asked to be frozen (cgroup.freeze), as a paused sandbox's is. */
+  async isFrozen(): Promise<boolean> {
+    return (await readFile(join(this.dir('unified'), 'cgroup.freeze'), 'utf8').catch(() => '0')).trim() === '1';
+  }
+
   async freeze(frozen: boolean, timeoutMs = 5000): Promise<void> {
     const events = join(this.dir('unified'), 'cgroup.events');
     writeFileSync(join(this.dir('unified'), 'cgroup.freeze'), frozen ? '1' : '0');

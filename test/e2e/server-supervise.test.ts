@@ -135,6 +135,59 @@ describe('capsule serve (supervised by default): sandboxes outlive the server', 
     expect(readdirSync(join(dataDir, 'run'))).toEqual([]);
   });
 
+  it.skipIf(!isBuilt)('keeps a paused sandbox paused through a SIGKILL and a SIGTERM stop, its processes frozen, and resumes them (needs npm run build)', async () => {
+    const first = await serve();
+    const call = api(first.url);
+    const made = await call<{ sandboxId: string }>('POST', '/v1/sandboxes', { metadata: { sup: 'paused' } });
+    expect(made.status).toBe(201);
+    const id = made.body.sandboxId;
+    const counter = await call<{ pid: number }>('POST', `/v1/sandboxes/${id}/processes`, { argv: ['sh', '-c', COUNTER], background: true });
+    expect(counter.status).toBe(201);
+    const countFile = join(host.volume.path(id), 'count');
+    const count = () => Number(readFileSync(countFile, 'utf8'));
+    await waitFor(() => Promise.resolve(existsSync(countFile) && count() > 1 ? true : undefined), { what: 'the counter writes' });
+    const paused = await call<{ state: string; pause: { keepsMemory: boolean; survivesRestart: boolean } }>('POST', `/v1/sandboxes/${id}/pause`, { keepMemory: true });
+    expect(paused.status, JSON.stringify(paused.body)).toBe(200);
+    expect(paused.body.pause).toMatchObject({ keepsMemory: true, survivesRestart: true });
+    const supervisor = supervisorPid(id);
+
+    first.child.kill('SIGKILL');
+    await exited(first.child);
+    expect(alive(supervisor)).toBe(true);
+
+    // Taken over still paused: the counter's process is there, frozen (it may have ticked once
+    // while the agent thawed to answer the reattach, never after).
+    const second = await serve();
+    const call2 = api(second.url);
+    const record = await call2<{ state: string }>('GET', `/v1/sandboxes/${id}`);
+    expect(record.body.state, JSON.stringify(record.body)).toBe('paused');
+    const frozenAt = count();
+    await new Promise((resolve) => setTimeout(resolve, 300));
+    expect(count()).toBe(frozenAt);
+
+    // A SIGTERM stop keeps it too, and lists it as left.
+    second.child.kill('SIGTERM');
+    await exited(second.child);
+    expect(second.child.exitCode, second.stderr()).toBe(0);
+    expect(second.stderr()).toContain(`capsule: left 1 sandbox running (the next start reattaches): ${id}`);
+    expect(alive(supervisor)).toBe(true);
+
+    const third = await serve('--stop-sandboxes');
+    const call3 = api(third.url);
+    expect((await call3<{ state: string }>('GET', `/v1/sandboxes/${id}`)).body.state).toBe('paused');
+    const resumed = await call3<{ state: string }>('POST', `/v1/sandboxes/${id}/resume`);
+    expect(resumed.status, JSON.stringify(resumed.body)).toBe(200);
+    expect(resumed.body.state).toBe('running');
+    const atResume = count();
+    await waitFor(() => Promise.resolve(count() > atResume + 2 ? true : undefined), { what: 'the same counter counting after the resume' });
+    const listed = await call3<{ processes: { pid: number; running: boolean }[] }>('GET', `/v1/sandboxes/${id}/processes`);
+    expect(listed.body.processes.find((p) => p.pid === counter.body.pid)).toMatchObject({ running: true });
+
+    third.child.kill('SIGTERM');
+    await exited(third.child);
+    expect(alive(supervisor)).toBe(false);
+  });
+
   it.skipIf(!isBuilt)('ends a sandbox whose supervisor or agent dies with the reason, and only that one', async () => {
     const served = await serve('--stop-sandboxes');
     const call = api(served.url);

@@ -168,14 +168,20 @@ export class NamespaceBackend implements Backend {
     // The namespace first: the proxy refuses the sandbox's address until its policy is registered.
     const egress = spec.network.mode === 'none' ? undefined : this.egress();
     const network = await egress?.reattach(id, spec.network, options.tenantId);
-    const holder = await reattachHolder(paths.dataDir, id).catch(() => undefined);
+    const cgroup = SandboxCgroup.attach(`${this.host.cgroupPrefix}${id}`);
+    // A sandbox paused with its memory is frozen, agent included: it thaws for the instant the
+    // agent needs to answer the reattach (the freezer acts on the whole group), then freezes again.
+    const frozen = await cgroup.isFrozen();
+    if (frozen) await cgroup.freeze(false);
+    const holder = await reattachHolder(paths.dataDir, id)
+      .catch(() => undefined)
+      .finally(() => (frozen ? cgroup.freeze(true).catch(() => undefined) : undefined));
     if (holder === undefined) {
       await egress?.detach(id).catch(() => undefined);
       throw await unansweredSupervisor(paths.dataDir, id);
     }
     const volume = this.host.volume;
     const fromTemplate = await volume.isRoot(id);
-    const cgroup = SandboxCgroup.attach(`${this.host.cgroupPrefix}${id}`);
     let uid: number;
     try {
       uid = await this.reclaimUid(id, cgroup, fromTemplate);
@@ -329,6 +335,8 @@ class NamespaceSandbox implements BackendSandbox {
    * names no user (the file helper, an interpreter) runs as the sandbox's user.
    */
   private readonly fromTemplate: boolean;
+  /** Held by a supervisor daemon that outlives this server. */
+  private readonly supervised: boolean;
   private destroying: Promise<void> | undefined;
 
   private constructor(options: StartOptions, holder: AgentHolder) {
@@ -342,6 +350,7 @@ class NamespaceSandbox implements BackendSandbox {
     this.network = options.network;
     this.egress = options.egress;
     this.holder = holder;
+    this.supervised = options.supervise;
     this.agent = holder.agent;
     this.fromTemplate = options.rootDir !== undefined;
     this.lost = new Promise((resolve) => holder.agent.onLost(() => resolve()));
@@ -496,12 +505,15 @@ class NamespaceSandbox implements BackendSandbox {
    * Without memory: every process but the agent ends, the files stay, the agent takes new work.
    */
   async pause(options: PauseOptions): Promise<PauseResult> {
+    // Held by a supervisor, a paused sandbox (frozen, or its agent alone) outlives the server
+    // like a running one: the next server reattaches it, still paused (NamespaceBackend.reattach).
+    const survivesRestart = this.supervised;
     if (options.keepMemory) {
       await this.cgroup.freeze(true);
-      return { keepsMemory: true, survivesRestart: false };
+      return { keepsMemory: true, survivesRestart };
     }
     await killAllButAgent(this.cgroup);
-    return { keepsMemory: false, survivesRestart: false };
+    return { keepsMemory: false, survivesRestart };
   }
 
   resume(): Promise<void> {
