@@ -4,8 +4,9 @@ import type { LiveSandbox } from './sandbox-table.js';
 
 /**
  * Pauses a running sandbox: `keepMemory` keeps processes and their memory (gVisor: a checkpoint
- * on disk that survives a restart; namespace: a frozen cgroup in RAM that does not); without it
- * the processes end and the files stay. The record says what was kept.
+ * on disk that survives a restart; namespace: a frozen cgroup in RAM, which survives one when a
+ * supervisor holds it); without it the processes end and the files stay. The record says what
+ * was kept.
  */
 export async function pauseSandbox(entry: LiveSandbox & { sandbox: BackendSandbox }, keepMemory: boolean, nowMs: number): Promise<void> {
   const sandbox = entry.sandbox;
