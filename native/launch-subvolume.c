@@ -1,6 +1,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <ftw.h>
 #include <linux/btrfs.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,7 +28,16 @@ static unsigned long long parse_number(const char *text, const char *what) {
     return value;
 }
 
-void subvolume_create(char *spec) {
+static uid_t tree_owner;
+
+static int own_entry(const char *path, const struct stat *info, int kind, struct FTW *where) {
+    (void)info;
+    (void)kind;
+    (void)where;
+    return lchown(path, tree_owner, tree_owner) == 0 ? 0 : -1;
+}
+
+void subvolume_create(char *spec, const char *source) {
     char *first = strchr(spec, ':');
     char *second = first == NULL ? NULL : strchr(first + 1, ':');
     if (second == NULL) {
@@ -51,14 +61,30 @@ void subvolume_create(char *spec) {
     int parent = open(slash == path ? "/" : path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     *slash = '/';
     if (parent < 0) fail(path, "open parent");
-    struct btrfs_ioctl_vol_args create = {0};
-    strncpy(create.name, name, sizeof create.name - 1);
-    if (ioctl(parent, BTRFS_IOC_SUBVOL_CREATE, &create) != 0) fail(path, "create");
+    if (source == NULL) {
+        struct btrfs_ioctl_vol_args create = {0};
+        strncpy(create.name, name, sizeof create.name - 1);
+        if (ioctl(parent, BTRFS_IOC_SUBVOL_CREATE, &create) != 0) fail(path, "create");
+    } else {
+        /* A writable snapshot of `source` (a snapshot of another sandbox's workspace). */
+        int from = open(source, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (from < 0) fail(source, "open the source");
+        struct btrfs_ioctl_vol_args_v2 snapshot = {.fd = from};
+        strncpy(snapshot.name, name, sizeof snapshot.name - 1);
+        if (ioctl(parent, BTRFS_IOC_SNAP_CREATE_V2, &snapshot) != 0) fail(path, "snapshot");
+        close(from);
+    }
     int fd = openat(parent, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     if (fd < 0) fail(path, "open");
     close(parent);
 
-    /* The sandbox's alone: its uid's, 0700 (btrfs makes a subvolume root's 0755). */
+    /* The sandbox's alone: its uid's, 0700 (btrfs makes a subvolume root's 0755). A snapshot's
+     * files keep their content and modes and become the new sandbox's, as `chown -R` would make
+     * them (links themselves, never followed; nothing else mounted there yet). */
+    if (source != NULL) {
+        tree_owner = (uid_t)owner;
+        if (nftw(path, own_entry, 32, FTW_PHYS | FTW_MOUNT) != 0) fail(path, "give its files to the sandbox's uid");
+    }
     if (fchown(fd, (uid_t)owner, (gid_t)owner) != 0) fail(path, "chown");
     if (fchmod(fd, 0700) != 0) fail(path, "chmod");
     if (limit > 0) {

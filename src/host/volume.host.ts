@@ -210,34 +210,16 @@ export class WorkspaceVolume {
    * owner becomes the new sandbox's host uid. NO quota yet, as createWithoutLimit.
    */
   async createWorkspaceFrom(id: string, sourceDir: string, uid: number): Promise<string> {
-    const { path, owned } = await this.cloneWorkspace(id, sourceDir, uid);
+    const path = this.path(id);
+    await runCommand(['btrfs', 'subvolume', 'snapshot', sourceDir, path]);
     try {
-      await owned;
+      await own(path, uid);
+      await runCommand(['chown', '-R', '--no-dereference', `${uid}:${uid}`, path]);
     } catch (error) {
       await this.delete(id).catch(() => undefined);
       throw error;
     }
     return path;
-  }
-
-  /**
-   * createWorkspaceFrom for a caller with other slow work to overlap (a sandbox's start): the
-   * clone and its top directory are `uid`'s when this returns; `owned` settles once every file
-   * inside is (a `chown -R`, one process spawn). The caller awaits `owned` before anything in the
-   * sandbox may touch the files, and deletes the workspace if it rejects.
-   */
-  async cloneWorkspace(id: string, sourceDir: string, uid: number): Promise<{ path: string; owned: Promise<void> }> {
-    const path = this.path(id);
-    await runCommand(['btrfs', 'subvolume', 'snapshot', sourceDir, path]);
-    try {
-      await own(path, uid);
-    } catch (error) {
-      await this.delete(id).catch(() => undefined);
-      throw error;
-    }
-    const owned = runCommand(['chown', '-R', '--no-dereference', `${uid}:${uid}`, path]).then(() => undefined);
-    owned.catch(() => undefined); // the caller awaits it; unawaited in between it is not unhandled
-    return { path, owned };
   }
 
   /** The subvolume holding the sandbox's files: its root (from a template) or its bare workspace. */
@@ -305,19 +287,16 @@ export class WorkspaceVolume {
   }
 
   /**
-   * Sets a fresh workspace's quota while `starting` (its sandbox's start, one process spawn off
-   * the path) runs: nothing in a sandbox writes to its workspace before create() returns, and
+   * Sets a new disk's quota (a template root's, a gVisor workspace's) while `starting` (its
+   * sandbox's start) runs: nothing in a sandbox writes to its workspace before create() returns, and
    * both are awaited. A sandbox whose quota could not be set is destroyed.
    */
-  async limitWhile<T extends { destroy(): Promise<void> }>(id: string, diskBytes: number, starting: Promise<T>, alsoReady?: Promise<void>): Promise<T> {
-    // `alsoReady`: other preparation of the workspace done meanwhile (cloneWorkspace's `owned`).
-    const [started, limited, ready] = await Promise.allSettled([starting, this.setLimit(id, diskBytes), alsoReady]);
+  async limitWhile<T extends { destroy(): Promise<void> }>(id: string, diskBytes: number, starting: Promise<T>): Promise<T> {
+    const [started, limited] = await Promise.allSettled([starting, this.setLimit(id, diskBytes)]);
     if (started.status === 'rejected') throw started.reason;
-    for (const step of [limited, ready]) {
-      if (step.status === 'rejected') {
-        await started.value.destroy().catch(() => undefined);
-        throw step.reason;
-      }
+    if (limited.status === 'rejected') {
+      await started.value.destroy().catch(() => undefined);
+      throw limited.reason;
     }
     return started.value;
   }

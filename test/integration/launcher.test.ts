@@ -1,5 +1,5 @@
 import { execFileSync, spawnSync } from 'node:child_process';
-import { mkdir, mkdtemp, rm, rmdir, stat, symlink, writeFile } from 'node:fs/promises';
+import { lstat, mkdir, mkdtemp, readFile, rm, rmdir, stat, symlink, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
@@ -136,6 +136,30 @@ describe('capsule-launch --subvolume', () => {
     // The limit as btrfs reports it for this subvolume's quota group: max referenced, 8 MiB.
     const show = execFileSync('btrfs', ['qgroup', 'show', '-r', '--raw', '-f', path], { encoding: 'utf8' });
     expect(show.trim().split('\n').at(-1)?.split(/\s+/)[3]).toBe(String(8 * 1024 * 1024));
+  });
+
+  it('with --subvolume-from, makes a writable snapshot whose files, links included, become the uid\'s', async () => {
+    const source = host.volume.path(`${id}src`);
+    execFileSync('btrfs', ['subvolume', 'create', source]);
+    try {
+      await mkdir(join(source, 'dir'));
+      await writeFile(join(source, 'dir', 'file.txt'), 'kept\n');
+      await symlink('dir/file.txt', join(source, 'link'));
+      execFileSync('chown', ['-R', '--no-dereference', '5151:5151', source]);
+      const path = host.volume.path(id);
+      const made = spawnSync(launcher, ['--subvolume', `4242:0:${path}`, '--subvolume-from', source, '--', '/bin/true'], { encoding: 'utf8', timeout: 10_000 });
+      expect(made.status, made.stderr).toBe(0);
+      for (const entry of ['', 'dir', 'dir/file.txt', 'link']) {
+        const info = await lstat(join(path, entry));
+        expect({ entry, uid: info.uid, gid: info.gid }).toEqual({ entry, uid: 4242, gid: 4242 });
+      }
+      expect((await stat(path)).mode & 0o7777).toBe(0o700);
+      expect(await readFile(join(path, 'link'), 'utf8')).toBe('kept\n');
+      // The source is untouched.
+      expect((await lstat(join(source, 'dir', 'file.txt'))).uid).toBe(5151);
+    } finally {
+      await host.volume.delete(`${id}src`);
+    }
   });
 
   it('refuses a path that exists, one off btrfs and a malformed spec, saying which', async () => {

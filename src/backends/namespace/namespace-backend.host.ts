@@ -106,17 +106,15 @@ export class NamespaceBackend implements Backend {
       const volume = this.host.volume;
       // A snapshot's clone is given to the sandbox's uid while it starts (nothing in it touches
       // the files before create() returns), as its quota is set.
-      let owned: Promise<void> | undefined;
-      // A fresh workspace is made by the launcher itself (ioctls, no spawn), with its owner and
-      // its quota, before the sandbox starts: the common create pays no `btrfs` process.
-      const fresh = !options.reuseWorkspace && !template && options.workspaceFrom === undefined;
+      // A new bare workspace (empty, or a snapshot's clone) is made by the launcher itself
+      // (ioctls, no spawn), with its owner and its quota, before the sandbox starts: such a
+      // create pays no `btrfs` process.
+      const makeWorkspace = options.reuseWorkspace || template ? undefined : { from: options.workspaceFrom };
       const workspaceDir = options.reuseWorkspace
         ? await volume.adopt(options.id, spec.limits.diskBytes, uid)
         : template
           ? (await volume.createRoot(options.id, template.layerDir)).workspace
-          : options.workspaceFrom !== undefined
-            ? await volume.cloneWorkspace(options.id, options.workspaceFrom, uid).then((made) => ((owned = made.owned), made.path))
-            : volume.path(options.id);
+          : volume.path(options.id);
       cleanup.push(() => volume.delete(options.id));
       // The host template's sandbox has one uid: its writable volumes are lent to it until it ends.
       const lent = fromTemplate ? [] : volumes.filter((_, index) => spec.volumes[index]?.readOnly !== true);
@@ -129,7 +127,7 @@ export class NamespaceBackend implements Backend {
       if (egress) cleanup.push(() => egress.detach(options.id));
       options.signal?.throwIfAborted();
       const starting = NamespaceSandbox.start({
-        id: options.id, spec, paths, uid, cgroup, workspaceDir, makeWorkspace: fresh, network, egress, mounts, volumes, supervise: this.supervise,
+        id: options.id, spec, paths, uid, cgroup, workspaceDir, makeWorkspace, network, egress, mounts, volumes, supervise: this.supervise,
         rootDir: fromTemplate ? volume.rootPath(options.id) : undefined,
         diskUsed: () => this.host.volume.usedBytes(options.id),
         setDiskLimit: (bytes) => this.host.volume.setLimit(options.id, bytes),
@@ -143,7 +141,7 @@ export class NamespaceBackend implements Backend {
           }
         },
       });
-      return await (options.reuseWorkspace || fresh ? starting : this.host.volume.limitWhile(options.id, spec.limits.diskBytes, starting, owned));
+      return await (template && !options.reuseWorkspace ? this.host.volume.limitWhile(options.id, spec.limits.diskBytes, starting) : starting);
     } catch (error) {
       for (const step of cleanup.reverse()) await step().catch(() => undefined);
       if (options.signal?.aborted) throw new SandboxError('ABORTED', `creating sandbox ${options.id} was aborted`, { cause: error });
@@ -302,8 +300,11 @@ interface StartOptions {
   rootDir: string | undefined;
   cgroup: SandboxCgroup;
   workspaceDir: string;
-  /** The launcher makes `workspaceDir` (a new subvolume: the uid's, 0700, its disk limit set). */
-  makeWorkspace?: boolean;
+  /**
+   * The launcher makes `workspaceDir`: a new subvolume (empty, or a writable snapshot of `from`
+   * whose files become the uid's), the uid's, 0700, its disk limit set.
+   */
+  makeWorkspace?: { from?: string };
   mounts: readonly HostMount[];
   /** Host directories of `spec.volumes`, in order. */
   volumes: readonly string[];
@@ -382,6 +383,7 @@ class NamespaceSandbox implements BackendSandbox {
         ];
     const launchArgs = [
       ...(options.makeWorkspace ? ['--subvolume', `${uid}:${spec.limits.diskBytes}:${options.workspaceDir}`] : []),
+      ...(options.makeWorkspace?.from !== undefined ? ['--subvolume-from', options.makeWorkspace.from] : []),
       ...cgroup.launchArgs(),
       '--rlimit', `fsize=${spec.limits.fileSizeBytes}`,
       '--rlimit', `nofile=${spec.limits.openFiles}`,
