@@ -162,7 +162,7 @@ describe('capsule-launch --subvolume', () => {
     }
   });
 
-  it('refuses a path that exists, one off btrfs and a malformed spec, saying which', async () => {
+  it('refuses a path that exists, one off btrfs and a malformed spec, saying which', () => {
     const path = host.volume.path(id);
     expect(launch(`4242:0:${path}`).status).toBe(0);
     const again = launch(`4242:0:${path}`);
