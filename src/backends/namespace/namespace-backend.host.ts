@@ -104,8 +104,6 @@ export class NamespaceBackend implements Backend {
       // A fresh workspace gets its quota while the sandbox starts (below), before create()
       // returns: nothing in the sandbox writes to it until the caller runs something.
       const volume = this.host.volume;
-      // A snapshot's clone is given to the sandbox's uid while it starts (nothing in it touches
-      // the files before create() returns), as its quota is set.
       // A new bare workspace (empty, or a snapshot's clone) is made by the launcher itself
       // (ioctls, no spawn), with its owner and its quota, before the sandbox starts: such a
       // create pays no `btrfs` process.
