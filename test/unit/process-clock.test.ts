@@ -44,7 +44,13 @@ describe('adoptedWallClock', () => {
 
 describe('ProcessTable.adopt', () => {
   const dir = mkdtempSync(join(tmpdir(), 'capsule-process-clock-'));
-  afterAll(() => rmSync(dir, { recursive: true, force: true }));
+  const logs = new ProcessLogs({ dataDir: dir });
+  // The ended process's log is written and closed in the background: removed before that, the
+  // directory came back with it.
+  afterAll(async () => {
+    await logs.flushed();
+    rmSync(dir, { recursive: true, force: true });
+  });
   afterEach(() => vi.useRealTimers());
 
   /** An agent process that records the signals it gets and exits on SIGKILL. */
@@ -65,7 +71,7 @@ describe('ProcessTable.adopt', () => {
   it('kills a process whose label claims a later start and a longer clock at the clamped deadline, as the wall-clock limit', async () => {
     vi.useFakeTimers({ toFake: ['setTimeout', 'clearTimeout'] });
     let now = NOW;
-    const table = new ProcessTable({ observer: {}, now: () => now, maxWallClockMs: 3_600_000, logs: new ProcessLogs({ dataDir: dir }) });
+    const table = new ProcessTable({ observer: {}, now: () => now, maxWallClockMs: 3_600_000, logs });
     const info = {
       sandboxId: 'sbx_clock', tenantId: 't', state: 'running', backend: 'namespace', spec: parseSpec({}), metadata: {},
       createdAt: iso(CREATED), expiresAt: iso(CREATED + 24 * 3_600_000),
