@@ -267,7 +267,9 @@ describe('capsule-agent', () => {
 
     const proc = await client.start(options(['sh', '-c', 'stty size; read line; stty size'], { pty: { cols: 80, rows: 24 } }));
     const output = collect(proc);
-    await stdoutMatching(proc, /24 80\r?\n/);
+    // Not stdoutMatching: output that came before any listener is replayed to the first one
+    // only (collect), and `stty size` may answer before this line runs.
+    await waitFor(() => /24 80\r?\n/.test(output.stdout()));
     proc.resize(132, 43);
     proc.write('go\n');
     await proc.exited;
