@@ -122,17 +122,17 @@ export class SandboxCgroup {
     await writeFile(join(this.dir('memory'), 'memory.max_usage_in_bytes'), '0').catch(() => undefined);
   }
 
+  /** Whether the group is asked to be frozen (cgroup.freeze), as a paused sandbox's is. */
+  async isFrozen(): Promise<boolean> {
+    return (await readFile(join(this.dir('unified'), 'cgroup.freeze'), 'utf8').catch(() => '0')).trim() === '1';
+  }
+
   /**
    * Freezes or thaws every process at once; returns when the kernel reports it done. The control
    * files are written and read synchronously (a few microseconds on cgroupfs): each trip through
    * the thread pool costs a snapshot, whose sandbox stays frozen meanwhile, a millisecond on a
    * busy host. A thaw is reported at once; a freeze waits for the events file when it is not.
    */
-  /** Whether the group is asked to be frozen (cgroup.freeze), as a paused sandbox's is. */
-  async isFrozen(): Promise<boolean> {
-    return (await readFile(join(this.dir('unified'), 'cgroup.freeze'), 'utf8').catch(() => '0')).trim() === '1';
-  }
-
   async freeze(frozen: boolean, timeoutMs = 5000): Promise<void> {
     const events = join(this.dir('unified'), 'cgroup.events');
     writeFileSync(join(this.dir('unified'), 'cgroup.freeze'), frozen ? '1' : '0');

@@ -2,6 +2,7 @@ import { closeSync, openSync } from 'node:fs';
 import { chmod, chown, mkdir, open, readFile, readdir, stat, statfs } from 'node:fs/promises';
 import { dirname, join } from 'node:path';
 import { SandboxError } from '../errors/index.js';
+import { NextRun } from './next-run.js';
 import { runCommand } from './run-command.host.js';
 import { withLock } from './lock.host.js';
 import { pathExists } from './fs-util.js';
@@ -63,12 +64,12 @@ export class WorkspaceVolume {
   private hold: number | undefined;
   /** Subvolume ids by sandbox id (its `ws-` or `sb-` subvolume), learned once per sandbox. */
   private readonly subvolumeIds = new Map<string, number>();
-  /** The `btrfs subvolume list` that will start next, which callers join (see learnIds). */
-  private queuedListing: Promise<void> | undefined;
-  private runningListing: Promise<void> = Promise.resolve();
-  /** The subvolume deletes that will run next, together (see deleteSubvolume). */
-  private queuedDeletes: { paths: string[]; run: Promise<void> } | undefined;
-  private runningDeletes: Promise<void> = Promise.resolve();
+  /** `btrfs subvolume list`, learning every sandbox's subvolume id (see qgroupDir). */
+  private readonly listing = new NextRun(() => this.learnIds());
+  /** `btrfs subvolume delete` of every path asked while the previous delete ran (see deleteSubvolume). */
+  private readonly deletes = new NextRun<string>(async (paths) => {
+    await runCommand(['btrfs', 'subvolume', 'delete', ...paths], { check: false });
+  });
   /** The quota rescan running, if one is (see keepQuotasHolding). */
   private rescanning: Promise<void> | undefined;
   private quotaWatch: NodeJS.Timeout | undefined;
@@ -314,21 +315,9 @@ export class WorkspaceVolume {
    * path the batch left (its delete failed) is deleted again on its own, so its caller gets its
    * own error.
    */
-  private deleteSubvolume(path: string): Promise<void> {
-    let batch = this.queuedDeletes;
-    if (!batch) {
-      const paths: string[] = [];
-      const run = this.runningDeletes.then(async () => {
-        this.queuedDeletes = undefined;
-        await runCommand(['btrfs', 'subvolume', 'delete', ...paths], { check: false });
-      });
-      batch = this.queuedDeletes = { paths, run };
-      this.runningDeletes = run.catch(() => undefined);
-    }
-    batch.paths.push(path);
-    return batch.run.then(async () => {
-      if (await pathExists(path)) await runCommand(['btrfs', 'subvolume', 'delete', path]);
-    });
+  private async deleteSubvolume(path: string): Promise<void> {
+    await this.deletes.join(path);
+    if (await pathExists(path)) await runCommand(['btrfs', 'subvolume', 'delete', path]);
   }
 
   /**
@@ -407,7 +396,7 @@ export class WorkspaceVolume {
     await this.readFsid();
     // The quota group of subvolume N is 0/N, which the kernel exposes in sysfs: reading usage
     // needs no spawn once the id is known.
-    if (!this.subvolumeIds.has(id) && (await pathExists(path))) await this.learnIds();
+    if (!this.subvolumeIds.has(id) && (await pathExists(path))) await this.listing.join();
     const subvolId = this.subvolumeIds.get(id);
     if (subvolId === undefined) return undefined;
     const dir = `/sys/fs/btrfs/${this.fsid}/qgroups/0_${subvolId}`;
@@ -415,24 +404,17 @@ export class WorkspaceVolume {
   }
 
   /**
-   * Learns the subvolume id of every sandbox on the volume from one `btrfs subvolume list`.
-   * Callers join the listing that has not started yet, so it sees every subvolume made before
-   * they asked: with a thousand sandboxes starting, their first usage reads cost one spawn
-   * between them instead of one each (a spawn from a server that large costs ~3 ms of CPU).
+   * Learns the subvolume id of every sandbox on the volume from one `btrfs subvolume list`, run
+   * through `listing` (callers join the one not started yet, so it sees every subvolume made
+   * before they asked): with a thousand sandboxes starting, their first usage reads cost one
+   * spawn between them instead of one each (a spawn from a server that large costs ~3 ms of CPU).
    */
-  private learnIds(): Promise<void> {
-    if (this.queuedListing) return this.queuedListing;
-    const listing = this.runningListing.then(async () => {
-      this.queuedListing = undefined;
-      const { stdout } = await runCommand(['btrfs', 'subvolume', 'list', this.mountPoint], { check: false });
-      for (const line of stdout.split('\n')) {
-        const match = SUBVOLUME_LINE.exec(line);
-        if (match) this.subvolumeIds.set(match[3]!, Number(match[1]));
-      }
-    });
-    this.queuedListing = listing;
-    this.runningListing = listing.catch(() => undefined);
-    return listing;
+  private async learnIds(): Promise<void> {
+    const { stdout } = await runCommand(['btrfs', 'subvolume', 'list', this.mountPoint], { check: false });
+    for (const line of stdout.split('\n')) {
+      const match = SUBVOLUME_LINE.exec(line);
+      if (match) this.subvolumeIds.set(match[3]!, Number(match[1]));
+    }
   }
 
   /** The filesystem's uuid names its sysfs directory; read once, when usage is first asked. */

@@ -101,7 +101,7 @@ export class NamespaceBackend implements Backend {
     try {
       const cgroup = await SandboxCgroup.create(this.host.cgroupPrefix, options.id, spec.limits);
       cleanup.push(() => cgroup.remove());
-      // A fresh workspace gets its quota while the sandbox starts (below), before create()
+      // A template's root gets its quota while the sandbox starts (below), before create()
       // returns: nothing in the sandbox writes to it until the caller runs something.
       const volume = this.host.volume;
       // A new bare workspace (empty, or a snapshot's clone) is made by the launcher itself
