@@ -12,10 +12,12 @@
  * `spec` is UID:LIMIT_BYTES:PATH (LIMIT_BYTES 0 for no limit). PATH must not exist; its parent is
  * a directory on a btrfs filesystem with quotas enabled when a limit is asked. With `source` (a
  * subvolume on the same filesystem) PATH is a writable snapshot of it whose files all become
- * UID's; else it is empty. Exits 125 with "capsule-launch: subvolume PATH: why" on stderr when a
+ * UID's; else it is empty. With `spare` (a writable snapshot of `source` made earlier, on the same
+ * filesystem) that subvolume is renamed to PATH instead when it exists, and made a snapshot of
+ * `source` when it does not (another create took it). Exits 125 with "capsule-launch: subvolume PATH: why" on stderr when a
  * step fails; what it made stays for the host to delete (it deletes the workspace of a sandbox
  * that failed to start).
  */
-void subvolume_create(char *spec, const char *source);
+void subvolume_create(char *spec, const char *source, const char *spare);
 
 #endif

@@ -261,6 +261,8 @@ export class SandboxManager implements SandboxEngine {
     this.table.save(entry);
     try {
       const template = image.layerDir !== undefined ? { layerDir: image.layerDir } : undefined;
+      // A template's next sandbox finds its root ready (a snapshot's is kept when it is taken).
+      if (template && !from) this.host?.volume.spares.keep(template.layerDir);
       const workspaceFrom = from?.disk === 'workspace' ? { workspaceFrom: this.snapshots.diskOf(from) } : {};
       const restoreFrom = full ? { restoreFrom: full.checkpointDir } : {};
       const create = { id: entry.info.sandboxId, signal: command.signal, mounts, volumes, tenantId: command.tenantId, ...(template ? { template } : {}), ...workspaceFrom, ...restoreFrom };
@@ -316,7 +318,8 @@ export class SandboxManager implements SandboxEngine {
   async fork(tenantId: string, sandboxId: string, options: ForkOptions): Promise<ForkResult> {
     // Every slot first: a fork that would overshoot the tenant's quota or the server's count makes nothing.
     this.admission.assertSlots(tenantId, options.count);
-    const taken = await this.snapshot(tenantId, sandboxId, { name: `fork of ${sandboxId}`, ...(options.mode ? { mode: options.mode } : {}) });
+    // Its creates run at once and share the snapshots' commits: a ready clone would only compete.
+    const taken = await this.snapshot(tenantId, sandboxId, { name: `fork of ${sandboxId}`, readyClone: false, ...(options.mode ? { mode: options.mode } : {}) });
     const forks = await forkAll(options.count, (index) =>
       this.create({
         tenantId,
@@ -601,6 +604,7 @@ export class SandboxManager implements SandboxEngine {
     await Promise.all(this.table.all().flatMap((e) => (e.ending ? [e.ending] : [])));
     this.usageSampler.close();
     for (const backend of this.backends.values()) await backend.close?.();
+    await this.host?.volume.spares.clear();
     await this.host?.volume.releaseIfIdle();
   }
 
@@ -629,6 +633,7 @@ export class SandboxManager implements SandboxEngine {
       const image = await this.templates.resolve('default', ref);
       const spec = parseSpec(withTemplate({}, image), this.maxima);
       const template = image.layerDir !== undefined ? { template: { layerDir: image.layerDir } } : {};
+      if (image.layerDir !== undefined) this.host?.volume.spares.keep(image.layerDir);
       this.pools.set(image.ref, new WarmPool({ backend: namespace, spec, size, ...template }));
     }
   }

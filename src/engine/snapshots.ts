@@ -13,6 +13,11 @@ import type { LiveSandbox } from './sandbox-table.js';
 export interface TakeSnapshotOptions {
   name?: string;
   mode?: 'filesystem' | 'full';
+  /**
+   * Keep a ready clone of its disk, so that the next sandbox made from it takes a rename instead
+   * of a snapshot (SpareClones). @default true
+   */
+  readyClone?: boolean;
 }
 
 /** What a sandbox made from a full snapshot resumes from. */
@@ -147,6 +152,7 @@ export class Snapshots {
     // Otherwise its size is read off the path (two btrfs spawns): GET and list show it once known.
     // Best effort: a size the kernel does not give, or a store closed meanwhile, leaves it absent.
     if (sizeBytes === undefined) void this.recordSize(record).catch(() => undefined);
+    if (options.readyClone !== false) this.disks.keepSpare(snapshotId);
     return structuredClone(record);
   }
 

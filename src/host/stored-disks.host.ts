@@ -82,6 +82,11 @@ export class StoredDisks {
     return disk;
   }
 
+  /** Keeps a ready clone of the snapshot's disk for the sandboxes made from it (SpareClones). */
+  keepSpare(snapshotId: string): void {
+    this.volume.spares.keep(this.snapshotDisk(snapshotId));
+  }
+
   async snapshotVolumeInto(volumeId: string, snapshotId: string): Promise<string> {
     const target = this.snapshotVolume(snapshotId, volumeId);
     await mkdir(join(this.snapshotDir(snapshotId), 'volumes'), { recursive: true, mode: 0o700 });
@@ -95,6 +100,7 @@ export class StoredDisks {
     if (!(await pathExists(dir))) return;
     const volumes = await readdir(join(dir, 'volumes')).catch(() => [] as string[]);
     for (const volumeId of volumes) await deleteSubvolume(this.snapshotVolume(snapshotId, volumeId));
+    await this.volume.spares.discard(this.snapshotDisk(snapshotId));
     await deleteSubvolume(this.snapshotDisk(snapshotId));
     await rm(dir, { recursive: true, force: true });
   }

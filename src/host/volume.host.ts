@@ -4,6 +4,7 @@ import { dirname, join } from 'node:path';
 import { SandboxError } from '../errors/index.js';
 import { NextRun } from './next-run.js';
 import { runCommand } from './run-command.host.js';
+import { SpareClones } from './spare-clones.host.js';
 import { withLock } from './lock.host.js';
 import { pathExists } from './fs-util.js';
 
@@ -70,6 +71,8 @@ export class WorkspaceVolume {
   private readonly deletes = new NextRun<string>(async (paths) => {
     await runCommand(['btrfs', 'subvolume', 'delete', ...paths], { check: false });
   });
+  /** Ready writable clones of the snapshots and layers that sandboxes start from (see SpareClones). */
+  readonly spares: SpareClones;
   /** The quota rescan running, if one is (see keepQuotasHolding). */
   private rescanning: Promise<void> | undefined;
   private quotaWatch: NodeJS.Timeout | undefined;
@@ -78,6 +81,9 @@ export class WorkspaceVolume {
     this.image = join(options.dataDir, 'volume.img');
     this.mountPoint = join(options.dataDir, 'volume');
     this.sizeBytes = options.sizeBytes ?? 32 * 1024 ** 3;
+    this.spares = new SpareClones(this.mountPoint, async (paths) => {
+      await Promise.all(paths.map((path) => this.deleteSubvolume(path)));
+    });
   }
 
   /** Creates and mounts the volume if needed; idempotent and cheap when already mounted. */
@@ -178,13 +184,15 @@ export class WorkspaceVolume {
 
   /**
    * A sandbox's private root: a writable copy-on-write snapshot of a template layer (a read-only
-   * subvolume on this volume), with its /workspace inside, so one quota counts both. Ids stay the
+   * subvolume on this volume; its spare clone when one is ready), with its /workspace inside, so
+   * one quota counts both. Ids stay the
    * template's raw 0..65535 (the sandbox sees them through an idmapped mount); the workspace is
    * the template user's. NO quota yet: the caller sets it (`setLimit`) before anything writes.
    */
   async createRoot(id: string, layerDir: string): Promise<{ root: string; workspace: string }> {
     const root = this.rootPath(id);
-    await runCommand(['btrfs', 'subvolume', 'snapshot', layerDir, root]);
+    if (!(await this.spares.take(layerDir, root))) await runCommand(['btrfs', 'subvolume', 'snapshot', layerDir, root]);
+    this.spares.replenish(layerDir);
     const workspace = join(root, 'workspace');
     try {
       await chmod(root, 0o755);
@@ -207,12 +215,13 @@ export class WorkspaceVolume {
 
   /**
    * A workspace that starts as a writable copy-on-write snapshot of `sourceDir` (a snapshot of
-   * another sandbox's workspace), given to `uid`: the files keep their content and modes, their
+   * another sandbox's workspace; its spare clone when one is ready), given to `uid`: the files keep their content and modes, their
    * owner becomes the new sandbox's host uid. NO quota yet, as createWithoutLimit.
    */
   async createWorkspaceFrom(id: string, sourceDir: string, uid: number): Promise<string> {
     const path = this.path(id);
-    await runCommand(['btrfs', 'subvolume', 'snapshot', sourceDir, path]);
+    if (!(await this.spares.take(sourceDir, path))) await runCommand(['btrfs', 'subvolume', 'snapshot', sourceDir, path]);
+    this.spares.replenish(sourceDir);
     try {
       await own(path, uid);
       await runCommand(['chown', '-R', '--no-dereference', `${uid}:${uid}`, path]);

@@ -273,6 +273,7 @@ export class LayerStore {
 
   /** Deletes a layer: unpublished by a rename first, so a crash midway leaves only a pending dir. */
   async delete(key: string): Promise<void> {
+    await this.volume.spares.discard(this.rootOf(key));
     const name = ownedName();
     try {
       await rename(join(this.layersDir, checkedKey(key)), join(this.pendingDir, name));

@@ -19,7 +19,7 @@ export interface Leaks {
   templates: string[];
   /** Sandbox supervisors (capsule-launch --supervise) of this instance: files in `<dataDir>/run`, and live ones. */
   supervisors: string[];
-  /** Snapshots, volumes, clones and read-only views on the volume (tests delete what they make). */
+  /** Snapshots, volumes, clones, read-only views and spare clones on the volume (tests delete what they make; an engine clears its spares at close). */
   stored: string[];
 }
 
@@ -68,7 +68,7 @@ export async function supervisorLeaks(dataDir: string): Promise<string[]> {
 /** Snapshots, volumes, clones and read-only views on the volume (tests delete what they make). */
 async function storedLeaks(volume: string): Promise<string[]> {
   const stored: string[] = [];
-  for (const dir of ['snapshots', 'volumes', 'clones', 'scratch']) {
+  for (const dir of ['snapshots', 'volumes', 'clones', 'scratch', 'spares']) {
     for (const entry of await readdir(join(volume, dir)).catch(() => [] as string[])) stored.push(`${dir}/${entry}`);
   }
   return stored;

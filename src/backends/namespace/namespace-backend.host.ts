@@ -107,7 +107,8 @@ export class NamespaceBackend implements Backend {
       // A new bare workspace (empty, or a snapshot's clone) is made by the launcher itself
       // (ioctls, no spawn), with its owner and its quota, before the sandbox starts: such a
       // create pays no `btrfs` process.
-      const makeWorkspace = options.reuseWorkspace || template ? undefined : { from: options.workspaceFrom };
+      const from = options.workspaceFrom;
+      const makeWorkspace = options.reuseWorkspace || template ? undefined : { from, spare: from === undefined ? undefined : volume.spares.pathOf(from) };
       const workspaceDir = options.reuseWorkspace
         ? await volume.adopt(options.id, spec.limits.diskBytes, uid)
         : template
@@ -144,6 +145,9 @@ export class NamespaceBackend implements Backend {
       for (const step of cleanup.reverse()) await step().catch(() => undefined);
       if (options.signal?.aborted) throw new SandboxError('ABORTED', `creating sandbox ${options.id} was aborted`, { cause: error });
       throw error;
+    } finally {
+      // The launcher took the snapshot's spare, or found none: the next create from it finds one.
+      if (options.workspaceFrom !== undefined && !options.reuseWorkspace) this.host.volume.spares.replenish(options.workspaceFrom);
     }
   }
 
@@ -243,6 +247,7 @@ export class NamespaceBackend implements Backend {
         failures.push(`workspace ${id}: ${(error as Error).message}`);
       }
     }
+    await this.host.volume.spares.clear();
     await this.host.volume.clearStaleQgroups();
     if ((await networkPrerequisitesProblem()) === undefined) {
       const net = await EgressNetwork.reconcile(this.host, liveIds, this.network, reattached);
@@ -300,9 +305,10 @@ interface StartOptions {
   workspaceDir: string;
   /**
    * The launcher makes `workspaceDir`: a new subvolume (empty, or a writable snapshot of `from`
-   * whose files become the uid's), the uid's, 0700, its disk limit set.
+   * whose files become the uid's, or `spare`, a ready snapshot of `from` it takes by a rename when
+   * it is there), the uid's, 0700, its disk limit set.
    */
-  makeWorkspace?: { from?: string };
+  makeWorkspace?: { from?: string; spare?: string };
   mounts: readonly HostMount[];
   /** Host directories of `spec.volumes`, in order. */
   volumes: readonly string[];
@@ -382,6 +388,7 @@ class NamespaceSandbox implements BackendSandbox {
     const launchArgs = [
       ...(options.makeWorkspace ? ['--subvolume', `${uid}:${spec.limits.diskBytes}:${options.workspaceDir}`] : []),
       ...(options.makeWorkspace?.from !== undefined ? ['--subvolume-from', options.makeWorkspace.from] : []),
+      ...(options.makeWorkspace?.spare !== undefined ? ['--subvolume-spare', options.makeWorkspace.spare] : []),
       ...cgroup.launchArgs(),
       '--rlimit', `fsize=${spec.limits.fileSizeBytes}`,
       '--rlimit', `nofile=${spec.limits.openFiles}`,

@@ -1,0 +1,105 @@
+import { createHash, randomBytes } from 'node:crypto';
+import { mkdir, readdir, rename } from 'node:fs/promises';
+import { join, relative } from 'node:path';
+import { pathExists } from './fs-util.js';
+import { runCommand } from './run-command.host.js';
+
+/**
+ * One ready writable clone of each read-only subvolume that sandboxes start from (a snapshot's
+ * disk, a template's layer), kept in `spares/` on the workspace volume. A btrfs snapshot waits
+ * for a transaction commit: 1.5–3.5 ms on this machine's loop-mounted volume, tens of ms while
+ * the roots of deleted sandboxes are being dropped. A rename waits for none. So a create takes
+ * the spare when one is ready (a rename, by the host or by capsule-launch), the next spare is
+ * made in the background, and a create that finds none (another one took it) makes its snapshot
+ * itself, as every create did before.
+ *
+ * A spare is the volume's, never a tenant's: it shares every extent with its source (a new
+ * subvolume's few KiB). It is kept only for sources someone asked to `keep` (a snapshot taken to
+ * create from, a template an engine creates from; not a fork's snapshot, whose creates run at
+ * once and share one commit, nor a one-shot run's template), is deleted before its source is
+ * (`discard`), at close, and at the next start after a crash (`clear`).
+ */
+export class SpareClones {
+  private readonly dir: string;
+  /** Sources whose spare is made again after each create from them. */
+  private readonly kept = new Set<string>();
+  private readonly making = new Map<string, Promise<void>>();
+
+  constructor(
+    private readonly volumeRoot: string,
+    private readonly deleteSubvolumes: (paths: string[]) => Promise<void>,
+  ) {
+    this.dir = join(volumeRoot, 'spares');
+  }
+
+  /** Where the spare of `source` is when it is ready: named by the source's path on the volume. */
+  pathOf(source: string): string {
+    return join(this.dir, createHash('sha256').update(relative(this.volumeRoot, source)).digest('hex').slice(0, 32));
+  }
+
+  /** Moves the ready spare of `source` to `target` (which must not exist): false when none is ready. */
+  async take(source: string, target: string): Promise<boolean> {
+    try {
+      await rename(this.pathOf(source), target);
+      return true;
+    } catch (error) {
+      if ((error as NodeJS.ErrnoException).code === 'ENOENT') return false;
+      throw error;
+    }
+  }
+
+  /** From now on a spare of `source` is kept ready: one is made now (in the background) unless one is. */
+  keep(source: string): void {
+    this.kept.add(source);
+    this.replenish(source);
+  }
+
+  /**
+   * After a create from `source` (which took its spare, or found none): a new one is made in the
+   * background when the source is kept and none is ready or being made. A failure leaves no spare:
+   * creates snapshot the source themselves.
+   */
+  replenish(source: string): void {
+    if (!this.kept.has(source) || this.making.has(source)) return;
+    const made = this.make(source)
+      .catch(() => undefined)
+      .finally(() => this.making.delete(source));
+    this.making.set(source, made);
+  }
+
+  /** Deletes the spare of `source`, waiting for one being made; call before deleting the source. */
+  async discard(source: string): Promise<void> {
+    this.kept.delete(source);
+    await this.making.get(source);
+    const spare = this.pathOf(source);
+    if (await pathExists(spare)) await this.deleteSubvolumes([spare]);
+  }
+
+  /** Resolves once no spare is being made. */
+  async idle(): Promise<void> {
+    while (this.making.size > 0) await Promise.all(this.making.values());
+  }
+
+  /** Deletes every spare on the volume (this process's and any a crashed one left), once those being made are. */
+  async clear(): Promise<void> {
+    this.kept.clear();
+    await this.idle();
+    const entries = await readdir(this.dir).catch(() => [] as string[]);
+    if (entries.length > 0) await this.deleteSubvolumes(entries.map((entry) => join(this.dir, entry)));
+  }
+
+  private async make(source: string): Promise<void> {
+    const spare = this.pathOf(source);
+    if (await pathExists(spare)) return;
+    await mkdir(this.dir, { recursive: true, mode: 0o700 });
+    // Made under a name of its own and renamed when whole: a create never takes a partial one.
+    const partial = `${spare}.${randomBytes(4).toString('hex')}.making`;
+    await runCommand(['btrfs', 'subvolume', 'snapshot', source, partial]);
+    try {
+      await rename(partial, spare);
+    } catch (error) {
+      await this.deleteSubvolumes([partial]);
+      throw error;
+    }
+  }
+}

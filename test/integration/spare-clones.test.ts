@@ -1,0 +1,92 @@
+import { execFileSync, spawnSync } from 'node:child_process';
+import { mkdir, readdir, readFile, stat, writeFile } from 'node:fs/promises';
+import { join } from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { HostEnvironment } from '../../src/host/host-env.host.js';
+import { pathExists } from '../../src/host/fs-util.js';
+import { expectNoLeaks, testDataDir } from '../helpers/sandbox.js';
+
+/*
+ * A ready clone of what sandboxes start from (a snapshot's disk, a template's layer): a create
+ * takes it by a rename, which waits for no btrfs commit, and the next one is made behind it.
+ * Real subvolumes on the test data dir's volume; capsule-launch takes a spare the same way.
+ */
+describe('SpareClones', () => {
+  let host: HostEnvironment;
+  let launcher: string;
+  let source: string;
+  const subvolumeId = (path: string) => execFileSync('btrfs', ['inspect-internal', 'rootid', path], { encoding: 'utf8' }).trim();
+
+  beforeAll(async () => {
+    host = new HostEnvironment({ dataDir: testDataDir() });
+    launcher = (await host.ensure()).launcher;
+    // A read-only source, as a snapshot's disk is.
+    const writable = host.volume.path('sparesrcw');
+    execFileSync('btrfs', ['subvolume', 'create', writable]);
+    await mkdir(join(writable, 'dir'));
+    await writeFile(join(writable, 'dir', 'file.txt'), 'kept\n');
+    execFileSync('chown', ['-R', '5151:5151', writable]);
+    source = join(host.volume.mountPoint, 'snapshots', 'spare-test-source');
+    await mkdir(join(host.volume.mountPoint, 'snapshots'), { recursive: true });
+    execFileSync('btrfs', ['subvolume', 'snapshot', '-r', writable, source]);
+    await host.volume.delete('sparesrcw');
+  });
+  afterAll(async () => {
+    await host.volume.spares.clear();
+    for (const id of ['sparea', 'spareb', 'sparec']) await host.volume.delete(id);
+    execFileSync('btrfs', ['subvolume', 'delete', source]);
+    execFileSync('rmdir', [join(host.volume.mountPoint, 'snapshots')]);
+    await expectNoLeaks();
+  });
+
+  it('keeps one ready for a kept source: a take renames it into place and the next one is made', async () => {
+    const spares = host.volume.spares;
+    expect(await spares.take(source, host.volume.path('sparea'))).toBe(false); // none kept yet
+    spares.keep(source);
+    await spares.idle();
+    const spare = spares.pathOf(source);
+    const spareId = subvolumeId(spare);
+    expect(await spares.take(source, host.volume.path('sparea'))).toBe(true);
+    // The same subvolume, now the sandbox's, with the source's files; the spare's place is empty.
+    expect(subvolumeId(host.volume.path('sparea'))).toBe(spareId);
+    expect(await readFile(join(host.volume.path('sparea'), 'dir', 'file.txt'), 'utf8')).toBe('kept\n');
+    expect(await pathExists(spare)).toBe(false);
+    spares.replenish(source);
+    await spares.idle();
+    expect(await pathExists(spare)).toBe(true);
+    expect(subvolumeId(spare)).not.toBe(spareId);
+  });
+
+  it('capsule-launch takes the spare when there is one and snapshots the source when there is none', async () => {
+    const spare = host.volume.spares.pathOf(source);
+    host.volume.spares.keep(source);
+    await host.volume.spares.idle();
+    const spareId = subvolumeId(spare);
+    for (const id of ['spareb', 'sparec']) {
+      const path = host.volume.path(id);
+      const made = spawnSync(launcher, ['--subvolume', `4242:0:${path}`, '--subvolume-from', source, '--subvolume-spare', spare, '--', '/bin/true'], { encoding: 'utf8', timeout: 10_000 });
+      expect(made.status, made.stderr).toBe(0);
+      const file = await stat(join(path, 'dir', 'file.txt'));
+      expect({ uid: file.uid, mode: (await stat(path)).mode & 0o7777 }).toEqual({ uid: 4242, mode: 0o700 });
+    }
+    // The first took the spare; the second found none and made its own snapshot.
+    expect(subvolumeId(host.volume.path('spareb'))).toBe(spareId);
+    expect(subvolumeId(host.volume.path('sparec'))).not.toBe(spareId);
+    expect(await pathExists(spare)).toBe(false);
+  });
+
+  it('makes none again once its source is discarded, and clear removes what a crashed process left', async () => {
+    const spares = host.volume.spares;
+    spares.keep(source);
+    await spares.discard(source);
+    expect(await pathExists(spares.pathOf(source))).toBe(false);
+    spares.replenish(source);
+    await spares.idle();
+    expect(await pathExists(spares.pathOf(source))).toBe(false);
+    // A half-made one of another process: a subvolume under a name no take ever finds.
+    const partial = `${spares.pathOf(source)}.0badcafe.making`;
+    execFileSync('btrfs', ['subvolume', 'snapshot', source, partial]);
+    await spares.clear();
+    expect(await readdir(join(host.volume.mountPoint, 'spares'))).toEqual([]);
+  });
+});
