@@ -19,8 +19,13 @@ export interface Leaks {
   templates: string[];
   /** Sandbox supervisors (capsule-launch --supervise) of this instance: files in `<dataDir>/run`, and live ones. */
   supervisors: string[];
-  /** Snapshots, volumes, clones, read-only views and spare clones on the volume (tests delete what they make; an engine clears its spares at close). */
+  /** Snapshots, volumes, clones and read-only views on the volume (tests delete what they make). */
   stored: string[];
+  /**
+   * Spare clones (SpareClones): an open engine keeps them, and clears them at close; so they are
+   * leaks at the end of the run, not after each test of a file whose engine is still open.
+   */
+  spares: string[];
 }
 
 /**
@@ -39,7 +44,7 @@ export async function findLeaks(dataDir: string): Promise<Leaks> {
     .map((line) => line.split(' ')[4] ?? '')
     .filter((target) => target.startsWith(join(dataDir, '/')) && target !== host.volume.mountPoint);
   const runsc = [...(await runscContainers(dataDir)), ...(await gvisorBundles(dataDir))];
-  return { cgroups, processes, workspaces, mounts, runsc, network: await networkLeaks(host), templates: await templateLeaks(dataDir, host.volume.mountPoint), supervisors: await supervisorLeaks(dataDir), stored: await storedLeaks(host.volume.mountPoint) };
+  return { cgroups, processes, workspaces, mounts, runsc, network: await networkLeaks(host), templates: await templateLeaks(dataDir, host.volume.mountPoint), supervisors: await supervisorLeaks(dataDir), stored: await storedLeaks(host.volume.mountPoint), spares: (await readdir(join(host.volume.mountPoint, 'spares')).catch(() => [] as string[])).map((name) => `spares/${name}`) };
 }
 
 /** What a template build leaves only while it runs: pending layers, leases, build temp dirs. */
@@ -68,7 +73,7 @@ export async function supervisorLeaks(dataDir: string): Promise<string[]> {
 /** Snapshots, volumes, clones and read-only views on the volume (tests delete what they make). */
 async function storedLeaks(volume: string): Promise<string[]> {
   const stored: string[] = [];
-  for (const dir of ['snapshots', 'volumes', 'clones', 'scratch', 'spares']) {
+  for (const dir of ['snapshots', 'volumes', 'clones', 'scratch']) {
     for (const entry of await readdir(join(volume, dir)).catch(() => [] as string[])) stored.push(`${dir}/${entry}`);
   }
   return stored;

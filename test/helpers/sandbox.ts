@@ -35,7 +35,7 @@ export async function expectNoLeaksExcept(pids: readonly number[]): Promise<void
   const kept = new Set(pids);
   const current = async () => {
     const leaks = await findLeaks(testDataDir());
-    return describeLeaks({ ...leaks, processes: leaks.processes.filter((line) => !kept.has(Number(line.split(' ')[0]))) });
+    return describeLeaks({ ...leaks, spares: [], processes: leaks.processes.filter((line) => !kept.has(Number(line.split(' ')[0]))) });
   };
   const deadline = Date.now() + 30_000;
   let described = await current();
