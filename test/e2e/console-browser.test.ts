@@ -17,8 +17,8 @@ import { startTestServer, type TestServer } from './server-helpers.js';
 const problem = browserProblem();
 if (problem) throw new Error(`the browser test cannot run: ${problem}`);
 
-const shotsDir = process.env.CAPSULE_CONSOLE_SCREENSHOTS ? resolve(process.env.CAPSULE_CONSOLE_SCREENSHOTS) : mkdtempSync(join(tmpdir(), 'capsule-shots-'));
-mkdirSync(shotsDir, { recursive: true });
+// Made in beforeAll: collecting the tests (`vitest list`) runs no hook, and would leave it.
+let shotsDir: string;
 
 let t: TestServer;
 let browser: TestBrowser;
@@ -67,6 +67,8 @@ async function tableReady(page: Page): Promise<void> {
 }
 
 beforeAll(async () => {
+  shotsDir = process.env.CAPSULE_CONSOLE_SCREENSHOTS ? resolve(process.env.CAPSULE_CONSOLE_SCREENSHOTS) : mkdtempSync(join(tmpdir(), 'capsule-shots-'));
+  mkdirSync(shotsDir, { recursive: true });
   t = await startTestServer();
   aliceKey = await mint('alice');
   bobKey = await mint('bob');
@@ -82,7 +84,7 @@ afterAll(async () => {
     for (const s of body?.sandboxes ?? []) await t.call('DELETE', `/v1/sandboxes/${s.sandboxId}`, { headers: { 'x-capsule-tenant': s.tenantId } });
     await t.server.close();
   }
-  if (!process.env.CAPSULE_CONSOLE_SCREENSHOTS) rmSync(shotsDir, { recursive: true, force: true });
+  if (!process.env.CAPSULE_CONSOLE_SCREENSHOTS && shotsDir) rmSync(shotsDir, { recursive: true, force: true });
   console.log(`console-browser figures: ${JSON.stringify(figures)}`);
   await expectNoLeaks();
 }, 120_000);

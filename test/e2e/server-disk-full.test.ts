@@ -1,7 +1,7 @@
 import { spawnSync } from 'node:child_process';
 import { closeSync, mkdtempSync, openSync, rmSync, writeSync } from 'node:fs';
 import { join } from 'node:path';
-import { afterAll, describe, expect, it } from 'vitest';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { HostEnvironment } from '../../src/host/host-env.host.js';
 import { newApiKey } from '../../src/store/index.js';
 import { describeLeaks, findLeaks } from '../helpers/leaks.js';
@@ -14,11 +14,21 @@ import { alive, exited, isBuilt, ServedInstance } from './served.js';
  * and Retry-After, not a 500; the running sandbox and its process go on; once space is back,
  * creates work again. Runs on dist/ (`npm run build`).
  */
-const dataDir = mkdtempSync(join(testDataDir(), 'full-'));
-const mounted = spawnSync('mount', ['-t', 'tmpfs', '-o', 'size=512m,mode=0700', 'capsule-test-full', dataDir]).status === 0;
-const host = new HostEnvironment({ dataDir });
-const instance = new ServedInstance(dataDir, newApiKey());
-const filler = join(dataDir, 'filler');
+// Mounted in beforeAll, not when the file is loaded: collecting the tests (`vitest list`) runs no
+// hook, and a mount made at load time stayed behind.
+let dataDir: string;
+let mounted = false;
+let host: HostEnvironment;
+let instance: ServedInstance;
+let filler: string;
+
+beforeAll(() => {
+  dataDir = mkdtempSync(join(testDataDir(), 'full-'));
+  mounted = spawnSync('mount', ['-t', 'tmpfs', '-o', 'size=512m,mode=0700', 'capsule-test-full', dataDir]).status === 0;
+  host = new HostEnvironment({ dataDir });
+  instance = new ServedInstance(dataDir, newApiKey());
+  filler = join(dataDir, 'filler');
+});
 
 afterAll(async () => {
   rmSync(filler, { force: true });
@@ -46,7 +56,8 @@ function fill(path: string): void {
 }
 
 describe('a full data disk', () => {
-  it.skipIf(!isBuilt || !mounted)('refuses creates with CAPACITY_EXHAUSTED and keeps the running sandbox (needs npm run build and mount)', async () => {
+  it.skipIf(!isBuilt)('refuses creates with CAPACITY_EXHAUSTED and keeps the running sandbox (needs npm run build and mount)', async (context) => {
+    if (!mounted) context.skip('mount -t tmpfs failed: this test needs root');
     const served = await instance.serve('--volume-size', '2GiB');
     const call = instance.api(served.url);
     const spec = { ttlMs: 600_000, limits: { diskBytes: 64 * 1024 * 1024, wallClockMs: 600_000 } };

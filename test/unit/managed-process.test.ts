@@ -2,7 +2,7 @@ import { getEventListeners } from 'node:events';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { afterAll, describe, expect, it } from 'vitest';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { AgentProcess } from '../../src/backends/agent/index.js';
 import { ManagedProcess } from '../../src/engine/managed-process.js';
 import type { ExecResult } from '../../src/wire/index.js';
@@ -10,7 +10,11 @@ import { ProcessOutput } from '../../src/engine/process-output.js';
 import { RESULT_INLINE_BYTES } from '../../src/engine/result.js';
 import type { ProcessEvent } from '../../src/engine/types.js';
 
-const dir = mkdtempSync(join(tmpdir(), 'capsule-managed-process-'));
+// Made in a hook: collecting the tests (`vitest list`) runs none, and would leave the directory.
+let dir: string;
+beforeAll(() => {
+  dir = mkdtempSync(join(tmpdir(), 'capsule-managed-process-'));
+});
 afterAll(() => rmSync(dir, { recursive: true, force: true }));
 let next = 0;
 

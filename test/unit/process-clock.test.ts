@@ -1,7 +1,7 @@
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { afterAll, afterEach, describe, expect, it, vi } from 'vitest';
+import { afterAll, afterEach, beforeAll, describe, expect, it, vi } from 'vitest';
 import type { AgentExit, AgentProcess } from '../../src/backends/agent/index.js';
 import { ProcessLogs } from '../../src/engine/process-logs.js';
 import { adoptedWallClock, ProcessTable } from '../../src/engine/process-table.js';
@@ -43,8 +43,13 @@ describe('adoptedWallClock', () => {
 });
 
 describe('ProcessTable.adopt', () => {
-  const dir = mkdtempSync(join(tmpdir(), 'capsule-process-clock-'));
-  const logs = new ProcessLogs({ dataDir: dir });
+  // Made in a hook: collecting the tests (`vitest list`) runs none, and would leave the directory.
+  let dir: string;
+  let logs: ProcessLogs;
+  beforeAll(() => {
+    dir = mkdtempSync(join(tmpdir(), 'capsule-process-clock-'));
+    logs = new ProcessLogs({ dataDir: dir });
+  });
   // The ended process's log is written and closed in the background: removed before that, the
   // directory came back with it.
   afterAll(async () => {

@@ -1,11 +1,15 @@
 import { mkdtempSync, rmSync, statSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { afterAll, describe, expect, it } from 'vitest';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { LOG_HEADER_BYTES, readLogRecords } from '../../src/engine/output-log.js';
 import { ProcessOutput, type LogBudget, type OutputPiece } from '../../src/engine/process-output.js';
 
-const dir = mkdtempSync(join(tmpdir(), 'capsule-process-output-'));
+// Made in a hook: collecting the tests (`vitest list`) runs none, and would leave the directory.
+let dir: string;
+beforeAll(() => {
+  dir = mkdtempSync(join(tmpdir(), 'capsule-process-output-'));
+});
 afterAll(() => rmSync(dir, { recursive: true, force: true }));
 let next = 0;
 
