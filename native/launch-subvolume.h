@@ -13,9 +13,9 @@
  * a directory on a btrfs filesystem with quotas enabled when a limit is asked. With `source` (a
  * subvolume on the same filesystem) PATH is a writable snapshot of it whose files all become
  * UID's; else it is empty. With `spare` (a writable snapshot of `source` made earlier, on the same
- * filesystem) that subvolume is renamed to PATH instead when it exists, and made a snapshot of
- * `source` when it does not (another create took it). Exits 125 with "capsule-launch: subvolume PATH: why" on stderr when a
- * step fails; what it made stays for the host to delete (it deletes the workspace of a sandbox
+ * filesystem) that subvolume is renamed to PATH instead when it exists, and PATH is made a
+ * snapshot of `source` when it does not (another create took it). Exits 125 with
+ * "capsule-launch: subvolume PATH: why" on stderr when a step fails; what it made stays for the host to delete (it deletes the workspace of a sandbox
  * that failed to start).
  */
 void subvolume_create(char *spec, const char *source, const char *spare);

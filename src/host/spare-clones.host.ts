@@ -48,6 +48,15 @@ export class SpareClones {
     }
   }
 
+  /**
+   * Makes `target` a writable clone of `source`: its spare when one is ready, else a snapshot of
+   * it here; then the next spare is made when the source is kept.
+   */
+  async clone(source: string, target: string): Promise<void> {
+    if (!(await this.take(source, target))) await runCommand(['btrfs', 'subvolume', 'snapshot', source, target]);
+    this.replenish(source);
+  }
+
   /** From now on a spare of `source` is kept ready: one is made now (in the background) unless one is. */
   keep(source: string): void {
     this.kept.add(source);

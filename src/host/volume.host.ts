@@ -185,14 +185,12 @@ export class WorkspaceVolume {
   /**
    * A sandbox's private root: a writable copy-on-write snapshot of a template layer (a read-only
    * subvolume on this volume; its spare clone when one is ready), with its /workspace inside, so
-   * one quota counts both. Ids stay the
-   * template's raw 0..65535 (the sandbox sees them through an idmapped mount); the workspace is
-   * the template user's. NO quota yet: the caller sets it (`setLimit`) before anything writes.
+   * one quota counts both. Ids stay the template's raw 0..65535 (the sandbox sees them through an
+   * idmapped mount); the workspace is the template user's. NO quota yet: the caller sets it (`setLimit`) before anything writes.
    */
   async createRoot(id: string, layerDir: string): Promise<{ root: string; workspace: string }> {
     const root = this.rootPath(id);
-    if (!(await this.spares.take(layerDir, root))) await runCommand(['btrfs', 'subvolume', 'snapshot', layerDir, root]);
-    this.spares.replenish(layerDir);
+    await this.spares.clone(layerDir, root);
     const workspace = join(root, 'workspace');
     try {
       await chmod(root, 0o755);
@@ -215,13 +213,12 @@ export class WorkspaceVolume {
 
   /**
    * A workspace that starts as a writable copy-on-write snapshot of `sourceDir` (a snapshot of
-   * another sandbox's workspace; its spare clone when one is ready), given to `uid`: the files keep their content and modes, their
-   * owner becomes the new sandbox's host uid. NO quota yet, as createWithoutLimit.
+   * another sandbox's workspace; its spare clone when one is ready), given to `uid`: the files
+   * keep their content and modes, their owner becomes the new sandbox's host uid. NO quota yet, as createWithoutLimit.
    */
   async createWorkspaceFrom(id: string, sourceDir: string, uid: number): Promise<string> {
     const path = this.path(id);
-    if (!(await this.spares.take(sourceDir, path))) await runCommand(['btrfs', 'subvolume', 'snapshot', sourceDir, path]);
-    this.spares.replenish(sourceDir);
+    await this.spares.clone(sourceDir, path);
     try {
       await own(path, uid);
       await runCommand(['chown', '-R', '--no-dereference', `${uid}:${uid}`, path]);
