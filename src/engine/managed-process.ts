@@ -1,12 +1,29 @@
 import { SandboxError } from '../errors/index.js';
 import type { AgentProcess } from '../backends/agent/index.js';
 import type { OutputStream } from './output-log.js';
-import type { ProcessOutput } from './process-output.js';
+import { ProcessOutput, type LogExtent } from './process-output.js';
 import { RESULT_INLINE_BYTES, type ProcessEnd } from './result.js';
 import type { ProcessEvent, ProcessHandle } from './types.js';
 import type { ExecResult, ProcessInfo, Warning } from '../wire/index.js';
 
 type Caps = { stdoutBytes: number; stderrBytes: number };
+
+/**
+ * What is left of an ended process once its log is closed: enough to replay its events and give
+ * its result from the log, with nothing of it in the heap (the engine writes these to disk for an
+ * ended sandbox and reads them back on demand).
+ */
+export interface EndedProcessRecord {
+  info: ProcessInfo;
+  caps: Caps;
+  isPty: boolean;
+  kept: { stdout: number; stderr: number };
+  keptEnd: number;
+  warnings: { pos: number; warning: Warning }[];
+  end: ProcessEnd;
+  /** Where its log's records are (absent: it never started, so it logged nothing). */
+  log?: LogExtent;
+}
 
 /**
  * A process and its replayable events. Its output goes to its log on disk (ProcessOutput), which
@@ -61,8 +78,40 @@ export class ManagedProcess implements ProcessHandle {
     this.startedOrEnded = Promise.race([started, this.ended.then(() => undefined, () => undefined)]);
   }
 
+  /** An ended process from its record, its log read back from `logPath`: it replays and gives its result as it did. */
+  static fromRecord(record: EndedProcessRecord, logPath: string): ManagedProcess {
+    const process = new ManagedProcess(record.info, record.caps, Promise.resolve({ ...record.end, stdout: '', stderr: '' }), record.isPty);
+    process.info.pid = record.info.pid;
+    process.info.running = false;
+    process.end = record.end;
+    process.hasStarted = record.log !== undefined;
+    if (record.log) process.log = ProcessOutput.ofClosed(logPath, record.log);
+    process.kept.stdout = record.kept.stdout;
+    process.kept.stderr = record.kept.stderr;
+    process.keptEnd = record.keptEnd;
+    process.warnings.push(...record.warnings);
+    // Its `ended` settles after these are set, to `endOf` of the recorded end, which is that end
+    // (its byte counts are already the larger of reported and written; its truncation flags follow).
+    return process;
+  }
+
   get pid(): number {
     return this.info.pid;
+  }
+
+  /** Its record once it ended (take it once its log is closed); undefined while it runs or when it ended without a result. */
+  record(): EndedProcessRecord | undefined {
+    if (this.info.running || !this.end) return undefined;
+    return {
+      info: { ...this.info },
+      caps: { stdoutBytes: this.caps.stdoutBytes, stderrBytes: this.caps.stderrBytes },
+      isPty: this.isPty,
+      kept: { ...this.kept },
+      keptEnd: this.keptEnd,
+      warnings: [...this.warnings],
+      end: this.end,
+      ...(this.log ? { log: this.log.extent } : {}),
+    };
   }
 
   /** The result with up to 1 MiB of each stream inline, read back from the log (each access reads anew). */

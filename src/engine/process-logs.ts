@@ -1,6 +1,8 @@
-import { mkdir, readdir, stat } from 'node:fs/promises';
+import { readFileSync } from 'node:fs';
+import { mkdir, readdir, stat, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { DEFAULT_OUTPUT_LOG_BYTES, logRecordBytes, outputLogDir, outputLogPath, removeOutputLogs } from './output-log.js';
+import type { EndedProcessRecord } from './managed-process.js';
 import { ProcessOutput, type LogBudget } from './process-output.js';
 
 /** Whose logs: disk is charged to the tenant (under its creating key's quota), per sandbox. */
@@ -32,6 +34,9 @@ export interface ProcessLogsOptions {
   budget?: LogDiskBudget;
   now?: () => number;
 }
+
+/** Beside an ended sandbox's logs: the records of its processes (ProcessLogs.writeEnded). */
+const ENDED_PROCESSES_FILE = 'processes.json';
 
 /** Slack over the caps for the per-record headers (16 bytes per chunk of up to 64 KiB). */
 const RESERVE_SLACK_BYTES = 64 * 1024;
@@ -110,6 +115,53 @@ export class ProcessLogs {
   /** The sandbox ended: its logs are removed by the sweep after the retention. */
   sandboxEnded(sandboxId: string): void {
     this.removals.set(sandboxId, this.now() + (this.options.retentionMs ?? 60 * 60 * 1000));
+  }
+
+  /** The log file of a process. */
+  pathOf(sandboxId: string, pid: number): string {
+    return outputLogPath({ dataDir: this.dataDir, sandboxId, pid });
+  }
+
+  /**
+   * Writes the records of an ended sandbox's processes beside their logs (charged to its tenant
+   * like them), so that the engine can let go of them and read them back on demand. False when
+   * the quota has no room or the write failed: the caller keeps them in memory then.
+   */
+  async writeEnded(owner: LogOwner, records: readonly EndedProcessRecord[]): Promise<boolean> {
+    if (records.length === 0) return true; // no file: `readEnded` reads none as none
+    const text = JSON.stringify(records);
+    const bytes = Buffer.byteLength(text);
+    const { budget } = this.options;
+    if (budget && !budget.take(owner, bytes)) return false;
+    try {
+      await this.ensureDir(owner.sandboxId);
+      await writeFile(join(outputLogDir(this.dataDir, owner.sandboxId), ENDED_PROCESSES_FILE), text, { mode: 0o600 });
+    } catch (error) {
+      budget?.release(owner, bytes);
+      this.fail(owner, error);
+      return false;
+    } finally {
+      // Its logs are closed: nothing more is written in its directory (a later ensureDir makes it again).
+      this.dirs.delete(owner.sandboxId);
+    }
+    this.hold(owner, bytes);
+    return true;
+  }
+
+  /**
+   * The records `writeEnded` wrote for `sandboxId`, while its logs are kept (after that,
+   * undefined). Read synchronously: a small file, read only when a caller asks for an ended
+   * sandbox's processes.
+   */
+  readEnded(sandboxId: string): EndedProcessRecord[] | undefined {
+    if (!this.removals.has(sandboxId)) return undefined;
+    try {
+      return JSON.parse(readFileSync(join(outputLogDir(this.dataDir, sandboxId), ENDED_PROCESSES_FILE), 'utf8')) as EndedProcessRecord[];
+    } catch (error) {
+      if ((error as NodeJS.ErrnoException).code === 'ENOENT') return [];
+      this.fail({ tenantId: '?', sandboxId }, error);
+      return undefined;
+    }
   }
 
   /** Removes the logs whose retention ended; returns how many sandboxes' logs went. */

@@ -32,6 +32,15 @@ export interface ProcessOutputOptions {
   onPressure?: (high: boolean) => void;
 }
 
+/** Where a closed log's records are in its file: enough to read it back (ProcessOutput.ofClosed). */
+export interface LogExtent {
+  /** Bytes logged (both streams). */
+  position: number;
+  /** This process's records in the file: from `baseOffset` to `fileEnd`. */
+  baseOffset: number;
+  fileEnd: number;
+}
+
 /** A piece of logged output as a reader gets it; `pos` counts logged bytes of both streams. */
 export interface OutputPiece {
   pos: number;
@@ -103,6 +112,24 @@ export class ProcessOutput {
     this.charged = this.allowance;
     this.extraBytes = options.extraBytes ?? DEFAULT_OUTPUT_LOG_BYTES;
     this.now = options.now ?? Date.now;
+  }
+
+  /**
+   * A closed log, read back from its file at `extent` (its `extent` when it closed): for the
+   * processes of a sandbox the engine no longer holds in memory. It takes no more output.
+   */
+  static ofClosed(path: string, extent: LogExtent): ProcessOutput {
+    const log = new ProcessOutput({ path, ensureDir: () => Promise.resolve() });
+    log.closed = true;
+    log.position = log.queuedPos = log.diskPos = extent.position;
+    log.baseOffset = extent.baseOffset;
+    log.fileEnd = extent.fileEnd;
+    return log;
+  }
+
+  /** Where its records are in the file (what it holds written); whole once `close()` resolved. */
+  get extent(): LogExtent {
+    return { position: this.diskPos, baseOffset: this.baseOffset, fileEnd: this.fileEnd };
   }
 
   /**

@@ -6,7 +6,7 @@ import { baseEnv } from '../host/sandbox-layout.js';
 import { userFor } from './templates.js';
 import type { ExecResult, ProcessInfo, SandboxInfo } from '../wire/index.js';
 import type { ObservedProcess, ProcessObserver } from './events.js';
-import { ManagedProcess } from './managed-process.js';
+import { ManagedProcess, type EndedProcessRecord } from './managed-process.js';
 import type { ProcessLogs, LogOwner } from './process-logs.js';
 import type { ProcessOutput } from './process-output.js';
 import { superviseExec } from './supervise.js';
@@ -32,6 +32,31 @@ export class ProcessTable {
   private readonly processes = new Map<number, ManagedProcess>();
 
   constructor(private readonly options: ProcessTableOptions) {}
+
+  /** The processes of an ended sandbox from their records (`endedRecords`), their logs read back from disk. */
+  static ofEnded(options: ProcessTableOptions, sandboxId: string, records: readonly EndedProcessRecord[]): ProcessTable {
+    const table = new ProcessTable(options);
+    for (const record of records) table.processes.set(record.info.pid, ManagedProcess.fromRecord(record, options.logs.pathOf(sandboxId, record.info.pid)));
+    return table;
+  }
+
+  /**
+   * Once every process ended and its log is closed: their records, to keep on disk instead of in
+   * memory. Undefined when one of them did not end with a result (it stays in memory).
+   */
+  async endedRecords(): Promise<EndedProcessRecord[] | undefined> {
+    const processes = [...this.processes.values()];
+    await Promise.allSettled(processes.map((p) => p.ended));
+    // Each log is closed once its process ended (start's `ended.finally`): wait for the writes.
+    await this.options.logs.flushed();
+    const records: EndedProcessRecord[] = [];
+    for (const process of processes) {
+      const record = process.record();
+      if (!record) return undefined;
+      records.push(record);
+    }
+    return records;
+  }
 
   /**
    * Starts `command` under the sandbox's limits; resolves once it runs (EXEC_FAILED if it cannot,

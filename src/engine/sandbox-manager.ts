@@ -22,7 +22,7 @@ import { resolveMounts, type MountGrant } from './mounts.js';
 import type { InterpreterService } from './interpreter/index.js';
 import { Interpreters } from './interpreters.js';
 import { pauseSandbox, resumeSandbox } from './pausing.js';
-import { ProcessTable } from './process-table.js';
+import { ProcessTable, type ProcessTableOptions } from './process-table.js';
 import { SandboxTable, snapshot, type LiveSandbox } from './sandbox-table.js';
 import { startTemplate, withTemplate } from './template-start.js';
 import { hasTemplateRoot, HostOnlyCatalog, type TemplateCatalog, type TemplateImage } from './templates.js';
@@ -133,6 +133,8 @@ export class SandboxManager implements SandboxEngine {
   private closed = false;
   /** Let go at close (keepSandboxes): still running under their supervisors, not ours to end. */
   private readonly leftRunning = new Set<string>();
+  /** Ended sandboxes being written out of memory (`retire`); close waits for them. */
+  private readonly retiring = new Set<Promise<void>>();
   private readonly pools = new Map<string, WarmPool>();
   private readonly snapshotsOf: Snapshots | undefined;
   private readonly volumesOf: Volumes | undefined;
@@ -145,7 +147,10 @@ export class SandboxManager implements SandboxEngine {
     hostLimits: HostLimits,
   ) {
     this.backends = new Map(backends.map((b) => [b.name, b]));
-    this.table = new SandboxTable(options.store ?? new MemoryRecordStore());
+    this.table = new SandboxTable(options.store ?? new MemoryRecordStore(), (sandboxId) => {
+      const records = this.logs.readEnded(sandboxId);
+      return records && ProcessTable.ofEnded(this.processTableOptions(), sandboxId, records);
+    });
     this.maxima = options.maxima ?? DEFAULT_MAXIMA;
     this.now = options.now ?? Date.now;
     this.onEvent = options.onEvent ?? (() => undefined);
@@ -602,6 +607,7 @@ export class SandboxManager implements SandboxEngine {
     const live = this.table.all().filter((e) => isLiveState(e.info.state) && !this.leftRunning.has(e.info.sandboxId));
     await Promise.all(live.map((e) => this.end(e, 'killed', 'server shut down')));
     await Promise.all(this.table.all().flatMap((e) => (e.ending ? [e.ending] : [])));
+    await Promise.all([...this.retiring]);
     this.usageSampler.close();
     for (const backend of this.backends.values()) await backend.close?.();
     await this.host?.volume.spares.clear();
@@ -701,12 +707,27 @@ export class SandboxManager implements SandboxEngine {
   private newEntry(info: SandboxInfo): LiveSandbox {
     const entry: LiveSandbox = {
       info,
-      processes: new ProcessTable({ observer: this.observer, now: this.now, maxWallClockMs: this.maxima.limits.wallClockMs, logs: this.logs }),
+      processes: new ProcessTable(this.processTableOptions()),
     };
     this.table.add(entry);
     // Created, recovered or reattached: a live sandbox counts against the host's capacity until it ends.
     if (isLiveState(info.state)) this.admission.hold(info.sandboxId, demandOf(info.tenantId, info.spec));
     return entry;
+  }
+
+  private processTableOptions(): ProcessTableOptions {
+    return { observer: this.observer, now: this.now, maxWallClockMs: this.maxima.limits.wallClockMs, logs: this.logs };
+  }
+
+  /**
+   * An ended sandbox leaves memory once its processes' records are beside their logs: the table
+   * reads it back on a lookup while its logs are kept (a server that churns through sandboxes
+   * holds only the live ones). Kept in memory when the records cannot be written.
+   */
+  private async retire(entry: LiveSandbox): Promise<void> {
+    const records = await entry.processes.endedRecords();
+    const owner = { tenantId: entry.info.tenantId, sandboxId: entry.info.sandboxId, quotaBytes: entry.quotaBytes };
+    if (records && (await this.logs.writeEnded(owner, records))) this.table.retire(entry.info.sandboxId);
   }
 
   private backend(name: BackendName): Backend {
@@ -780,6 +801,11 @@ export class SandboxManager implements SandboxEngine {
       this.table.save(entry);
       this.logs.sandboxEnded(entry.info.sandboxId);
       if (state !== 'failed') this.onEvent({ type: `sandbox.${state}`, sandbox: snapshot(entry) });
+      const retiring = this.retire(entry).catch((error: unknown) => {
+        process.stderr.write(`capsule: keeping ended sandbox ${entry.info.sandboxId} in memory: ${(error as Error).message}\n`);
+      });
+      this.retiring.add(retiring);
+      void retiring.finally(() => this.retiring.delete(retiring));
     })();
     this.table.save(entry);
     return entry.ending;

@@ -24,12 +24,18 @@ export interface LiveSandbox {
 
 /**
  * The engine's sandboxes by id, scoped by tenant on every lookup, and their records: every change
- * of `info` is saved to the record store with `save`.
+ * of `info` is saved to the record store with `save`. An ended sandbox leaves memory once its
+ * processes' records are on disk (`retire`); a lookup reads it back from the store and
+ * `readEnded` while its logs are kept.
  */
 export class SandboxTable {
   private readonly entries = new Map<string, LiveSandbox>();
 
-  constructor(private readonly store: SandboxRecordStore) {}
+  constructor(
+    private readonly store: SandboxRecordStore,
+    /** The processes of a retired sandbox, read back; undefined once its logs are gone. */
+    private readonly readEnded: (sandboxId: string) => ProcessTable | undefined = () => undefined,
+  ) {}
 
   add(entry: LiveSandbox): void {
     this.entries.set(entry.info.sandboxId, entry);
@@ -44,6 +50,12 @@ export class SandboxTable {
     this.entries.delete(sandboxId);
   }
 
+  /** Lets go of an ended sandbox whose processes' records are on disk; `find` reads it back. */
+  retire(sandboxId: string): void {
+    const entry = this.entries.get(sandboxId);
+    if (entry && !isLiveState(entry.info.state)) this.entries.delete(sandboxId);
+  }
+
   all(): LiveSandbox[] {
     return [...this.entries.values()];
   }
@@ -54,7 +66,7 @@ export class SandboxTable {
 
   /** The tenant's sandbox; a foreign or unknown id is SANDBOX_NOT_FOUND (never 403). */
   find(tenantId: string, sandboxId: string): LiveSandbox {
-    const entry = this.entries.get(sandboxId);
+    const entry = this.entries.get(sandboxId) ?? this.retired(sandboxId);
     if (!entry || entry.info.tenantId !== tenantId) {
       throw new SandboxError('SANDBOX_NOT_FOUND', `sandbox ${sandboxId} not found`, {
         details: { sandboxId },
@@ -62,6 +74,13 @@ export class SandboxTable {
       });
     }
     return entry;
+  }
+
+  /** A retired sandbox read back: its record and its processes, or undefined once its logs are gone. */
+  private retired(sandboxId: string): LiveSandbox | undefined {
+    const processes = this.readEnded(sandboxId);
+    const info = processes && this.store.findById(sandboxId);
+    return info && !isLiveState(info.state) ? { info, processes } : undefined;
   }
 
   /** Starting, running or paused; an ended one is SANDBOX_NOT_RUNNING with its end reason. */

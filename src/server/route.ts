@@ -7,6 +7,7 @@ import { authenticate, type AuthLevel, type KeyVerifier, type Principal } from '
 import { invalidRequest, toSandboxError } from './errors.js';
 import { beginIdempotent, type Idempotency } from './idempotency.js';
 import { AuditTrail, type AuditSubject } from './audit-trail.js';
+import { linkedSignal } from './linked-signal.js';
 
 /** What a handler returns; the seam turns it into the HTTP response. */
 export type RouteResult =
@@ -445,10 +446,13 @@ function drainUnread(body: unknown, reply: FastifyReply): void {
   body.resume();
 }
 
+/** Aborts when the client goes before the answer is written, or when the server closes. */
 function requestSignal(reply: FastifyReply, closeSignal: AbortSignal): AbortSignal {
   const controller = new AbortController();
+  const linked = linkedSignal(controller.signal, closeSignal);
   reply.raw.once('close', () => {
     if (!reply.raw.writableFinished) controller.abort();
+    linked.release();
   });
-  return AbortSignal.any([controller.signal, closeSignal]);
+  return linked.signal;
 }

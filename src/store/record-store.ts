@@ -4,6 +4,8 @@ import { isLiveState } from '../wire/index.js';
 /** Where sandbox records outlive the process: the server keeps them in SQLite. */
 export interface SandboxRecordStore {
   upsert(info: SandboxInfo): void;
+  /** The record of a sandbox whatever its tenant (callers check the tenant). */
+  findById(sandboxId: string): SandboxInfo | undefined;
   /** Records in a live state (starting, running, paused) — after a crash, what to recover. */
   listLive(): SandboxInfo[];
   /**
@@ -27,6 +29,10 @@ export class MemoryRecordStore implements SandboxRecordStore {
   private readonly records = new Map<string, SandboxInfo>();
   upsert(info: SandboxInfo): void {
     this.records.set(info.sandboxId, structuredClone(info));
+  }
+  findById(sandboxId: string): SandboxInfo | undefined {
+    const info = this.records.get(sandboxId);
+    return info && structuredClone(info);
   }
   listLive(): SandboxInfo[] {
     return [...this.records.values()].filter((r) => isLiveState(r.state));

@@ -12,10 +12,12 @@ import { HostEnvironment } from '../../src/host/host-env.host.js';
 
 const T = 'tenant-a';
 let engine: SandboxManager;
+let dataDir: string;
 const events: EngineEvent[] = [];
 
 beforeAll(async () => {
-  engine = await SandboxManager.open({ dataDir: testDataDir(), store: new MemoryRecordStore(), onEvent: (e) => events.push(e) });
+  dataDir = testDataDir();
+  engine = await SandboxManager.open({ dataDir, store: new MemoryRecordStore(), onEvent: (e) => events.push(e) });
 });
 afterAll(async () => {
   await engine.close();
@@ -72,6 +74,37 @@ describe('SandboxManager (durable sandboxes on real backends)', () => {
     const exit = evs.at(-1);
     expect(exit?.type === 'exit' && exit.result.exitCode).toBe(4);
     expect(engine.listProcesses(T, s.sandboxId).find((x) => x.pid === p.pid)?.running).toBe(false);
+  });
+
+  it('lets go of an ended sandbox and reads its processes back from their logs, as they were', async () => {
+    const s = await engine.create({ tenantId: T, spec: { limits: { stdoutBytes: 4096 } } });
+    const p = await engine.startProcess(T, s.sandboxId, { argv: ['sh', '-c', 'echo out; echo err >&2; head -c 10000 /dev/zero | tr "\\0" x; exit 3'], tag: 'job' });
+    const before = await p.result;
+    const quiet = await engine.startProcess(T, s.sandboxId, { argv: ['true'] });
+    await quiet.result;
+    const replayedBefore = await collect(engine.getProcess(T, s.sandboxId, p.pid).events());
+    await engine.kill(T, s.sandboxId);
+    // Out of memory once its processes' records are written: the engine no longer lists it.
+    await waitFor(() => !engine.list({ tenantId: T }).some((x) => x.sandboxId === s.sandboxId), 20_000);
+    expect(existsSync(join(dataDir, 'logs', s.sandboxId, 'processes.json'))).toBe(true);
+
+    expect(engine.get(T, s.sandboxId)).toMatchObject({ state: 'killed', endReason: 'killed by request' });
+    const listed = engine.listProcesses(T, s.sandboxId);
+    expect(listed.map((x) => ({ pid: x.pid, running: x.running, tag: x.tag }))).toEqual([
+      { pid: p.pid, running: false, tag: 'job' },
+      { pid: quiet.pid, running: false, tag: undefined },
+    ]);
+    const late = engine.getProcess(T, s.sandboxId, p.pid);
+    expect(await collect(late.events())).toEqual(replayedBefore);
+    const after = await late.result;
+    expect(after).toEqual(before);
+    expect(after).toMatchObject({ exitCode: 3, stdoutTruncated: true, stdoutBytes: 4 + 10000, stderr: 'err\n' });
+    expect((await engine.getProcess(T, s.sandboxId, quiet.pid).result).outcome).toBe('ok');
+    expect(() => late.signal('SIGKILL')).toThrow(expect.objectContaining({ code: 'PROCESS_NOT_FOUND' }));
+    expect(() => engine.getProcess(T, s.sandboxId, 999_999)).toThrow(expect.objectContaining({ code: 'PROCESS_NOT_FOUND' }));
+    // Still scoped by tenant.
+    expect(() => engine.get('tenant-b', s.sandboxId)).toThrow(expect.objectContaining({ code: 'SANDBOX_NOT_FOUND' }));
+    expect(() => engine.listProcesses('tenant-b', s.sandboxId)).toThrow(expect.objectContaining({ code: 'SANDBOX_NOT_FOUND' }));
   });
 
   it('writes stdin, closes it, and signals', async () => {

@@ -53,6 +53,7 @@ export class SandboxFeed {
         store.upsert(info);
         this.changed(info);
       },
+      findById: (sandboxId) => store.findById(sandboxId),
       listLive: () => store.listLive(),
       ...(store.listUnreadableLive ? { listUnreadableLive: () => store.listUnreadableLive!() } : {}),
     };

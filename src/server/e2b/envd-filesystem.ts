@@ -7,6 +7,7 @@ import type { E2bContext, PortConstraint } from './deps.js';
 import { envdService, reply, type Message } from './envd-rpc.js';
 import { WATCH_EVENT_TYPES, envdWatcherRoutes, watchEventName } from './envd-watchers.js';
 import { E2B_USER, checkUser, toE2bPath, toSandboxPath } from './paths.js';
+import { linkedSignal } from '../linked-signal.js';
 
 /** envd's `filesystem.Filesystem` service over the engine's file service. */
 
@@ -86,12 +87,16 @@ export function envdFilesystemRoutes(ctx: E2bContext, auth: Authenticate, constr
         serverStream(request, reply, { keepalive: { keepalive: {} }, controller: new AbortController() }, async function* (clientGone) {
           const root = toSandboxPath(message.path);
           // A watch never ends by itself: it ends with the client, or when the server closes.
-          const signal = AbortSignal.any([clientGone, ctx.closeSignal]);
-          const watch = files.watch(root, { recursive: message.recursive === true, signal });
-          // The SDK's watchDir resolves on `start`: changes after it must be reported.
-          if ('ready' in watch) await (watch as { ready: Promise<void> }).ready;
-          yield { start: {} };
-          for await (const event of watch) yield { filesystem: { name: watchEventName(root, event.path), type: WATCH_EVENT_TYPES[event.type] } };
+          const { signal, release } = linkedSignal(clientGone, ctx.closeSignal);
+          try {
+            const watch = files.watch(root, { recursive: message.recursive === true, signal });
+            // The SDK's watchDir resolves on `start`: changes after it must be reported.
+            if ('ready' in watch) await (watch as { ready: Promise<void> }).ready;
+            yield { start: {} };
+            for await (const event of watch) yield { filesystem: { name: watchEventName(root, event.path), type: WATCH_EVENT_TYPES[event.type] } };
+          } finally {
+            release();
+          }
         }),
     })),
     ...envdWatcherRoutes(ctx, auth, constraints),

@@ -11,6 +11,7 @@ import type { E2bContext } from './deps.js';
 import { E2bTemplateBuilds, type E2bBuild } from './template-jobs.js';
 import { TemplateFiles } from './template-files.js';
 import { HASH, TemplateBuildStartBody, translateTemplate, type TranslatedTemplate } from './template-steps.js';
+import { linkedSignal } from '../linked-signal.js';
 
 /** E2B's own template names: served by Capsule's default template, so never a tenant's build. */
 export const E2B_DEFAULT_TEMPLATES = new Set(['base', 'code-interpreter-v1', 'code-interpreter']);
@@ -185,7 +186,10 @@ export function e2bTemplateRoutes(ctx: E2bContext, state: E2bTemplateState, auth
           });
         }
         // A closing server cancels its builds: nothing of them is left behind.
-        builds.start(build, (onLog, signal) => runBuild(state, build, template, principal.grants.diskQuotaBytes, onLog, AbortSignal.any([signal, ctx.closeSignal])));
+        builds.start(build, (onLog, signal) => {
+          const linked = linkedSignal(signal, ctx.closeSignal);
+          return runBuild(state, build, template, principal.grants.diskQuotaBytes, onLog, linked.signal).finally(linked.release);
+        });
         return { kind: 'empty', status: 202 };
       },
     }),
