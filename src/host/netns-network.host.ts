@@ -1,5 +1,5 @@
-import { access, mkdir, readdir, rm, writeFile } from 'node:fs/promises';
-import { constants, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdir, readdir, rm, writeFile } from 'node:fs/promises';
+import { readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
 import { createHash } from 'node:crypto';
 import { join, resolve } from 'node:path';
 import type { NetworkPolicy } from '../sandbox-spec/index.js';
@@ -14,6 +14,9 @@ import { applyRuleset, deleteTable, hostRuleset, kernelConnectionCap, listTables
 import {
   destroyNetns, ensureAnchor, listInstanceNetns, NetnsPool, NetworkNames, removeAnchor, slotOwner, slotRecord, type NetnsSlot,
 } from './netns-pool.host.js';
+import { networkPrerequisitesProblem } from './network-prerequisites.host.js';
+
+export { networkPrerequisitesProblem } from './network-prerequisites.host.js';
 
 export interface EgressNetworkOptions {
   host: HostEnvironment;
@@ -56,18 +59,6 @@ export interface NetworkAttachment {
   resolvConf: string;
   /** HTTP(S)_PROXY and NO_PROXY for every process. */
   env: Record<string, string>;
-}
-
-/** Host tools the network needs; undefined when present, else what is missing. */
-export async function networkPrerequisitesProblem(): Promise<string | undefined> {
-  for (const tool of ['/usr/sbin/ip', '/usr/sbin/nft', '/usr/bin/nsenter']) {
-    try {
-      await access(tool, constants.X_OK);
-    } catch {
-      return `${tool} is missing (install iproute2, nftables and util-linux)`;
-    }
-  }
-  return undefined;
 }
 
 /**

@@ -68,6 +68,11 @@ describe('what each CLI path loads', () => {
     expect(packages).toEqual(['commander', 'zod']);
     expect(files.filter((f) => /src\/(server|sdk|store)\//.test(f) || f.endsWith('engine/report.ts') || f.endsWith('engine/artifacts.ts'))).toEqual([]);
   });
+
+  it('capsule run loads no egress network (proxy, resolver, nftables, netns pool): the first networked sandbox does', () => {
+    const { files } = closure('src/cli/commands/run.ts');
+    expect(files.filter((f) => /src\/host\/(netns-|nftables|egress\/(?!egress-types))/.test(f))).toEqual([]);
+  });
 });
 
 describe('the command table', () => {

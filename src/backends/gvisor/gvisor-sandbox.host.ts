@@ -5,7 +5,7 @@ import { join } from 'node:path';
 import { AgentClient, type AgentHandOver, type AgentProcess, type AgentProcessRecord, type AgentRelay } from '../agent/index.js';
 import { SandboxError } from '../../errors/index.js';
 import type { SandboxCgroup } from '../../host/cgroups.host.js';
-import { egressCounters } from '../../host/egress/egress-proxy.js';
+import { egressCounters } from '../../host/egress/egress-types.js';
 import type { NetworkPolicy, SandboxSpec } from '../../sandbox-spec/index.js';
 import type { BackendSandbox, CheckpointResult, ConnectPortOptions, ExecRequest, PauseOptions, PauseResult, SandboxCounters } from '../backend.js';
 import type { HostMount } from '../../host/mount-roots.host.js';

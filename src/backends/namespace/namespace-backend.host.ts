@@ -9,8 +9,11 @@ import { SandboxError } from '../../errors/index.js';
 import { SandboxCgroup, listSandboxCgroups } from '../../host/cgroups.host.js';
 import type { HostEnvironment, HostPaths } from '../../host/host-env.host.js';
 import type { NetworkPolicy, SandboxSpec } from '../../sandbox-spec/index.js';
-import { EgressNetwork, networkPrerequisitesProblem, type NetworkAttachment } from '../../host/netns-network.host.js';
-import { egressCounters } from '../../host/egress/egress-proxy.js';
+// Types only: the egress network (proxy, resolver, nftables, netns pool) is loaded by the first
+// sandbox that has a network, so that a one-shot run without one does not load it.
+import type { EgressNetwork, NetworkAttachment } from '../../host/netns-network.host.js';
+import { networkPrerequisitesProblem } from '../../host/network-prerequisites.host.js';
+import { egressCounters } from '../../host/egress/egress-types.js';
 import type { Backend, BackendProbe, BackendSandbox, Capability, ConnectPortOptions, CreateOptions, ExecRequest, PauseOptions, PauseResult, ReattachOptions, ReconcileReport, SandboxCounters } from '../backend.js';
 import type { HostMount } from '../../host/mount-roots.host.js';
 import { STAGE_DIR } from '../../host/sandbox-layout.js';
@@ -64,7 +67,9 @@ export class NamespaceBackend implements Backend {
     await this.network?.close();
   }
 
-  private egress(): EgressNetwork {
+  private async egress(): Promise<EgressNetwork> {
+    if (this.network) return this.network;
+    const { EgressNetwork } = await import('../../host/netns-network.host.js');
     this.network ??= new EgressNetwork({ host: this.host });
     return this.network;
   }
@@ -121,7 +126,7 @@ export class NamespaceBackend implements Backend {
         cleanup.push(() => returnVolume(dir));
         await lendVolume(dir, uid);
       }
-      const egress = spec.network.mode === 'none' ? undefined : this.egress();
+      const egress = spec.network.mode === 'none' ? undefined : await this.egress();
       const network = await egress?.attach(options.id, spec.network, options.tenantId);
       if (egress) cleanup.push(() => egress.detach(options.id));
       options.signal?.throwIfAborted();
@@ -166,7 +171,7 @@ export class NamespaceBackend implements Backend {
     if (held.state === 'ended') throw new SandboxError('SANDBOX_CRASHED', held.reason, { details: { sandboxId: id } });
     const volumes = volumesOf(spec, options.volumes);
     // The namespace first: the proxy refuses the sandbox's address until its policy is registered.
-    const egress = spec.network.mode === 'none' ? undefined : this.egress();
+    const egress = spec.network.mode === 'none' ? undefined : await this.egress();
     const network = await egress?.reattach(id, spec.network, options.tenantId);
     const cgroup = SandboxCgroup.attach(`${this.host.cgroupPrefix}${id}`);
     // A sandbox paused with its memory is frozen, agent included: it thaws for the instant the
@@ -250,6 +255,7 @@ export class NamespaceBackend implements Backend {
     await this.host.volume.spares.clear();
     await this.host.volume.clearStaleQgroups();
     if ((await networkPrerequisitesProblem()) === undefined) {
+      const { EgressNetwork } = await import('../../host/netns-network.host.js');
       const net = await EgressNetwork.reconcile(this.host, liveIds, this.network, reattached);
       removed.push(...net.removed);
       failures.push(...net.failures);
