@@ -4,6 +4,9 @@ import { join, relative } from 'node:path';
 import { pathExists } from './fs-util.js';
 import { runCommand } from './run-command.host.js';
 
+/** Sources with a spare at once, server-wide (each spare is a subvolume of a few KiB, uncharged). */
+export const DEFAULT_MAX_SPARES = 64;
+
 /**
  * One ready writable clone of each read-only subvolume that sandboxes start from (a snapshot's
  * disk, a template's layer), kept in `spares/` on the workspace volume. A btrfs snapshot waits
@@ -18,16 +21,26 @@ import { runCommand } from './run-command.host.js';
  * create from, a template an engine creates from; not a fork's snapshot, whose creates run at
  * once and share one commit, nor a one-shot run's template), is deleted before its source is
  * (`discard`), at close, and at the next start after a crash (`clear`).
+ *
+ * At most `maxSpares` sources have one at a time, the ones kept or created from most recently:
+ * a spare is uncharged (no tenant's quota sees it), so a tenant that takes many snapshots must
+ * not make as many subvolumes on the volume. A source past the bound loses its spare (its
+ * creates snapshot it themselves) until a create from it brings it back among the recent ones.
  */
 export class SpareClones {
   private readonly dir: string;
-  /** Sources whose spare is made again after each create from them. */
+  /** Sources someone asked to `keep` (until discarded). */
+  private readonly wanted = new Set<string>();
+  /** The kept sources that have a spare, least recently used first; at most `maxSpares`. */
   private readonly kept = new Set<string>();
   private readonly making = new Map<string, Promise<void>>();
+  /** Spares of sources that fell past the bound, being deleted. */
+  private readonly dropping = new Set<Promise<void>>();
 
   constructor(
     private readonly volumeRoot: string,
     private readonly deleteSubvolumes: (paths: string[]) => Promise<void>,
+    private readonly maxSpares = DEFAULT_MAX_SPARES,
   ) {
     this.dir = join(volumeRoot, 'spares');
   }
@@ -54,12 +67,14 @@ export class SpareClones {
    */
   async clone(source: string, target: string): Promise<void> {
     if (!(await this.take(source, target))) await runCommand(['btrfs', 'subvolume', 'snapshot', source, target]);
+    if (this.wanted.has(source)) this.touch(source);
     this.replenish(source);
   }
 
   /** From now on a spare of `source` is kept ready: one is made now (in the background) unless one is. */
   keep(source: string): void {
-    this.kept.add(source);
+    this.wanted.add(source);
+    this.touch(source);
     this.replenish(source);
   }
 
@@ -78,23 +93,48 @@ export class SpareClones {
 
   /** Deletes the spare of `source`, waiting for one being made; call before deleting the source. */
   async discard(source: string): Promise<void> {
-    this.kept.delete(source);
-    await this.making.get(source);
-    const spare = this.pathOf(source);
-    if (await pathExists(spare)) await this.deleteSubvolumes([spare]);
+    this.wanted.delete(source);
+    await this.drop(source);
   }
 
-  /** Resolves once no spare is being made. */
+  /** Resolves once no spare is being made or dropped. */
   async idle(): Promise<void> {
-    while (this.making.size > 0) await Promise.all(this.making.values());
+    while (this.making.size > 0 || this.dropping.size > 0) await Promise.all([...this.making.values(), ...this.dropping]);
+  }
+
+  /** How many sources have a spare kept (at most `maxSpares`). */
+  get keptCount(): number {
+    return this.kept.size;
   }
 
   /** Deletes every spare on the volume (this process's and any a crashed one left), once those being made are. */
   async clear(): Promise<void> {
+    this.wanted.clear();
     this.kept.clear();
     await this.idle();
     const entries = await readdir(this.dir).catch(() => [] as string[]);
     if (entries.length > 0) await this.deleteSubvolumes(entries.map((entry) => join(this.dir, entry)));
+  }
+
+  /** `source` becomes the most recently used kept source; the least recent past the bound loses its spare. */
+  private touch(source: string): void {
+    this.kept.delete(source);
+    this.kept.add(source);
+    while (this.kept.size > this.maxSpares) {
+      const oldest = this.kept.values().next().value as string;
+      const dropped = this.drop(oldest)
+        .catch(() => undefined)
+        .finally(() => this.dropping.delete(dropped));
+      this.dropping.add(dropped);
+    }
+  }
+
+  /** No spare of `source` is kept any more: the one being made is waited for, then deleted. */
+  private async drop(source: string): Promise<void> {
+    this.kept.delete(source);
+    await this.making.get(source);
+    const spare = this.pathOf(source);
+    if (await pathExists(spare)) await this.deleteSubvolumes([spare]);
   }
 
   private async make(source: string): Promise<void> {

@@ -4,6 +4,7 @@ import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { HostEnvironment } from '../../src/host/host-env.host.js';
 import { pathExists } from '../../src/host/fs-util.js';
+import { SpareClones } from '../../src/host/spare-clones.host.js';
 import { expectNoLeaks, testDataDir } from '../helpers/sandbox.js';
 
 /*
@@ -33,7 +34,8 @@ describe('SpareClones', () => {
   });
   afterAll(async () => {
     await host.volume.spares.clear();
-    for (const id of ['sparea', 'spareb', 'sparec']) await host.volume.delete(id);
+    for (const id of ['sparea', 'spareb', 'sparec', 'spared']) await host.volume.delete(id);
+    for (const extra of [`${source}-2`, `${source}-3`]) if (await pathExists(extra)) execFileSync('btrfs', ['subvolume', 'delete', extra]);
     execFileSync('btrfs', ['subvolume', 'delete', source]);
     execFileSync('rmdir', [join(host.volume.mountPoint, 'snapshots')]);
     await expectNoLeaks();
@@ -88,5 +90,39 @@ describe('SpareClones', () => {
     execFileSync('btrfs', ['subvolume', 'snapshot', source, partial]);
     await spares.clear();
     expect(await readdir(join(host.volume.mountPoint, 'spares'))).toEqual([]);
+  });
+
+  it('keeps spares for at most maxSpares sources, the most recently used; a create from a dropped one brings it back', async () => {
+    const [a, b, c] = [source, `${source}-2`, `${source}-3`];
+    for (const extra of [b, c]) execFileSync('btrfs', ['subvolume', 'snapshot', '-r', source, extra]);
+    const deleted: string[] = [];
+    const spares = new SpareClones(
+      host.volume.mountPoint,
+      (paths) => {
+        for (const path of paths) execFileSync('btrfs', ['subvolume', 'delete', path]);
+        deleted.push(...paths);
+        return Promise.resolve();
+      },
+      2,
+    );
+    const ready = async () => {
+      await spares.idle();
+      return Promise.all([a, b, c].map((s) => pathExists(spares.pathOf(s))));
+    };
+    spares.keep(a);
+    spares.keep(b);
+    expect(await ready()).toEqual([true, true, false]);
+    // A third kept source: the least recently used one (a) loses its spare.
+    spares.keep(c);
+    expect(await ready()).toEqual([false, true, true]);
+    expect(spares.keptCount).toBe(2);
+    expect(deleted).toEqual([spares.pathOf(a)]);
+    // A create from a snapshots it (no spare) and brings it back; b is now the oldest and goes.
+    await spares.clone(a, host.volume.path('spared'));
+    expect(await readFile(join(host.volume.path('spared'), 'dir', 'file.txt'), 'utf8')).toBe('kept\n');
+    expect(await ready()).toEqual([true, false, true]);
+    expect(spares.keptCount).toBe(2);
+    await spares.clear();
+    expect(await ready()).toEqual([false, false, false]);
   });
 });
