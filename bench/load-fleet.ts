@@ -108,6 +108,8 @@ export interface IdleDensity {
   pssMiBPerSandbox: number;
   /** The server's RSS growth per sandbox. */
   serverMiBPerSandbox: number;
+  /** Kernel memory per sandbox by /proc/meminfo field (Slab, Percpu, KernelStack, PageTables, Shmem), MiB. */
+  kernelMiBPerSandbox: Record<string, number>;
   processes: number;
   errors: number;
   firstError?: string;
@@ -120,6 +122,7 @@ export async function idleDensity(conn: ConnectionOptions, count: number, server
   let firstError: string | undefined;
   try {
     const availableBefore = await memAvailable();
+    const kernelBefore = await kernelMemory();
     const rssBefore = await serverRss();
     let next = 0;
     await Promise.all(
@@ -137,6 +140,7 @@ export async function idleDensity(conn: ConnectionOptions, count: number, server
     );
     const made = Math.max(1, sandboxes.length);
     const availableAfter = await memAvailable();
+    const kernelAfter = await kernelMemory();
     const rssAfter = await serverRss();
     const pids = await descendants(serverPid);
     let pss = 0;
@@ -146,6 +150,7 @@ export async function idleDensity(conn: ConnectionOptions, count: number, server
       hostMiBPerSandbox: (availableBefore - availableAfter) / made / MiB,
       pssMiBPerSandbox: pss / made / MiB,
       serverMiBPerSandbox: (rssAfter - rssBefore) / made / MiB,
+      kernelMiBPerSandbox: Object.fromEntries(KERNEL_FIELDS.map((field) => [field, ((kernelAfter[field] ?? 0) - (kernelBefore[field] ?? 0)) / made / MiB])),
       processes: pids.length,
       errors,
       ...(firstError !== undefined ? { firstError } : {}),
@@ -162,6 +167,14 @@ export async function killAll(sandboxes: Sandbox[], clients: number): Promise<vo
       for (let sandbox = left.pop(); sandbox; sandbox = left.pop()) await sandbox.kill().catch(() => undefined);
     }),
   );
+}
+
+/** Where the kernel's own memory for a sandbox shows in /proc/meminfo (its namespaces, cgroups, mounts, page tables). */
+const KERNEL_FIELDS = ['SUnreclaim', 'SReclaimable', 'Percpu', 'KernelStack', 'PageTables', 'Shmem'];
+
+async function kernelMemory(): Promise<Record<string, number>> {
+  const text = await readFile('/proc/meminfo', 'utf8');
+  return Object.fromEntries(KERNEL_FIELDS.map((field) => [field, Number(new RegExp(`^${field}:\\s+(\\d+) kB`, 'm').exec(text)?.[1] ?? 0) * 1024]));
 }
 
 export async function memAvailable(): Promise<number> {

@@ -158,6 +158,7 @@ async function main(): Promise<void> {
     row(`host MiB per idle sandbox (MemAvailable, ${d.sandboxes})`, d.hostMiBPerSandbox.toFixed(2), '≤ 1', d.hostMiBPerSandbox <= 1 && d.sandboxes >= idle);
     row('  PSS of its processes, MiB', d.pssMiBPerSandbox.toFixed(2), '', undefined);
     row('  server RSS growth, MiB', d.serverMiBPerSandbox.toFixed(2), '', undefined);
+    for (const [field, mib] of Object.entries(d.kernelMiBPerSandbox)) row(`  kernel ${field}, MiB`, mib.toFixed(2), '', undefined);
   }
   if (out.exec) {
     const e = out.exec;
