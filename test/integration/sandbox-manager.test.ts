@@ -6,7 +6,7 @@ import type { ProcessEvent } from '../../src/engine/types.js';
 import { isSandboxError } from '../../src/errors/index.js';
 import { expectNoLeaks, testDataDir } from '../helpers/sandbox.js';
 import { existsSync } from 'node:fs';
-import { readFile } from 'node:fs/promises';
+import { readdir, readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { HostEnvironment } from '../../src/host/host-env.host.js';
 
@@ -32,6 +32,16 @@ async function collect(events: AsyncIterable<ProcessEvent>): Promise<ProcessEven
 
 function text(events: ProcessEvent[], stream: 'stdout' | 'stderr'): string {
   return Buffer.concat(events.flatMap((e) => (e.type === stream ? [e.data] : []))).toString();
+}
+
+/** The host pid of a sandbox's agent: the process in the sandbox's cgroups that runs capsule-agent. */
+async function hostPidOfAgent(sandboxId: string): Promise<number> {
+  for (const entry of await readdir('/proc')) {
+    if (!/^\d+$/.test(entry)) continue;
+    const [cmdline, cgroup] = await Promise.all([readFile(`/proc/${entry}/cmdline`, 'utf8').catch(() => ''), readFile(`/proc/${entry}/cgroup`, 'utf8').catch(() => '')]);
+    if (cmdline === '/.capsule/capsule-agent\0' && cgroup.includes(sandboxId)) return Number(entry);
+  }
+  throw new Error(`no agent process found for ${sandboxId}`);
 }
 
 async function waitFor(check: () => boolean, timeoutMs: number): Promise<void> {
@@ -150,11 +160,22 @@ describe('SandboxManager (durable sandboxes on real backends)', () => {
     }
   });
 
+  it('the agent is the sandbox\'s pid 1: sandbox code cannot kill it', async () => {
+    const s = await engine.create({ tenantId: T });
+    const p = await engine.startProcess(T, s.sandboxId, { argv: ['sh', '-c', 'tr "\\0" " " </proc/1/cmdline; echo; kill -9 1; kill -KILL -1; echo sent'] });
+    const r = await p.result;
+    expect(r.stdout.split('\n')[0]?.trim()).toBe('/.capsule/capsule-agent');
+    // The kernel drops what the sandbox sends its init (no handler), so the agent still answers.
+    const next = await engine.startProcess(T, s.sandboxId, { argv: ['echo', 'still here'] });
+    expect((await next.result).stdout).toBe('still here\n');
+    expect(engine.get(T, s.sandboxId).state).toBe('running');
+  });
+
   it('marks a sandbox whose agent died as failed and cleans it up', async () => {
     const s = await engine.create({ tenantId: T });
-    // The agent's own process group: killing pid 2 (the agent under bwrap's init) stops the sandbox.
-    const p = await engine.startProcess(T, s.sandboxId, { argv: ['sh', '-c', 'kill -9 $(cat /proc/1/task/1/children | cut -d" " -f1)'] });
-    await p.result;
+    // Killed from the host (the sandbox cannot): the agent is the process of its cgroup running it.
+    const agentPid = await hostPidOfAgent(s.sandboxId);
+    process.kill(agentPid, 'SIGKILL');
     await waitFor(() => engine.get(T, s.sandboxId).state === 'failed', 30_000);
     expect(engine.get(T, s.sandboxId).endReason).toMatch(/^crashed/);
   });

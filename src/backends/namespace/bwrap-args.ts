@@ -96,9 +96,19 @@ export function buildBwrapArgs(spec: SandboxSpec, options: BwrapOptions): string
   // bwrap builds the root and /dev on tmpfs; nothing outside /workspace, /tmp and /dev/shm may
   // be written (each remount is of that one mount: the binds and tmpfs above keep their own).
   args.push('--remount-ro', '/', '--remount-ro', '/dev');
-  const command = options.command ?? [AGENT_PATH];
-  args.push('--chdir', '/workspace', '--clearenv', '--seccomp', String(options.seccompFd), '--', ...command);
+  args.push('--chdir', '/workspace', '--clearenv', '--seccomp', String(options.seccompFd), ...commandArgs(options));
   return args;
+}
+
+/**
+ * The command after bwrap's options. The agent runs as the namespace's pid 1 (`--as-pid-1`): it
+ * reaps every orphan itself (a subreaper already), so bwrap's own init would be one more process
+ * per sandbox for nothing; and as init, the kernel drops every signal sent to it from inside the
+ * sandbox that it has no handler for, SIGKILL included, so sandbox code cannot kill its agent.
+ * Another command keeps bwrap's init.
+ */
+function commandArgs(options: BwrapOptions): string[] {
+  return options.command ? ['--', ...options.command] : ['--as-pid-1', '--', AGENT_PATH];
 }
 
 /** The argv of a sandbox from a template: root inside a user namespace with a 65536-id range. */
@@ -123,7 +133,6 @@ function buildTemplateBwrapArgs(spec: SandboxSpec, options: BwrapOptions, userns
   spec.mounts.forEach((mount, index) => args.push('--ro-bind', staged(STAGE.mount(index)), mount.sandboxPath));
   spec.volumes.forEach((volume, index) => args.push(volume.readOnly ? '--ro-bind' : '--bind', staged(STAGE.volume(index)), volume.path));
   args.push('--ro-bind', staged(STAGE.tools), TOOLS_DIR, '--remount-ro', '/dev');
-  const command = options.command ?? [AGENT_PATH];
-  args.push('--chdir', '/workspace', '--clearenv', '--seccomp', String(options.seccompFd), '--', ...command);
+  args.push('--chdir', '/workspace', '--clearenv', '--seccomp', String(options.seccompFd), ...commandArgs(options));
   return args;
 }
