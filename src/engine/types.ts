@@ -122,6 +122,11 @@ export interface SandboxEngine {
   /** What the server can still admit, and `tenantId`'s own quota (GET /v1/capacity). */
   capacityOf(tenantId: string): Promise<CapacityInfo>;
   get(tenantId: string, sandboxId: string): SandboxInfo;
+  /**
+   * The sandboxes the engine holds: the live ones, and ended ones until their processes' records
+   * are written out of memory (moments after the end). Ended sandboxes stay readable by id (`get`,
+   * their processes) while their logs are kept; the server lists them from its record store.
+   */
   list(query: ListSandboxesQuery): SandboxInfo[];
   kill(tenantId: string, sandboxId: string): Promise<SandboxInfo>;
   /** Sets the TTL to now + ttlMs: it can shorten or extend. */
