@@ -148,13 +148,18 @@ export class ProcessLogs {
     return true;
   }
 
+  /** Whether the logs of the ended sandbox `sandboxId` are still kept. */
+  keepsEnded(sandboxId: string): boolean {
+    return this.removals.has(sandboxId);
+  }
+
   /**
    * The records `writeEnded` wrote for `sandboxId`, while its logs are kept (after that,
    * undefined). Read synchronously: a small file, read only when a caller asks for an ended
    * sandbox's processes.
    */
   readEnded(sandboxId: string): EndedProcessRecord[] | undefined {
-    if (!this.removals.has(sandboxId)) return undefined;
+    if (!this.keepsEnded(sandboxId)) return undefined;
     try {
       return JSON.parse(readFileSync(join(outputLogDir(this.dataDir, sandboxId), ENDED_PROCESSES_FILE), 'utf8')) as EndedProcessRecord[];
     } catch (error) {

@@ -147,9 +147,13 @@ export class SandboxManager implements SandboxEngine {
     hostLimits: HostLimits,
   ) {
     this.backends = new Map(backends.map((b) => [b.name, b]));
-    this.table = new SandboxTable(options.store ?? new MemoryRecordStore(), (sandboxId) => {
-      const records = this.logs.readEnded(sandboxId);
-      return records && ProcessTable.ofEnded(this.processTableOptions(), sandboxId, records);
+    this.table = new SandboxTable(options.store ?? new MemoryRecordStore(), {
+      kept: (sandboxId) => this.logs.keepsEnded(sandboxId),
+      read: (sandboxId) => {
+        const records = this.logs.readEnded(sandboxId);
+        return records && ProcessTable.ofEnded(this.processTableOptions(), sandboxId, records);
+      },
+      none: () => new ProcessTable(this.processTableOptions()),
     });
     this.maxima = options.maxima ?? DEFAULT_MAXIMA;
     this.now = options.now ?? Date.now;

@@ -22,19 +22,28 @@ export interface LiveSandbox {
   resuming?: Promise<void>;
 }
 
+/** The processes of sandboxes that left memory (SandboxTable.retire), kept beside their logs. */
+export interface RetiredProcesses {
+  /** Whether `sandboxId`'s logs, and so its processes, are still kept. */
+  kept(sandboxId: string): boolean;
+  read(sandboxId: string): ProcessTable | undefined;
+  /** An empty table: a retired sandbox whose logs went while it was read. */
+  none(): ProcessTable;
+}
+
 /**
  * The engine's sandboxes by id, scoped by tenant on every lookup, and their records: every change
  * of `info` is saved to the record store with `save`. An ended sandbox leaves memory once its
- * processes' records are on disk (`retire`); a lookup reads it back from the store and
- * `readEnded` while its logs are kept.
+ * processes' records are on disk (`retire`); while its logs are kept, a lookup reads its
+ * record back from the store and its processes from beside their logs (`RetiredProcesses`).
  */
 export class SandboxTable {
   private readonly entries = new Map<string, LiveSandbox>();
 
   constructor(
     private readonly store: SandboxRecordStore,
-    /** The processes of a retired sandbox, read back; undefined once its logs are gone. */
-    private readonly readEnded: (sandboxId: string) => ProcessTable | undefined = () => undefined,
+    /** Where a retired sandbox's processes are read back from, while its logs are kept. */
+    private readonly ended?: RetiredProcesses,
   ) {}
 
   add(entry: LiveSandbox): void {
@@ -76,11 +85,24 @@ export class SandboxTable {
     return entry;
   }
 
-  /** A retired sandbox read back: its record and its processes, or undefined once its logs are gone. */
+  /**
+   * A retired sandbox read back while its logs are kept: its record, and its processes read from
+   * disk only when asked for (a `get` reads the record alone).
+   */
   private retired(sandboxId: string): LiveSandbox | undefined {
-    const processes = this.readEnded(sandboxId);
-    const info = processes && this.store.findById(sandboxId);
-    return info && !isLiveState(info.state) ? { info, processes } : undefined;
+    const { ended } = this;
+    if (!ended?.kept(sandboxId)) return undefined;
+    const info = this.store.findById(sandboxId);
+    if (!info || isLiveState(info.state)) return undefined;
+    let processes: ProcessTable | undefined;
+    return {
+      info,
+      // Logs removed in between: no processes left to read.
+      get processes(): ProcessTable {
+        processes ??= ended.read(sandboxId) ?? ended.none();
+        return processes;
+      },
+    };
   }
 
   /** Starting, running or paused; an ended one is SANDBOX_NOT_RUNNING with its end reason. */
