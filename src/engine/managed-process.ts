@@ -99,9 +99,10 @@ export class ManagedProcess implements ProcessHandle {
     return this.info.pid;
   }
 
-  /** Its record once it ended (take it once its log is closed); undefined while it runs or when it ended without a result. */
+  /** Its record once it ended (take it once its log is closed); undefined while it runs, when it ended without a result, or when its log failed. */
   record(): EndedProcessRecord | undefined {
-    if (this.info.running || !this.end) return undefined;
+    // A log whose write failed served the rest from memory: read back, it would replay less.
+    if (this.info.running || !this.end || this.log?.failed) return undefined;
     return {
       info: { ...this.info },
       caps: { stdoutBytes: this.caps.stdoutBytes, stderrBytes: this.caps.stderrBytes },

@@ -127,8 +127,17 @@ export class ProcessLogs {
    * like them), so that the engine can let go of them and read them back on demand. False when
    * the quota has no room or the write failed: the caller keeps them in memory then.
    */
-  async writeEnded(owner: LogOwner, records: readonly EndedProcessRecord[]): Promise<boolean> {
-    if (records.length === 0) return true; // no file: `readEnded` reads none as none
+  writeEnded(owner: LogOwner, records: readonly EndedProcessRecord[]): Promise<boolean> {
+    // Its logs already removed (the sweep came first): nothing to keep them beside.
+    if (!this.keepsEnded(owner.sandboxId)) return Promise.resolve(false);
+    if (records.length === 0) return Promise.resolve(true); // no file: `readEnded` reads none as none
+    // Tracked: a removal of the sandbox's logs waits for it (flushed), so it writes into no removed directory.
+    const written = this.writeEndedFile(owner, records);
+    this.track(written);
+    return written;
+  }
+
+  private async writeEndedFile(owner: LogOwner, records: readonly EndedProcessRecord[]): Promise<boolean> {
     const text = JSON.stringify(records);
     const bytes = Buffer.byteLength(text);
     const { budget } = this.options;

@@ -127,6 +127,11 @@ export class ProcessOutput {
     return log;
   }
 
+  /** Whether a write of it failed: what it held past the failure was served from memory only. */
+  get failed(): boolean {
+    return this.failure !== undefined;
+  }
+
   /** Where its records are in the file (what it holds written); whole once `close()` resolved. */
   get extent(): LogExtent {
     return { position: this.diskPos, baseOffset: this.baseOffset, fileEnd: this.fileEnd };
@@ -262,7 +267,9 @@ export class ProcessOutput {
   }
 
   private async write(from: number, to: number): Promise<void> {
-    if (this.failure !== undefined) return;
+    // Nothing new (a flush of a closed log, a reader's flush): the file is not opened again, which
+    // would take its end for this log's start and leave readers nothing to read, forever.
+    if (this.failure !== undefined || from >= to) return;
     if (!this.handle) {
       await this.options.ensureDir();
       this.handle = await open(this.options.path, 'a', 0o600);

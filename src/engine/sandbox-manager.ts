@@ -135,6 +135,9 @@ export class SandboxManager implements SandboxEngine {
   private readonly leftRunning = new Set<string>();
   /** Ended sandboxes being written out of memory (`retire`); close waits for them. */
   private readonly retiring = new Set<Promise<void>>();
+  /** Settles when close() starts: a retire still waiting for its processes gives up then. */
+  private readonly closing: Promise<undefined>;
+  private startClosing: () => void = () => undefined;
   private readonly pools = new Map<string, WarmPool>();
   private readonly snapshotsOf: Snapshots | undefined;
   private readonly volumesOf: Volumes | undefined;
@@ -147,6 +150,7 @@ export class SandboxManager implements SandboxEngine {
     hostLimits: HostLimits,
   ) {
     this.backends = new Map(backends.map((b) => [b.name, b]));
+    this.closing = new Promise<undefined>((resolve) => (this.startClosing = () => resolve(undefined)));
     this.table = new SandboxTable(options.store ?? new MemoryRecordStore(), {
       kept: (sandboxId) => this.logs.keepsEnded(sandboxId),
       read: (sandboxId) => {
@@ -588,6 +592,7 @@ export class SandboxManager implements SandboxEngine {
   /** Destroys every live sandbox; records say why. */
   async close(options: EngineCloseOptions = {}): Promise<void> {
     this.closed = true;
+    this.startClosing();
     this.admission.close();
     await Promise.all([...this.pools.values()].map((pool) => pool.close()));
     const left: string[] = [];
@@ -729,7 +734,10 @@ export class SandboxManager implements SandboxEngine {
    * holds only the live ones). Kept in memory when the records cannot be written.
    */
   private async retire(entry: LiveSandbox): Promise<void> {
-    const records = await entry.processes.endedRecords();
+    // A process whose end is never reported (a paused gVisor sandbox's handed-over one) must not
+    // hold close(); at close nothing is worth writing: the next start removes ended sandboxes' logs.
+    const records = await Promise.race([entry.processes.endedRecords(), this.closing]);
+    if (this.closed) return;
     const owner = { tenantId: entry.info.tenantId, sandboxId: entry.info.sandboxId, quotaBytes: entry.quotaBytes };
     if (records && (await this.logs.writeEnded(owner, records))) this.table.retire(entry.info.sandboxId);
   }

@@ -67,14 +67,12 @@ export class SpareClones {
    */
   async clone(source: string, target: string): Promise<void> {
     if (!(await this.take(source, target))) await runCommand(['btrfs', 'subvolume', 'snapshot', source, target]);
-    if (this.wanted.has(source)) this.touch(source);
     this.replenish(source);
   }
 
   /** From now on a spare of `source` is kept ready: one is made now (in the background) unless one is. */
   keep(source: string): void {
     this.wanted.add(source);
-    this.touch(source);
     this.replenish(source);
   }
 
@@ -84,6 +82,8 @@ export class SpareClones {
    * creates snapshot the source themselves.
    */
   replenish(source: string): void {
+    // A create from it (here or by capsule-launch) makes it the most recently used.
+    if (this.wanted.has(source)) this.touch(source);
     if (!this.kept.has(source) || this.making.has(source)) return;
     const made = this.make(source)
       .catch(() => undefined)

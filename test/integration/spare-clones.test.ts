@@ -92,7 +92,7 @@ describe('SpareClones', () => {
     expect(await readdir(join(host.volume.mountPoint, 'spares'))).toEqual([]);
   });
 
-  it('keeps spares for at most maxSpares sources, the most recently used; a create from a dropped one brings it back', async () => {
+  it('keeps spares for at most maxSpares sources, the most recently created from; a create from a dropped one brings it back', async () => {
     const [a, b, c] = [source, `${source}-2`, `${source}-3`];
     for (const extra of [b, c]) execFileSync('btrfs', ['subvolume', 'snapshot', '-r', source, extra]);
     const deleted: string[] = [];
@@ -112,15 +112,19 @@ describe('SpareClones', () => {
     spares.keep(a);
     spares.keep(b);
     expect(await ready()).toEqual([true, true, false]);
-    // A third kept source: the least recently used one (a) loses its spare.
+    // A create from a, as capsule-launch makes it (it takes the spare; the host replenishes): a is
+    // now the most recent, so a third kept source drops b's spare, not a's.
+    expect(await spares.take(a, host.volume.path('spared'))).toBe(true);
+    spares.replenish(a);
     spares.keep(c);
-    expect(await ready()).toEqual([false, true, true]);
-    expect(spares.keptCount).toBe(2);
-    expect(deleted).toEqual([spares.pathOf(a)]);
-    // A create from a snapshots it (no spare) and brings it back; b is now the oldest and goes.
-    await spares.clone(a, host.volume.path('spared'));
-    expect(await readFile(join(host.volume.path('spared'), 'dir', 'file.txt'), 'utf8')).toBe('kept\n');
     expect(await ready()).toEqual([true, false, true]);
+    expect(spares.keptCount).toBe(2);
+    expect(deleted).toEqual([spares.pathOf(b)]);
+    // A create from b snapshots it (no spare) and brings it back; a is now the oldest and goes.
+    await host.volume.delete('spared');
+    await spares.clone(b, host.volume.path('spared'));
+    expect(await readFile(join(host.volume.path('spared'), 'dir', 'file.txt'), 'utf8')).toBe('kept\n');
+    expect(await ready()).toEqual([false, true, true]);
     expect(spares.keptCount).toBe(2);
     await spares.clear();
     expect(await ready()).toEqual([false, false, false]);

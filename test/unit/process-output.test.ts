@@ -46,6 +46,22 @@ function budget(room: number): LogBudget & { held: number } {
 }
 
 describe('ProcessOutput (the log a process is replayed from)', () => {
+  it('a flush after close (a reader of the log file) opens nothing again: the log and a copy read back from its extent replay it all', async () => {
+    const { log, path } = output();
+    log.append('stdout', Buffer.from('first\n'), true);
+    log.append('stderr', Buffer.from('second\n'), true);
+    await log.close();
+    const extent = log.extent;
+    await log.flush();
+    // Reopening would take the file's end for this log's start: readers would find nothing, forever.
+    expect(log.extent).toEqual(extent);
+    expect(await take(log.read(() => undefined), 13)).toBe('first\nsecond\n');
+    const copy = ProcessOutput.ofClosed(path, extent);
+    const pieces: string[] = [];
+    for await (const piece of copy.read(() => undefined)) pieces.push(`${piece.stream}:${piece.data.toString()}`);
+    expect(pieces).toEqual(['stdout:first\n', 'stderr:second\n']);
+  });
+
   it('gives a late reader the output from the file, and a reader that keeps up the output from memory', async () => {
     const { log } = output();
     const live = log.read(() => undefined);

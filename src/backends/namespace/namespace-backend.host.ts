@@ -593,8 +593,9 @@ function startFailure(options: StartOptions, error: unknown, why: string): Sandb
 /**
  * Kills every process of a sandbox except its agent and the bwrap processes above it. The group
  * is frozen meanwhile, so nothing forks between the scan and the kill; the agent reaps the dead
- * and reports their exits. The agent is the capsule-agent whose parent is bwrap's init: anything
- * a sandbox starts descends from the agent (a subreaper), never from bwrap.
+ * and reports their exits. The agent is the capsule-agent whose parent is bwrap (it is the
+ * namespace's init, under bwrap's monitor): anything a sandbox starts descends from the agent,
+ * never from bwrap.
  */
 async function killAllButAgent(cgroup: SandboxCgroup): Promise<void> {
   await cgroup.freeze(true);
