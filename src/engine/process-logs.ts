@@ -89,7 +89,7 @@ export class ProcessLogs {
     const { budget } = this.options;
     const perLog: LogBudget | undefined = budget && { take: (bytes) => budget.take(owner, bytes), release: (bytes) => budget.release(owner, bytes) };
     return new ProcessOutput({
-      path: outputLogPath({ dataDir: this.dataDir, sandboxId: owner.sandboxId, pid: owner.pid }),
+      path: this.pathOf(owner.sandboxId, owner.pid),
       ensureDir: () => this.ensureDir(owner.sandboxId),
       reservedBytes,
       extraBytes: this.options.extraBytes ?? DEFAULT_OUTPUT_LOG_BYTES,

@@ -153,11 +153,7 @@ export class SandboxManager implements SandboxEngine {
     this.closing = new Promise<undefined>((resolve) => (this.startClosing = () => resolve(undefined)));
     this.table = new SandboxTable(options.store ?? new MemoryRecordStore(), {
       kept: (sandboxId) => this.logs.keepsEnded(sandboxId),
-      read: (sandboxId) => {
-        const records = this.logs.readEnded(sandboxId);
-        return records && ProcessTable.ofEnded(this.processTableOptions(), sandboxId, records);
-      },
-      none: () => new ProcessTable(this.processTableOptions()),
+      read: (sandboxId) => ProcessTable.ofEnded(this.processTableOptions(), sandboxId, this.logs.readEnded(sandboxId) ?? []),
     });
     this.maxima = options.maxima ?? DEFAULT_MAXIMA;
     this.now = options.now ?? Date.now;
@@ -181,10 +177,7 @@ export class SandboxManager implements SandboxEngine {
     });
     this.admission = new Admission(admissionOptions(options.admission, hostLimits, this.capacity, () => heldByPools(this.pools.values())));
     // Once an ended sandbox's logs are gone, so is what the engine remembers of its processes.
-    this.logs.onRemoved = (sandboxId) => {
-      const entry = this.table.get(sandboxId);
-      if (entry && !isLiveState(entry.info.state)) this.table.delete(sandboxId);
-    };
+    this.logs.onRemoved = (sandboxId) => this.table.retire(sandboxId);
     this.snapshotsOf = host ? new Snapshots(host.volume, options.snapshotStore ?? new MemorySnapshotRecords(), this.now, this.workspaceBudget) : undefined;
     this.volumesOf = this.snapshotsOf ? new Volumes(this.snapshotsOf.disks, options.volumeStore ?? new MemoryVolumeRecords(), this.now, this.workspaceBudget) : undefined;
   }

@@ -26,9 +26,8 @@ export interface LiveSandbox {
 export interface RetiredProcesses {
   /** Whether `sandboxId`'s logs, and so its processes, are still kept. */
   kept(sandboxId: string): boolean;
-  read(sandboxId: string): ProcessTable | undefined;
-  /** An empty table: a retired sandbox whose logs went while it was read. */
-  none(): ProcessTable;
+  /** Its processes, read from disk (none when its logs went in between). */
+  read(sandboxId: string): ProcessTable;
 }
 
 /**
@@ -54,12 +53,10 @@ export class SandboxTable {
     return this.entries.get(sandboxId);
   }
 
-  /** Forgets an ended sandbox (once its logs are gone, nothing of it is left to read). */
-  delete(sandboxId: string): void {
-    this.entries.delete(sandboxId);
-  }
-
-  /** Lets go of an ended sandbox whose processes' records are on disk; `find` reads it back. */
+  /**
+   * Lets go of an ended sandbox (a live one stays): once its processes' records are on disk, or
+   * once its logs are gone. `find` reads it back while its logs are kept.
+   */
   retire(sandboxId: string): void {
     const entry = this.entries.get(sandboxId);
     if (entry && !isLiveState(entry.info.state)) this.entries.delete(sandboxId);
@@ -97,9 +94,8 @@ export class SandboxTable {
     let processes: ProcessTable | undefined;
     return {
       info,
-      // Logs removed in between: no processes left to read.
       get processes(): ProcessTable {
-        processes ??= ended.read(sandboxId) ?? ended.none();
+        processes ??= ended.read(sandboxId);
         return processes;
       },
     };
