@@ -80,39 +80,34 @@ export class HostEnvironment {
   private async prepare(): Promise<HostPaths> {
     checkPlatform();
     const bwrap = '/usr/bin/bwrap';
-    await requireFile(bwrap, 'bubblewrap is not installed');
-    await requireFile('/sys/fs/cgroup/memory/memory.limit_in_bytes', 'the cgroup v1 memory hierarchy is missing');
-    await requireFile('/sys/fs/cgroup/unified/cgroup.procs', 'the cgroup2 mount at /sys/fs/cgroup/unified is missing');
-    for (const tool of ['capsule-launch', 'capsule-agent', 'seccomp-gen']) {
-      await requireFile(join(this.nativeDir, tool), `${tool} is not built (run npm run build)`);
-    }
+    // Steps that do not depend on each other run together: a one-shot `capsule run` prepares the
+    // host on every run, and each file-system call waits for the thread pool in turn.
+    await Promise.all([
+      requireFile(bwrap, 'bubblewrap is not installed'),
+      requireFile('/sys/fs/cgroup/memory/memory.limit_in_bytes', 'the cgroup v1 memory hierarchy is missing'),
+      requireFile('/sys/fs/cgroup/unified/cgroup.procs', 'the cgroup2 mount at /sys/fs/cgroup/unified is missing'),
+      ...['capsule-launch', 'capsule-agent', 'seccomp-gen'].map((tool) => requireFile(join(this.nativeDir, tool), `${tool} is not built (run npm run build)`)),
+    ]);
 
     // Root's alone (finding: capsule.db was 0644). A sandbox's uid never reaches anything here by
     // path: capsule-launch opens its workspace, the tools and the prepared /etc as root (fds).
     await mkdir(this.dataDir, { recursive: true, mode: DATA_DIR_MODE });
     await privatizeDataDir(this.dataDir);
-    // Bound at /.capsule: the sandbox's uid reads it there, so it keeps read bits for others.
-    const binDir = join(this.dataDir, 'bin');
-    await mkdir(binDir, { recursive: true, mode: 0o755 });
-    await copyIfNewer(join(this.nativeDir, 'capsule-agent'), join(binDir, 'capsule-agent'), 0o755);
-    // In-sandbox scripts (interpreter drivers) ship as plain files under native/sandbox-tools/.
-    const toolsSource = join(packageRoot(), 'native', 'sandbox-tools');
-    for (const entry of await readdir(toolsSource, { withFileTypes: true }).catch(() => [])) {
-      if (entry.isFile()) await copyIfNewer(join(toolsSource, entry.name), join(binDir, entry.name), 0o644);
-    }
-
     const seccompBpf = join(this.dataDir, 'seccomp.bpf');
-    await this.writeSeccomp(seccompBpf);
     const etcDir = join(this.dataDir, 'etc');
-    await writeEtc(etcDir);
-
-    await this.volume.ensure();
-    await chmod(this.volume.mountPoint, 0o700);
-    // Empty on the host; each sandbox launcher mounts its private staging tmpfs there.
-    await mkdir(STAGE_DIR, { recursive: true, mode: 0o755 });
-
-    const etcEntries: string[] = [];
-    for (const entry of ETC_ALLOWLIST) if (await pathExists(`/etc/${entry}`)) etcEntries.push(entry);
+    const binDir = join(this.dataDir, 'bin');
+    const [etcEntries] = await Promise.all([
+      presentEtcEntries(),
+      this.installTools(binDir),
+      this.writeSeccomp(seccompBpf),
+      writeEtc(etcDir),
+      (async () => {
+        await this.volume.ensure();
+        await chmod(this.volume.mountPoint, 0o700);
+      })(),
+      // Empty on the host; each sandbox launcher mounts its private staging tmpfs there.
+      mkdir(STAGE_DIR, { recursive: true, mode: 0o755 }),
+    ]);
     const sandboxEtcDir = await prepareSandboxEtc(this.dataDir, etcDir, etcEntries);
     return {
       dataDir: this.dataDir,
@@ -124,6 +119,18 @@ export class HostEnvironment {
       etcEntries,
       sandboxEtcDir,
     };
+  }
+
+  /** The agent and the in-sandbox scripts (interpreter drivers, native/sandbox-tools/), bound at /.capsule. */
+  private async installTools(binDir: string): Promise<void> {
+    // The sandbox's uid reads them there, so the directory keeps read bits for others.
+    await mkdir(binDir, { recursive: true, mode: 0o755 });
+    const toolsSource = join(packageRoot(), 'native', 'sandbox-tools');
+    const scripts = (await readdir(toolsSource, { withFileTypes: true }).catch(() => [])).filter((entry) => entry.isFile());
+    await Promise.all([
+      copyIfNewer(join(this.nativeDir, 'capsule-agent'), join(binDir, 'capsule-agent'), 0o755),
+      ...scripts.map((entry) => copyIfNewer(join(toolsSource, entry.name), join(binDir, entry.name), 0o644)),
+    ]);
   }
 
   private async writeSeccomp(target: string): Promise<void> {
@@ -167,6 +174,12 @@ async function requireFile(path: string, problem: string): Promise<void> {
   }
 }
 
+
+/** The entries of ETC_ALLOWLIST this host has, in the list's order. */
+async function presentEtcEntries(): Promise<string[]> {
+  const present = await Promise.all(ETC_ALLOWLIST.map((entry) => pathExists(`/etc/${entry}`)));
+  return ETC_ALLOWLIST.filter((_, i) => present[i]);
+}
 
 async function isNewer(target: string, source: string): Promise<boolean> {
   try {
