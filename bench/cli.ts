@@ -5,6 +5,11 @@
  *   capsule --version            vs  node -e 0        (bare node)         target <= 1.3x
  *   capsule run -- /bin/true     vs  srt /bin/true    (Anthropic's srt)   target <= 0.35x
  *   capsule run -- /bin/true     vs  bwrap /bin/true  (raw bubblewrap: the floor of any sandbox)
+ *   capsule run -- /bin/true     vs  node bin/capsule.js run -- /bin/true  (the same run loaded
+ *                                    module by module, without the startup snapshot)
+ *
+ * `capsule` is the package's command, bin/capsule: it starts `capsule run` from the CLI's startup
+ * snapshot (docs/decisions/024) and every other command as `node bin/capsule.js`.
  *
  * srt comes from bench/peers (npm ci --prefix bench/peers; it needs Debian's ripgrep and socat,
  * which scripts/setup.sh installs). If it is missing or cannot run, the report says why and the
@@ -14,7 +19,8 @@
  *
  *   node dist/bench/cli.js [--rounds 30] [--json] [--cli PATH]
  *
- * --cli measures another build's bin/capsule.js (an older checkout, for a before/after figure).
+ * --cli measures another build's command (an older checkout's bin/capsule.js or bin/capsule, for a
+ * before/after figure).
  */
 import { spawn } from 'node:child_process';
 import { existsSync, readFileSync } from 'node:fs';
@@ -25,7 +31,8 @@ import { HostEnvironment } from '../src/host/host-env.host.js';
 import { summarize, table } from './stats.js';
 
 const ROOT = join(import.meta.dirname, '..', '..');
-const DEFAULT_CLI = join(ROOT, 'bin', 'capsule.js');
+const DEFAULT_CLI = join(ROOT, 'bin', 'capsule');
+const MODULES_CLI = join(ROOT, 'bin', 'capsule.js');
 const SRT = join(ROOT, 'bench', 'peers', 'node_modules', '.bin', 'srt');
 /** Clock ticks per second of /proc's CPU times (USER_HZ: 100 on Linux). */
 const TICKS_PER_SECOND = 100;
@@ -95,12 +102,16 @@ async function main(): Promise<void> {
   const json = args.includes('--json');
   const CLI = args.includes('--cli') ? (args[args.indexOf('--cli') + 1] ?? DEFAULT_CLI) : DEFAULT_CLI;
   const dataDir = await mkdtemp(join(tmpdir(), 'capsule-bench-cli-'));
-  const capsuleRun: Contender = { name: 'capsule run -- /bin/true', argv: [process.execPath, CLI, 'run', '--data-dir', dataDir, '--', '/bin/true'] };
+  // A .js entry is started by this node; the command (bin/capsule) by itself, as a shell would.
+  const command = (cli: string, ...rest: string[]): string[] => (cli.endsWith('.js') ? [process.execPath, cli, ...rest] : [cli, ...rest]);
+  const runArgs = ['run', '--data-dir', dataDir, '--', '/bin/true'];
+  const capsuleRun: Contender = { name: 'capsule run -- /bin/true', argv: command(CLI, ...runArgs) };
   const srtMissing = await srtProblem();
   const pairs: Pair[] = [
-    { peer: { name: 'node -e 0', argv: [process.execPath, '-e', '0'] }, capsule: { name: 'capsule --version', argv: [process.execPath, CLI, '--version'] }, target: 1.3 },
+    { peer: { name: 'node -e 0', argv: [process.execPath, '-e', '0'] }, capsule: { name: 'capsule --version', argv: command(CLI, '--version') }, target: 1.3 },
     ...(srtMissing ? [] : [{ peer: { name: 'srt /bin/true', argv: [SRT, '/bin/true'] }, capsule: capsuleRun, target: 0.35 }]),
     { peer: { name: 'raw bwrap /bin/true', argv: RAW_BWRAP }, capsule: capsuleRun },
+    { peer: { name: 'node bin/capsule.js run -- /bin/true', argv: command(MODULES_CLI, ...runArgs) }, capsule: capsuleRun },
   ];
   const samples = pairs.map(() => ({ peer: [] as Sample[], capsule: [] as Sample[] }));
   try {

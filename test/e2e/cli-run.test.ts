@@ -5,7 +5,10 @@ import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { expectNoLeaks, testDataDir } from '../helpers/sandbox.js';
 
-const CLI = join(import.meta.dirname, '..', '..', 'bin', 'capsule.js');
+/** The package's `capsule` command: `capsule run` starts from the CLI's startup snapshot. */
+const COMMAND = join(import.meta.dirname, '..', '..', 'bin', 'capsule');
+/** The same CLI loaded module by module (`node bin/capsule.js`), no snapshot. */
+const MODULES = join(import.meta.dirname, '..', '..', 'bin', 'capsule.js');
 
 interface CliResult {
   code: number | null;
@@ -13,9 +16,10 @@ interface CliResult {
   stderr: string;
 }
 
-function capsule(args: string[], env: NodeJS.ProcessEnv = {}): Promise<CliResult> {
+function capsule(args: string[], env: NodeJS.ProcessEnv = {}, how: 'command' | 'modules' = 'command'): Promise<CliResult> {
   return new Promise((resolve, reject) => {
-    const child = spawn(process.execPath, [CLI, ...args], { env: { ...process.env, ...env }, stdio: ['ignore', 'pipe', 'pipe'] });
+    const [file, argv] = how === 'command' ? [COMMAND, args] : [process.execPath, [MODULES, ...args]];
+    const child = spawn(file, argv, { env: { ...process.env, ...env }, stdio: ['ignore', 'pipe', 'pipe'] });
     let stdout = '';
     let stderr = '';
     child.stdout.on('data', (c: Buffer) => (stdout += c.toString()));
@@ -26,8 +30,52 @@ function capsule(args: string[], env: NodeJS.ProcessEnv = {}): Promise<CliResult
 }
 
 const run = (...args: string[]): Promise<CliResult> => capsule(['run', '--data-dir', testDataDir(), ...args]);
+const TRACE = { CAPSULE_TRACE_STARTUP: '1' };
+const FROM_SNAPSHOT = 'capsule: started from the startup snapshot\n';
 
 afterEach(expectNoLeaks);
+
+describe('the capsule command starts `capsule run` from its startup snapshot', () => {
+  it('runs from the snapshot and answers as the module-by-module CLI does', async () => {
+    const argv = ['run', '--data-dir', testDataDir(), '--', 'sh', '-c', 'echo out; echo err >&2; exit 7'];
+    const fromSnapshot = await capsule(argv, TRACE);
+    const fromModules = await capsule(argv, TRACE, 'modules');
+    expect(fromSnapshot.stderr.startsWith(FROM_SNAPSHOT)).toBe(true);
+    expect(fromModules.stderr).not.toContain(FROM_SNAPSHOT);
+    expect([fromSnapshot.code, fromSnapshot.stdout]).toEqual([7, 'out\n']);
+    expect([fromModules.code, fromModules.stdout]).toEqual([7, 'out\n']);
+    const summary = (r: CliResult) => r.stderr.replace(FROM_SNAPSHOT, '').replace(/\d+ ms, peak memory .*/, '');
+    expect(summary(fromSnapshot)).toBe(summary(fromModules));
+  });
+
+  it('takes nothing of the build into a run: each run has its own sandbox id and environment', async () => {
+    const once = () => run('--json', '--', 'true');
+    const [first, second] = [await once(), await once()];
+    const ids = [first, second].map((r) => (JSON.parse(r.stdout) as { sandboxId: string }).sandboxId);
+    expect(ids[0]).not.toBe(ids[1]);
+    // The CLI's own environment is read when it runs (the trace switch is one such read).
+    expect((await run('--', 'true')).stderr).not.toContain(FROM_SNAPSHOT);
+    expect((await capsule(['run', '--data-dir', testDataDir(), '--', 'true'], TRACE)).stderr).toContain(FROM_SNAPSHOT);
+  });
+
+  it('loads what a networked run needs when it runs: the egress proxy answers from the snapshot', async () => {
+    // The proxy refuses the request itself (a documentation address, outside the allowlist).
+    const r = await capsule(['run', '--data-dir', testDataDir(), '--network', 'allowlist', '--allow', '203.0.113.0/24', '--', 'curl', '-s', 'http://198.51.100.7/'], TRACE);
+    expect(r.stderr.startsWith(FROM_SNAPSHOT)).toBe(true);
+    expect(r.code, r.stderr).toBe(0);
+    expect(JSON.parse(r.stdout)).toMatchObject({ code: 'EGRESS_NOT_ALLOWED', destination: '198.51.100.7:80' });
+  });
+
+  it('sends every other command to bin/capsule.js', async () => {
+    const version = await capsule(['--version'], TRACE);
+    expect(version.code).toBe(0);
+    expect(version.stdout).toMatch(/^\d+\.\d+\.\d+\n$/);
+    const help = await capsule(['sandbox', '--help'], TRACE);
+    expect(help.code).toBe(0);
+    expect(help.stdout).toContain('Usage: capsule sandbox');
+    expect(version.stderr + help.stderr).not.toContain(FROM_SNAPSHOT);
+  });
+});
 
 describe('capsule run (CLI over the real engine)', () => {
   it('streams output, prints a one-line summary, and mirrors the exit code', async () => {
