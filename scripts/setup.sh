@@ -46,8 +46,18 @@ fi
 # reached, bookworm's runsc is installed instead and Capsule runs it with --platform=ptrace.
 if ! command -v runsc >/dev/null 2>&1; then
   export DEBIAN_FRONTEND=noninteractive
+  # Backports from the same mirror as the host's bookworm source (read from its apt
+  # configuration, one-line or deb822), added only when no backports source exists yet.
   if ! grep -rqs --include='*.list' --include='*.sources' 'bookworm-backports' /etc/apt/sources.list /etc/apt/sources.list.d/; then
-    echo 'deb http://deb.debian.org/debian bookworm-backports main' >/etc/apt/sources.list.d/capsule-backports.list
+    mirror=$(grep -hsE '^[[:space:]]*deb[[:space:]]' /etc/apt/sources.list /etc/apt/sources.list.d/*.list | sed -E 's/\[[^]]*\]//' | awk '$3 == "bookworm" { print $2; exit }' || true)
+    if [ -z "$mirror" ]; then
+      mirror=$(awk 'BEGIN { RS = "" } /Suites:[^\n]* bookworm( |\n|$)/ { if (match($0, /URIs:[ \t]*[^ \t\n]+/)) { s = substr($0, RSTART, RLENGTH); sub(/URIs:[ \t]*/, "", s); print s; exit } }' /etc/apt/sources.list.d/*.sources 2>/dev/null || true)
+    fi
+    if [ -n "$mirror" ]; then
+      echo "deb $mirror bookworm-backports main" >/etc/apt/sources.list.d/capsule-backports.list
+    else
+      echo "capsule setup: no bookworm source in the host's apt configuration to take a mirror from; not adding backports" >&2
+    fi
   fi
   apt-get update -q || true
   if ! apt-get install -y -q --no-install-recommends -t bookworm-backports runsc; then
