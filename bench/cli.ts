@@ -9,7 +9,7 @@
  *                                    module by module, without the startup snapshot)
  *
  * `capsule` is the package's command, bin/capsule: it starts `capsule run` from the CLI's startup
- * snapshot (docs/decisions/024) and every other command as `node bin/capsule.js`.
+ * snapshot (docs/decisions/021) and every other command as `node bin/capsule.js`.
  *
  * srt comes from bench/peers (npm ci --prefix bench/peers; it needs Debian's ripgrep and socat,
  * which scripts/setup.sh installs). If it is missing or cannot run, the report says why and the

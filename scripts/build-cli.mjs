@@ -40,7 +40,7 @@ await bundle.close();
  */
 const SNAPSHOT_BUILTINS = new Set(['node:v8', 'node:path', 'node:fs', 'node:fs/promises', 'node:os', 'node:crypto', 'node:url', 'url', 'node:events', 'node:stream', 'node:stream/promises', 'node:process', 'node:child_process', 'node:util', 'node:buffer', 'node:string_decoder', 'node:timers/promises']);
 
-// The startup snapshot of `capsule run` (decision 024). Node 20 loads no module from a compile
+// The startup snapshot of `capsule run` (decision 021). Node 20 loads no module from a compile
 // cache, and a run spends most of its own time compiling and evaluating its modules and building
 // its zod schemas; a V8 startup snapshot holds all of that done. Node builds a snapshot from one
 // CommonJS file, so the run path is bundled again in that format, other commands left out.

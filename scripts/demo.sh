@@ -4,7 +4,7 @@
 # there is no network and no secret.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-capsule() { node bin/capsule.js "$@"; }
+capsule() { bin/capsule "$@"; }
 in=examples/csv-demo/input
 out=$(mktemp -d /tmp/capsule-demo-out-XXXX)
 

@@ -5,7 +5,7 @@ import { main } from './main.js';
 import './commands/run.js';
 
 /**
- * The entry of the CLI's startup snapshot (decision 024): scripts/build-cli.mjs bundles this
+ * The entry of the CLI's startup snapshot (decision 021): scripts/build-cli.mjs bundles this
  * file with the run path into one CommonJS file and has node build a snapshot of the heap after
  * it ran (`node --build-snapshot`). `bin/capsule` starts node from that snapshot for `capsule
  * run` (`node --snapshot-blob`), and node then calls the function registered below instead of
