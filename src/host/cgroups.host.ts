@@ -178,13 +178,16 @@ export class SandboxCgroup {
   async remove(): Promise<void> {
     await this.kill();
     const failures: string[] = [];
-    for (const dir of this.dirs()) {
-      try {
-        await rmdir(dir);
-      } catch (error) {
-        if ((error as NodeJS.ErrnoException).code !== 'ENOENT') failures.push(`${dir}: ${(error as Error).message}`);
-      }
-    }
+    // Empty now; each hierarchy's directory goes on its own, so they go together.
+    await Promise.all(
+      this.dirs().map(async (dir) => {
+        try {
+          await rmdir(dir);
+        } catch (error) {
+          if ((error as NodeJS.ErrnoException).code !== 'ENOENT') failures.push(`${dir}: ${(error as Error).message}`);
+        }
+      }),
+    );
     if (failures.length > 0) {
       throw new SandboxError('INTERNAL', `cgroup cleanup failed: ${failures.join('; ')}`);
     }
