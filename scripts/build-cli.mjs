@@ -59,7 +59,6 @@ const { output } = await snapshotBundle.generate({ format: 'cjs', codeSplitting:
 await snapshotBundle.close();
 writeFileSync(snapshotFile, lazyRequires(output[0].code));
 
-
 function lazyRequires(code) {
   const lines = code.split('\n');
   let lazy = 0;
