@@ -3,6 +3,7 @@ import type { AgentProcess } from '../backends/agent/index.js';
 import type { OutputStream } from './output-log.js';
 import { ProcessOutput, type LogExtent } from './process-output.js';
 import { RESULT_INLINE_BYTES, type ProcessEnd } from './result.js';
+import { untilAborted } from './until-aborted.js';
 import type { ProcessEvent, ProcessHandle } from './types.js';
 import type { ExecResult, ProcessInfo, Warning } from '../wire/index.js';
 
@@ -285,15 +286,4 @@ class InlineOutput {
   text(stream: OutputStream): string {
     return Buffer.concat(this.chunks[stream]).toString('utf8');
   }
-}
-
-/** `promise`, or undefined as soon as `signal` aborts (its listener is removed either way). */
-function untilAborted<T>(promise: Promise<T>, signal: AbortSignal | undefined): Promise<T | undefined> {
-  if (!signal) return promise;
-  if (signal.aborted) return Promise.resolve(undefined);
-  return new Promise<T | undefined>((resolve, reject) => {
-    const onAbort = (): void => resolve(undefined);
-    signal.addEventListener('abort', onAbort, { once: true });
-    promise.finally(() => signal.removeEventListener('abort', onAbort)).then(resolve, reject);
-  });
 }

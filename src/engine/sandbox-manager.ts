@@ -42,6 +42,7 @@ import { Admission } from './admission.js';
 import { admissionOptions, demandOf, type AdmissionSettings } from './admission-settings.js';
 import { readHostLimits, type HostLimits } from '../host/host-limits.host.js';
 import type { CapacityInfo } from '../wire/index.js';
+import { untilAborted } from './until-aborted.js';
 
 export interface SandboxManagerOptions extends EngineHostOptions {
   store?: SandboxRecordStore;
@@ -135,9 +136,8 @@ export class SandboxManager implements SandboxEngine {
   private readonly leftRunning = new Set<string>();
   /** Ended sandboxes being written out of memory (`retire`); close waits for them. */
   private readonly retiring = new Set<Promise<void>>();
-  /** Settles when close() starts: a retire still waiting for its processes gives up then. */
-  private readonly closing: Promise<undefined>;
-  private startClosing: () => void = () => undefined;
+  /** Aborts when close() starts: a retire still waiting for its processes gives up then. */
+  private readonly closing = new AbortController();
   private readonly pools = new Map<string, WarmPool>();
   private readonly snapshotsOf: Snapshots | undefined;
   private readonly volumesOf: Volumes | undefined;
@@ -150,7 +150,6 @@ export class SandboxManager implements SandboxEngine {
     hostLimits: HostLimits,
   ) {
     this.backends = new Map(backends.map((b) => [b.name, b]));
-    this.closing = new Promise<undefined>((resolve) => (this.startClosing = () => resolve(undefined)));
     this.table = new SandboxTable(options.store ?? new MemoryRecordStore(), {
       kept: (sandboxId) => this.logs.keepsEnded(sandboxId),
       read: (sandboxId) => ProcessTable.ofEnded(this.processTableOptions(), sandboxId, this.logs.readEnded(sandboxId) ?? []),
@@ -585,7 +584,7 @@ export class SandboxManager implements SandboxEngine {
   /** Destroys every live sandbox; records say why. */
   async close(options: EngineCloseOptions = {}): Promise<void> {
     this.closed = true;
-    this.startClosing();
+    this.closing.abort();
     this.admission.close();
     await Promise.all([...this.pools.values()].map((pool) => pool.close()));
     const left: string[] = [];
@@ -729,7 +728,7 @@ export class SandboxManager implements SandboxEngine {
   private async retire(entry: LiveSandbox): Promise<void> {
     // A process whose end is never reported (a paused gVisor sandbox's handed-over one) must not
     // hold close(); at close nothing is worth writing: the next start removes ended sandboxes' logs.
-    const records = await Promise.race([entry.processes.endedRecords(), this.closing]);
+    const records = await untilAborted(entry.processes.endedRecords(), this.closing.signal);
     if (this.closed) return;
     const owner = { tenantId: entry.info.tenantId, sandboxId: entry.info.sandboxId, quotaBytes: entry.quotaBytes };
     if (records && (await this.logs.writeEnded(owner, records))) this.table.retire(entry.info.sandboxId);

@@ -111,7 +111,7 @@ export async function superviseExec(
   }, MEMORY_POLL_MS);
   poller.unref();
 
-  const exit = await Promise.race([child.exited, sandbox.lost.then(() => child.exited)]);
+  const exit = await child.exited;
   clearTimeout(timer);
   clearInterval(poller);
   options.signal?.removeEventListener('abort', onAbort);
