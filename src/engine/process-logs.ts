@@ -38,6 +38,9 @@ export interface ProcessLogsOptions {
 /** Beside an ended sandbox's logs: the records of its processes (ProcessLogs.writeEnded). */
 const ENDED_PROCESSES_FILE = 'processes.json';
 
+/** How long a sweep that could not remove a sandbox's logs waits before it tries again. */
+const SWEEP_RETRY_MS = 60 * 1000;
+
 /** Slack over the caps for the per-record headers (16 bytes per chunk of up to 64 KiB). */
 const RESERVE_SLACK_BYTES = 64 * 1024;
 
@@ -184,8 +187,14 @@ export class ProcessLogs {
     for (const [sandboxId, due] of this.removals) {
       if (due > nowMs) continue;
       this.removals.delete(sandboxId);
-      await this.remove(sandboxId);
-      removed++;
+      try {
+        await this.remove(sandboxId);
+        removed++;
+      } catch (error) {
+        // Still on disk and still charged: a later sweep tries again; the others go on now.
+        this.removals.set(sandboxId, nowMs + SWEEP_RETRY_MS);
+        this.fail({ tenantId: this.held.get(sandboxId)?.owner.tenantId ?? '?', sandboxId }, error);
+      }
     }
     return removed;
   }
