@@ -9,6 +9,7 @@ import { mkdtemp, readFile, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
+import WebSocket from 'ws';
 import { HostEnvironment } from '../src/host/host-env.host.js';
 
 const CAPSULE_BIN = fileURLToPath(new URL('../../bin/capsule.js', import.meta.url));
@@ -20,34 +21,66 @@ export interface BenchServer {
   dataDir: string;
   /** The server's resident memory now (VmRSS). */
   rssBytes(): Promise<number>;
+  /**
+   * The server's JS heap in use right after a full garbage collection (through its inspector,
+   * so only with `inspect: true`): what it keeps, without the allocator's and the GC's timing.
+   */
+  heapAfterGcBytes(): Promise<number>;
   /** SIGTERM and wait for the exit (up to `timeoutMs`, then SIGKILL). */
   stop(timeoutMs?: number): Promise<void>;
   /** After stop: the workspace volume unmounted, the data directory removed (kept if anything is still mounted in it). */
   remove(): Promise<void>;
 }
 
+export interface BenchServerOptions {
+  stderr?: (line: string) => void;
+  /** Opens the server's inspector on loopback for heapAfterGcBytes. */
+  inspect?: boolean;
+}
+
 /** Starts `capsule serve --port 0` with `flags`; resolves once it printed its URL. */
-export async function startBenchServer(flags: readonly string[], options: { stderr?: (line: string) => void } = {}): Promise<BenchServer> {
+export async function startBenchServer(flags: readonly string[], options: BenchServerOptions = {}): Promise<BenchServer> {
   const dataDir = await mkdtemp(join(tmpdir(), 'capsule-load-'));
   const apiKey = `cap_${randomBytes(20).toString('hex')}`;
-  const child = spawn(process.execPath, [CAPSULE_BIN, 'serve', '--port', '0', '--data-dir', dataDir, '--log-level', 'warn', ...flags], {
+  const nodeFlags = options.inspect ? ['--inspect=127.0.0.1:0'] : [];
+  const child = spawn(process.execPath, [...nodeFlags, CAPSULE_BIN, 'serve', '--port', '0', '--data-dir', dataDir, '--log-level', 'warn', ...flags], {
     env: { ...process.env, CAPSULE_API_KEY: apiKey },
     stdio: ['ignore', 'pipe', 'pipe'],
   });
   child.stderr?.setEncoding('utf8');
-  child.stderr?.on('data', (chunk: string) => options.stderr?.(chunk));
+  let stderrSeen = '';
+  child.stderr?.on('data', (chunk: string) => {
+    if (stderrSeen.length < 4096) stderrSeen += chunk;
+    options.stderr?.(chunk);
+  });
+  let inspector: Inspector | undefined;
   try {
     const url = await urlOf(child);
+    if (options.inspect) {
+      const address = /Debugger listening on (ws:\/\/\S+)/.exec(stderrSeen)?.[1];
+      if (!address) throw new Error(`capsule serve printed no inspector address: ${stderrSeen}`);
+      inspector = await Inspector.open(address);
+    }
     return {
       url,
       apiKey,
       pid: child.pid!,
       dataDir,
       rssBytes: async () => Number(/^VmRSS:\s+(\d+) kB/m.exec(await readFile(`/proc/${child.pid}/status`, 'utf8'))?.[1] ?? 0) * 1024,
-      stop: (timeoutMs = 120_000) => stopChild(child, timeoutMs),
+      heapAfterGcBytes: async () => {
+        if (!inspector) throw new Error('heapAfterGcBytes needs a server started with inspect: true');
+        await inspector.call('HeapProfiler.collectGarbage');
+        const answer = await inspector.call('Runtime.evaluate', { expression: 'process.memoryUsage().heapUsed', returnByValue: true });
+        return Number((answer as { result?: { value?: unknown } }).result?.value);
+      },
+      stop: (timeoutMs = 120_000) => {
+        inspector?.close();
+        return stopChild(child, timeoutMs);
+      },
       remove: () => removeDataDir(dataDir),
     };
   } catch (error) {
+    inspector?.close();
     await stopChild(child, 10_000);
     await removeDataDir(dataDir);
     throw error;
@@ -92,4 +125,45 @@ async function removeDataDir(dataDir: string): Promise<void> {
     return;
   }
   await rm(dataDir, { recursive: true, force: true });
+}
+
+/** A client of a Node inspector (Chrome DevTools Protocol over a WebSocket): one call at a time is enough here. */
+class Inspector {
+  private nextId = 1;
+  private readonly waiting = new Map<number, { resolve: (value: unknown) => void; reject: (error: Error) => void }>();
+
+  private constructor(private readonly socket: WebSocket) {
+    socket.on('message', (data) => {
+      const message = JSON.parse((data as Buffer).toString('utf8')) as { id?: number; result?: unknown; error?: { message: string } };
+      const waiter = message.id === undefined ? undefined : this.waiting.get(message.id);
+      if (!waiter) return;
+      this.waiting.delete(message.id!);
+      if (message.error) waiter.reject(new Error(`inspector: ${message.error.message}`));
+      else waiter.resolve(message.result);
+    });
+    socket.on('close', () => {
+      for (const waiter of this.waiting.values()) waiter.reject(new Error('inspector: the connection closed'));
+      this.waiting.clear();
+    });
+  }
+
+  static open(address: string): Promise<Inspector> {
+    return new Promise((resolve, reject) => {
+      const socket = new WebSocket(address);
+      socket.once('open', () => resolve(new Inspector(socket)));
+      socket.once('error', reject);
+    });
+  }
+
+  call(method: string, params: Record<string, unknown> = {}): Promise<unknown> {
+    const id = this.nextId++;
+    return new Promise((resolve, reject) => {
+      this.waiting.set(id, { resolve, reject });
+      this.socket.send(JSON.stringify({ id, method, params }));
+    });
+  }
+
+  close(): void {
+    this.socket.close();
+  }
 }

@@ -2,7 +2,8 @@
  * The soak (scripts/soak.sh): N create → exec → kill cycles against a `capsule serve` child
  * process, then a check that nothing is left: no process, cgroup, network namespace, mount or
  * subvolume of the instance (test/helpers/leaks.ts, the same check the test suite runs), the
- * server's descriptors back where they were, and its RSS flat (sampled through the run). Bounded
+ * server's descriptors back where they were, and its RSS and its JS heap flat (sampled through
+ * the run, each sample right after a full GC through the server's inspector on loopback). Bounded
  * by --cycles and --max-minutes; exits 1 on a failed check, 2 when the time ran out.
  *
  *   node dist/bench/soak.js [--cycles 10000] [--concurrency 8] [--network-every 10] [--max-minutes 90] [--json]
@@ -56,10 +57,16 @@ async function main(): Promise<void> {
   const networkEvery = flag(args, '--network-every', 10, 1_000_000);
   const maxMinutes = flag(args, '--max-minutes', 90, 24 * 60);
   const json = args.includes('--json');
-  const server = await startBenchServer(['--warm-pool', '0', '--max-sandboxes', String(concurrency + 4)]);
+  const server = await startBenchServer(['--warm-pool', '0', '--max-sandboxes', String(concurrency + 4)], { inspect: true });
   const conn: ConnectionOptions = { url: server.url, apiKey: server.apiKey };
   const deadline = Date.now() + maxMinutes * 60_000;
-  const samples: { cycle: number; rssMiB: number; fds: number }[] = [];
+  const samples: { cycle: number; rssMiB: number; heapMiB: number; fds: number }[] = [];
+  // Each sample follows a full GC in the server: what it keeps, not where its collector happened
+  // to be (single RSS readings without one swung by ±15 MiB between neighbouring samples).
+  const sample = async (cycle: number, fdCount: number) => {
+    const heapMiB = (await server.heapAfterGcBytes()) / MiB;
+    return { cycle, rssMiB: (await server.rssBytes()) / MiB, heapMiB, fds: fdCount };
+  };
   let done = 0;
   let failures = 0;
   let firstFailure: string | undefined;
@@ -74,7 +81,7 @@ async function main(): Promise<void> {
     // (the database, the netns pool, a kept-alive connection per client).
     for (let round = 0; round < 2; round++) await Promise.all(Array.from({ length: concurrency }, (_, i) => cycle(conn, -1 - round * concurrency - i, networkEvery)));
     baselineFds = await fds(server.pid);
-    samples.push({ cycle: 0, rssMiB: (await server.rssBytes()) / MiB, fds: baselineFds.length });
+    samples.push(await sample(0, baselineFds.length));
     const every = Math.max(1, Math.floor(cycles / 20));
     let next = 0;
     await Promise.all(
@@ -92,7 +99,7 @@ async function main(): Promise<void> {
             firstFailure ??= String(error);
           }
           done++;
-          if (done % every === 0) samples.push({ cycle: done, rssMiB: (await server.rssBytes()) / MiB, fds: (await fds(server.pid)).length });
+          if (done % every === 0) samples.push(await sample(done, (await fds(server.pid)).length));
         }
       }),
     );
@@ -106,7 +113,7 @@ async function main(): Promise<void> {
     // The server still runs; nothing of any sandbox may be left but the server itself.
     leaksRunning = await findLeaks(server.dataDir);
     leaksRunning.processes = leaksRunning.processes.filter((p) => !p.startsWith(`${server.pid} `));
-    samples.push({ cycle: done, rssMiB: (await server.rssBytes()) / MiB, fds: endFds.length });
+    samples.push(await sample(done, endFds.length));
   } finally {
     await server.stop(120_000).catch(() => undefined);
     // After the stop, before the data directory goes: what the server left.
@@ -121,6 +128,11 @@ async function main(): Promise<void> {
   const endSample = samples[samples.length - 1]!;
   const rssGrowthMiB = endSample.rssMiB - fromSample.rssMiB;
   const rssAllowedMiB = 16 + (endSample.cycle - fromSample.cycle) / 1024;
+  // The JS heap after a full GC over the same span: within 2 MiB plus 0.5 KiB per cycle. What an
+  // ended sandbox leaves for the hour its logs are kept (its log bytes' entry and its removal
+  // time, ~0.2 KiB in a heap snapshot diff) fits; a leak of a sandbox's objects does not.
+  const heapGrowthMiB = endSample.heapMiB - fromSample.heapMiB;
+  const heapAllowedMiB = 2 + (endSample.cycle - fromSample.cycle) / 2048;
   // Kept-alive client connections come and go with the clients (at most one per worker); every
   // other descriptor must be back exactly where it was.
   const sockets = (list: string[]) => list.filter((t) => t === 'socket').length;
@@ -139,6 +151,10 @@ async function main(): Promise<void> {
       pass: rssGrowthMiB <= rssAllowedMiB,
       detail: `${fromSample.rssMiB.toFixed(0)} MiB at cycle ${fromSample.cycle}, ${endSample.rssMiB.toFixed(0)} MiB at the end (${rssGrowthMiB >= 0 ? '+' : ''}${rssGrowthMiB.toFixed(1)} MiB, ${((rssGrowthMiB * 1024) / Math.max(1, endSample.cycle - fromSample.cycle)).toFixed(1)} KiB per cycle; allowed ${rssAllowedMiB.toFixed(1)} MiB)`,
     },
+    heapFlat: {
+      pass: heapGrowthMiB <= heapAllowedMiB,
+      detail: `${fromSample.heapMiB.toFixed(1)} MiB after GC at cycle ${fromSample.cycle}, ${endSample.heapMiB.toFixed(1)} MiB at the end (${heapGrowthMiB >= 0 ? '+' : ''}${heapGrowthMiB.toFixed(1)} MiB, ${((heapGrowthMiB * 1024) / Math.max(1, endSample.cycle - fromSample.cycle)).toFixed(2)} KiB per cycle; allowed ${heapAllowedMiB.toFixed(1)} MiB)`,
+    },
   };
   const pass = Object.values(checks).every((c) => c.pass);
   const report = { pass, cycles: done, concurrency, seconds, cyclesPerSecond: done / seconds, timedOut, samples, checks };
@@ -146,6 +162,7 @@ async function main(): Promise<void> {
   else {
     process.stdout.write(`soak: ${done} cycles (create, exec, kill; every ${networkEvery}th with a network) at ${concurrency} at once in ${seconds.toFixed(0)} s (${(done / seconds).toFixed(1)}/s)\n`);
     process.stdout.write(`RSS MiB by cycle: ${samples.map((s) => `${s.cycle}:${s.rssMiB.toFixed(0)}`).join(' ')}\n`);
+    process.stdout.write(`heap after GC MiB by cycle: ${samples.map((s) => `${s.cycle}:${s.heapMiB.toFixed(1)}`).join(' ')}\n`);
     for (const [name, check] of Object.entries(checks)) process.stdout.write(`${check.pass ? 'PASS' : 'FAIL'} ${name}: ${check.detail}\n`);
     process.stdout.write(`${pass ? 'PASS' : 'FAIL'}${timedOut ? ' (--max-minutes reached)' : ''}\n`);
   }
