@@ -1,5 +1,6 @@
-import type { FastifyInstance } from 'fastify';
-import { StreamableHTTPServerTransport } from '@modelcontextprotocol/sdk/server/streamableHttp.js';
+import type { ServerResponse } from 'node:http';
+import type { FastifyInstance, FastifyRequest } from 'fastify';
+import { WebStandardStreamableHTTPServerTransport } from '@modelcontextprotocol/sdk/server/webStandardStreamableHttp.js';
 import { AjvJsonSchemaValidator } from '@modelcontextprotocol/sdk/validation/ajv';
 import { z } from 'zod';
 import { presentedKey } from '../server/auth.js';
@@ -16,11 +17,50 @@ function loopbackUrl(app: FastifyInstance): string {
   return `http://${host.includes(':') ? `[${host}]` : host}:${address.port}`;
 }
 
+/** The request as the SDK's web-standard transport reads it: method, URL and headers (the body is passed parsed). */
+function webRequest(request: FastifyRequest): Request {
+  const headers = new Headers();
+  const raw = request.raw.rawHeaders;
+  for (let i = 0; i + 1 < raw.length; i += 2) headers.append(raw[i]!, raw[i + 1]!);
+  return new Request(new URL(request.url, 'http://mcp.invalid'), { method: request.method, headers });
+}
+
+/** Writes the transport's answer (a JSON body, or none for 202) on the hijacked reply. */
+async function writeResponse(out: ServerResponse, response: Response): Promise<void> {
+  const headers: Record<string, string> = {};
+  response.headers.forEach((value, name) => (headers[name] = value));
+  const body = response.body ? Buffer.from(await response.arrayBuffer()) : undefined;
+  if (body) headers['content-length'] = String(body.length);
+  out.writeHead(response.status, headers);
+  out.end(body);
+}
+
 /**
- * MCP over streamable HTTP at `/mcp` (stateless: each POST carries a whole exchange), a route of
- * the one seam: authenticated with the tenant's API key like `/v1`. Its tools call `/v1` with
- * that same key, so each tool call is tenant-scoped, and audited when it changes something, by
- * the routes that do the work. A server extension (`capsule serve` adds it).
+ * What a stateless server answers a GET (a stream for server-initiated messages) and a DELETE
+ * (the end of a session): 405, as the transport specification allows. Each POST gets a server of
+ * its own that is gone when it is answered, so a standalone stream would never carry anything and
+ * there is no session to end; a client then goes on with POSTs alone.
+ */
+function notAllowed(out: ServerResponse, method: string): void {
+  const body = JSON.stringify({
+    jsonrpc: '2.0',
+    error: { code: -32000, message: `Method Not Allowed: this MCP endpoint is stateless; ${method} has nothing to open or end, send JSON-RPC messages with POST` },
+    id: null,
+  });
+  out.writeHead(405, { allow: 'POST', 'content-type': 'application/json', 'content-length': String(Buffer.byteLength(body)) });
+  out.end(body);
+}
+
+/**
+ * MCP over streamable HTTP at `/mcp` (stateless: each POST carries a whole exchange, answered as
+ * JSON), a route of the one seam: authenticated with the tenant's API key like `/v1`. Its tools
+ * call `/v1` with that same key, so each tool call is tenant-scoped, and audited when it changes
+ * something, by the routes that do the work. A server extension (`capsule serve` adds it).
+ *
+ * The SDK's web-standard transport does the protocol (headers, JSON-RPC validation, batches,
+ * 202 for notifications); it gets the request's headers and its body already parsed, and its
+ * answer is written back directly: the SDK's Node wrapper converts the whole request and reply
+ * through @hono/node-server, a third of this route's own time per tool call.
  */
 export function registerMcpHttp(app: FastifyInstance, services: ServerServices): void {
   // Stateless HTTP makes a server per request; the sandbox handles and the validator outlive them.
@@ -34,7 +74,7 @@ export function registerMcpHttp(app: FastifyInstance, services: ServerServices):
         name: 'mcp',
         method,
         url: '/mcp',
-        summary: 'Model Context Protocol (streamable HTTP, stateless)',
+        summary: 'Model Context Protocol (streamable HTTP, stateless; GET and DELETE answer 405)',
         auth: 'tenant',
         ...(method === 'POST' && { body: z.unknown() }),
         handler({ request, body }) {
@@ -43,11 +83,12 @@ export function registerMcpHttp(app: FastifyInstance, services: ServerServices):
             kind: 'stream',
             async write(reply) {
               reply.hijack();
+              if (method !== 'POST') return notAllowed(reply.raw, method);
               const server = createMcpServer(connection, handles, validator);
-              const transport = new StreamableHTTPServerTransport({ sessionIdGenerator: undefined, enableJsonResponse: true });
+              const transport = new WebStandardStreamableHTTPServerTransport({ sessionIdGenerator: undefined, enableJsonResponse: true });
               await server.connect(transport);
               try {
-                await transport.handleRequest(request.raw, reply.raw, body);
+                await writeResponse(reply.raw, await transport.handleRequest(webRequest(request), { parsedBody: body }));
               } finally {
                 await server.close();
               }

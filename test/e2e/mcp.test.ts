@@ -121,6 +121,30 @@ describe('MCP over streamable HTTP at /mcp', () => {
     }
   }, 60_000);
 
+  it('answers HTTP as a stateless endpoint: 405 for GET and DELETE, the protocol errors with their status', async () => {
+    const accept = { accept: 'application/json, text/event-stream' };
+    for (const method of ['GET', 'DELETE']) {
+      const answer = await t.json<{ error: { message: string } }>(method, '/mcp', { headers: { accept: 'text/event-stream' } });
+      expect(answer.status).toBe(405);
+      expect(answer.headers.get('allow')).toBe('POST');
+      expect(answer.body.error.message).toMatch(/stateless.*POST/);
+    }
+    // A notification alone is accepted with no body; a request without the Accept the transport
+    // requires, or a body that is no JSON-RPC message, gets the SDK's status and error.
+    const notification = await t.call('POST', '/mcp', { body: { jsonrpc: '2.0', method: 'notifications/initialized' }, headers: accept });
+    expect(notification.status).toBe(202);
+    expect(await notification.text()).toBe('');
+    const ping = { jsonrpc: '2.0', id: 7, method: 'ping' };
+    expect((await t.json('POST', '/mcp', { body: ping, headers: { accept: 'application/json' } })).status).toBe(406);
+    const notRpc = await t.json<{ error: { code: number } }>('POST', '/mcp', { body: { hello: 'world' }, headers: accept });
+    expect(notRpc.status).toBe(400);
+    expect(notRpc.body.error.code).toBe(-32700);
+    const batch = await t.json<{ id: number; result: unknown }[]>('POST', '/mcp', { body: [ping, { ...ping, id: 8 }], headers: accept });
+    expect(batch.status).toBe(200);
+    expect(batch.headers.get('content-type')).toMatch(/^application\/json/);
+    expect(batch.body.map((answer) => answer.id).sort()).toEqual([7, 8]);
+  });
+
   it('refuses a client without a key', async () => {
     await expect(connect(httpTransport(undefined))).rejects.toThrow(/401|UNAUTHENTICATED/);
     await expect(connect(httpTransport('cap_0000000000000000000000000000000000000000'))).rejects.toThrow(/401|UNAUTHENTICATED/);
