@@ -48,19 +48,15 @@ export async function startBenchServer(flags: readonly string[], options: BenchS
     stdio: ['ignore', 'pipe', 'pipe'],
   });
   child.stderr?.setEncoding('utf8');
-  let stderrSeen = '';
-  child.stderr?.on('data', (chunk: string) => {
-    if (stderrSeen.length < 4096) stderrSeen += chunk;
-    options.stderr?.(chunk);
-  });
+  // Node prints the inspector's address on stderr before any of the server runs; the URL comes on
+  // stdout, whose order against stderr is not given, so each is awaited on its own pipe.
+  const inspectorAddress = options.inspect ? printed(child, 'stderr', /Debugger listening on (ws:\/\/\S+)/, 'no inspector address') : undefined;
+  inspectorAddress?.catch(() => undefined);
+  child.stderr?.on('data', (chunk: string) => options.stderr?.(chunk));
   let inspector: Inspector | undefined;
   try {
-    const url = await urlOf(child);
-    if (options.inspect) {
-      const address = /Debugger listening on (ws:\/\/\S+)/.exec(stderrSeen)?.[1];
-      if (!address) throw new Error(`capsule serve printed no inspector address: ${stderrSeen}`);
-      inspector = await Inspector.open(address);
-    }
+    const url = await printed(child, 'stdout', /^URL: (\S+)$/m, 'no URL');
+    if (inspectorAddress) inspector = await Inspector.open(await inspectorAddress);
     return {
       url,
       apiKey,
@@ -87,23 +83,27 @@ export async function startBenchServer(flags: readonly string[], options: BenchS
   }
 }
 
-function urlOf(child: ChildProcess): Promise<string> {
+/** The first match of `pattern` (its group 1) on the child's `stream`; fails after 120 s or at its exit. */
+function printed(child: ChildProcess, stream: 'stdout' | 'stderr', pattern: RegExp, what: string): Promise<string> {
   return new Promise((resolve, reject) => {
     let seen = '';
-    const timer = setTimeout(() => reject(new Error(`capsule serve printed no URL within 120 s: ${seen}`)), 120_000);
-    child.stdout?.setEncoding('utf8');
-    child.stdout?.on('data', (chunk: string) => {
-      seen += chunk;
-      const match = /^URL: (\S+)$/m.exec(seen);
-      if (match) {
-        clearTimeout(timer);
-        resolve(match[1]!);
-      }
-    });
-    child.once('exit', (code, signal) => {
+    const timer = setTimeout(() => done(new Error(`capsule serve printed ${what} within 120 s: ${seen}`)), 120_000);
+    const onData = (chunk: Buffer | string): void => {
+      if (seen.length < 64 * 1024) seen += chunk.toString();
+      const match = pattern.exec(seen);
+      if (match) done(undefined, match[1]);
+    };
+    const onExit = (code: number | null, signal: string | null): void => done(new Error(`capsule serve exited (${code ?? signal}) before it printed ${what}: ${seen}`));
+    const done = (error: Error | undefined, value?: string): void => {
       clearTimeout(timer);
-      reject(new Error(`capsule serve exited (${code ?? signal}) before it listened: ${seen}`));
-    });
+      child[stream]?.off('data', onData);
+      child.off('exit', onExit);
+      if (error) reject(error);
+      else resolve(value!);
+    };
+    child[stream]?.setEncoding('utf8');
+    child[stream]?.on('data', onData);
+    child.once('exit', onExit);
   });
 }
 
@@ -155,11 +155,20 @@ class Inspector {
     });
   }
 
-  call(method: string, params: Record<string, unknown> = {}): Promise<unknown> {
+  /** One CDP call; fails when the connection is gone or no answer came within `timeoutMs`. */
+  call(method: string, params: Record<string, unknown> = {}, timeoutMs = 60_000): Promise<unknown> {
+    if (this.socket.readyState !== WebSocket.OPEN) return Promise.reject(new Error(`inspector: not connected (${method})`));
     const id = this.nextId++;
     return new Promise((resolve, reject) => {
-      this.waiting.set(id, { resolve, reject });
-      this.socket.send(JSON.stringify({ id, method, params }));
+      const timer = setTimeout(() => settle(new Error(`inspector: no answer to ${method} within ${timeoutMs} ms`)), timeoutMs);
+      const settle = (error: Error | undefined, value?: unknown): void => {
+        clearTimeout(timer);
+        this.waiting.delete(id);
+        if (error) reject(error);
+        else resolve(value);
+      };
+      this.waiting.set(id, { resolve: (value) => settle(undefined, value), reject: settle });
+      this.socket.send(JSON.stringify({ id, method, params }), (error) => error && settle(error));
     });
   }
 

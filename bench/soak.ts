@@ -130,7 +130,9 @@ async function main(): Promise<void> {
   const rssAllowedMiB = 16 + (endSample.cycle - fromSample.cycle) / 1024;
   // The JS heap after a full GC over the same span: within 2 MiB plus 0.5 KiB per cycle. What an
   // ended sandbox leaves for the hour its logs are kept (its log bytes' entry and its removal
-  // time, ~0.2 KiB in a heap snapshot diff) fits; a leak of a sandbox's objects does not.
+  // time, ~0.2 KiB in a heap snapshot diff; 0.27 KiB per cycle of heap) fits; a leak of a
+  // sandbox's records, its child or its client (each several KiB) does not. Smaller growth is
+  // told apart from that retention only by a heap snapshot diff, or by a run past the hour.
   const heapGrowthMiB = endSample.heapMiB - fromSample.heapMiB;
   const heapAllowedMiB = 2 + (endSample.cycle - fromSample.cycle) / 2048;
   // Kept-alive client connections come and go with the clients (at most one per worker); every

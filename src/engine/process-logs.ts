@@ -38,7 +38,7 @@ export interface ProcessLogsOptions {
 /** Beside an ended sandbox's logs: the records of its processes (ProcessLogs.writeEnded). */
 const ENDED_PROCESSES_FILE = 'processes.json';
 
-/** How long a sweep that could not remove a sandbox's logs waits before it tries again. */
+/** A sandbox whose logs a sweep could not remove is due again this much later (the next sweep after that tries). */
 const SWEEP_RETRY_MS = 60 * 1000;
 
 /** Slack over the caps for the per-record headers (16 bytes per chunk of up to 64 KiB). */

@@ -1,3 +1,4 @@
+import { setMaxListeners } from 'node:events';
 import type { Readable } from 'node:stream';
 import { join } from 'node:path';
 import type { Duplex } from 'node:stream';
@@ -150,6 +151,9 @@ export class SandboxManager implements SandboxEngine {
     hostLimits: HostLimits,
   ) {
     this.backends = new Map(backends.map((b) => [b.name, b]));
+    // One listener per retire still waiting for its records, each removed when they come: many at
+    // once under churn is expected, not a leak (Node warns past 10).
+    setMaxListeners(0, this.closing.signal);
     this.table = new SandboxTable(options.store ?? new MemoryRecordStore(), {
       kept: (sandboxId) => this.logs.keepsEnded(sandboxId),
       read: (sandboxId) => ProcessTable.ofEnded(this.processTableOptions(), sandboxId, this.logs.readEnded(sandboxId) ?? []),

@@ -5,7 +5,10 @@
  */
 export function untilAborted<T>(promise: Promise<T>, signal: AbortSignal | undefined): Promise<T | undefined> {
   if (!signal) return promise;
-  if (signal.aborted) return Promise.resolve(undefined);
+  if (signal.aborted) {
+    promise.catch(() => undefined); // not awaited now: a later rejection is no unhandled one
+    return Promise.resolve(undefined);
+  }
   return new Promise<T | undefined>((resolve, reject) => {
     const onAbort = (): void => resolve(undefined);
     signal.addEventListener('abort', onAbort, { once: true });

@@ -30,7 +30,7 @@ async function writeResponse(out: ServerResponse, response: Response): Promise<v
   const headers: Record<string, string> = {};
   response.headers.forEach((value, name) => (headers[name] = value));
   const body = response.body ? Buffer.from(await response.arrayBuffer()) : undefined;
-  if (body) headers['content-length'] = String(body.length);
+  headers['content-length'] = String(body?.length ?? 0);
   out.writeHead(response.status, headers);
   out.end(body);
 }
