@@ -76,13 +76,20 @@ function sha(bytes: Buffer): string {
   return createHash('sha256').update(bytes).digest('hex');
 }
 
-/** The receive queue of the host's TCP socket whose local port is `port` (IPv4 loopback). */
-async function receiveQueueBytes(port: number): Promise<number> {
+/**
+ * The receive queue of the host's established IPv4 TCP connection from `localPort` to
+ * `remotePort`. Both ends are matched: a local port alone is not unique (the kernel gives the same
+ * ephemeral port to connections to other peers, and a socket in TIME_WAIT keeps its line), and
+ * the first such line of another socket, with nothing queued, hid this one (a soak of the suite
+ * failed so).
+ */
+async function receiveQueueBytes(localPort: number, remotePort: number): Promise<number> {
   const table = await readFile('/proc/net/tcp', 'utf8');
+  const portOf = (address: string | undefined): number => parseInt(address?.split(':')[1] ?? '', 16);
   for (const line of table.split('\n').slice(1)) {
     const fields = line.trim().split(/\s+/);
-    const local = fields[1]?.split(':')[1];
-    if (local !== undefined && parseInt(local, 16) === port) return parseInt(fields[4]?.split(':')[1] ?? '0', 16);
+    const established = fields[3] === '01';
+    if (established && portOf(fields[1]) === localPort && portOf(fields[2]) === remotePort) return parseInt(fields[4]?.split(':')[1] ?? '0', 16);
   }
   return -1;
 }
@@ -164,7 +171,7 @@ describe('agent TCP relay', () => {
     relay.pause();
     // The agent stops reading once the window is used: the rest waits in the kernel's receive
     // queue of its socket, not in the agent or on the host.
-    await waitFor(async () => agentSidePort !== 0 && (await receiveQueueBytes(agentSidePort)) >= 32 * 1024);
+    await waitFor(async () => agentSidePort !== 0 && (await receiveQueueBytes(agentSidePort, port)) >= 32 * 1024);
     await client.ping(); // every frame the agent sent before this answer has arrived
     expect(relay.readableLength).toBe(RELAY_WINDOW_BYTES);
     await client.ping();
