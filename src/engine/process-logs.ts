@@ -1,5 +1,5 @@
 import { readFileSync } from 'node:fs';
-import { mkdir, readdir, stat, writeFile } from 'node:fs/promises';
+import { mkdir, readdir, rm, stat, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { DEFAULT_OUTPUT_LOG_BYTES, logRecordBytes, outputLogDir, outputLogPath, removeOutputLogs } from './output-log.js';
 import type { EndedProcessRecord } from './managed-process.js';
@@ -73,6 +73,14 @@ export class ProcessLogs {
   private readonly dirs = new Map<string, Promise<void>>();
   private readonly removals = new Map<string, number>();
   private readonly pending = new Set<Promise<unknown>>();
+  /** Logs opened and not closed yet, per sandbox. */
+  private readonly openLogs = new Map<string, number>();
+  /**
+   * Sandboxes whose logs were removed while some were still open (a process that outlived its
+   * sandbox's retention: a paused gVisor sandbox's handed-over one): each such log is deleted and
+   * uncharged when it closes, instead of being held with nothing left to remove it.
+   */
+  private readonly orphans = new Set<string>();
   private readonly now: () => number;
   /** Told when a sandbox's logs were removed (the engine forgets its ended processes then). */
   onRemoved: (sandboxId: string) => void = () => undefined;
@@ -106,6 +114,7 @@ export class ProcessLogs {
   open(owner: LogOwner & { pid: number }, reservedBytes: number, onPressure?: (high: boolean) => void): ProcessOutput {
     const { budget } = this.options;
     const perLog: LogBudget | undefined = budget && { take: (bytes) => budget.take(owner, bytes), release: (bytes) => budget.release(owner, bytes) };
+    this.openLogs.set(owner.sandboxId, (this.openLogs.get(owner.sandboxId) ?? 0) + 1);
     return new ProcessOutput({
       path: this.pathOf(owner.sandboxId, owner.pid),
       ensureDir: () => this.ensureDir(owner.sandboxId),
@@ -121,13 +130,30 @@ export class ProcessLogs {
   closed(owner: LogOwner & { pid: number }, output: ProcessOutput): void {
     this.track(
       output.close().then(
-        ({ bytes }) => this.hold(owner, bytes),
+        ({ bytes }) => this.settleClosed(owner, bytes),
         (error: unknown) => {
-          this.hold(owner, output.bytesOnDisk);
           this.fail(owner, error);
+          return this.settleClosed(owner, output.bytesOnDisk);
         },
       ),
     );
+  }
+
+  /** A closed log's bytes stay charged while its sandbox's logs are kept; an orphan's go now. */
+  private async settleClosed(owner: LogOwner & { pid: number }, bytes: number): Promise<void> {
+    const open = (this.openLogs.get(owner.sandboxId) ?? 1) - 1;
+    if (open > 0) this.openLogs.set(owner.sandboxId, open);
+    else this.openLogs.delete(owner.sandboxId);
+    if (!this.orphans.has(owner.sandboxId)) return this.hold(owner, bytes);
+    this.options.budget?.release(owner, bytes);
+    if (open > 0) {
+      await rm(this.pathOf(owner.sandboxId, owner.pid), { force: true }).catch((error: unknown) => this.fail(owner, error));
+      return;
+    }
+    // The last one: whatever its writes made again of the sandbox's folder goes with it.
+    this.orphans.delete(owner.sandboxId);
+    this.dirs.delete(owner.sandboxId);
+    await removeOutputLogs(this.dataDir, owner.sandboxId).catch((error: unknown) => this.fail(owner, error));
   }
 
   /** The sandbox ended: its logs are removed by the sweep after the retention. */
@@ -246,6 +272,7 @@ export class ProcessLogs {
     const held = this.held.get(sandboxId);
     this.held.delete(sandboxId);
     if (held) this.options.budget?.release(held, held.bytes);
+    if (this.openLogs.has(sandboxId)) this.orphans.add(sandboxId);
     this.onRemoved(sandboxId);
   }
 
