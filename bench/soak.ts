@@ -57,7 +57,9 @@ async function main(): Promise<void> {
   const networkEvery = flag(args, '--network-every', 10, 1_000_000);
   const maxMinutes = flag(args, '--max-minutes', 90, 24 * 60);
   const json = args.includes('--json');
-  const server = await startBenchServer(['--warm-pool', '0', '--max-sandboxes', String(concurrency + 4)], { inspect: true });
+  // Ended sandboxes' logs are kept 10 s, not the hour: what the run leaves in the heap must level off
+  // within it, so growth past that is a leak, not retention the run is too short to see end.
+  const server = await startBenchServer(['--warm-pool', '0', '--max-sandboxes', String(concurrency + 4), '--log-retention', '10s'], { inspect: true });
   const conn: ConnectionOptions = { url: server.url, apiKey: server.apiKey };
   const deadline = Date.now() + maxMinutes * 60_000;
   const samples: { cycle: number; rssMiB: number; heapMiB: number; fds: number }[] = [];

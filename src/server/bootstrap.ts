@@ -78,6 +78,11 @@ export interface StartServerOptions {
    * RLIMIT_NOFILE minus this for all sandboxes. @default a quarter of the limit, at least 1024
    */
   egressDescriptorReserve?: number;
+  /**
+   * How long an ended sandbox's process output logs (and its processes' records beside them) are
+   * kept (`capsule serve --log-retention`). @default 1 hour
+   */
+  processLogRetentionMs?: number;
   /** Extra routes (E2B facade, metrics); see CapsuleAppOptions.extensions. */
   extensions?: CapsuleAppOptions['extensions'];
   /**
@@ -150,7 +155,7 @@ export async function startServer(options: StartServerOptions): Promise<RunningS
     // Metrics, output logs and the artifact store (docs/operations.md); logs, artifacts,
     // workspaces, snapshots, volumes and template layers are charged to each tenant's disk quota.
     const diskQuota = new TenantDiskQuota({ defaultBytes: options.tenantDiskQuotaBytes });
-    const observability = (observed = await Observability.open({ dataDir: options.dataDir, records, diskQuota }));
+    const observability = (observed = await Observability.open({ dataDir: options.dataDir, records, diskQuota, processLogRetentionMs: options.processLogRetentionMs }));
     // Sandbox networking with the operator's settings; started only when a sandbox asks for a
     // network. The broker reads <dataDir>/broker (handles.json, secrets/); docs/api.md.
     let egressLog = (entry: EgressLogEntry): void => void process.stderr.write(`${JSON.stringify({ egress: entry })}\n`);

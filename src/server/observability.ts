@@ -10,8 +10,13 @@ import type { ServerServices } from './services.js';
 export interface ObservabilityOptions {
   dataDir: string;
   records: SandboxRecordStore;
-  /** How often expired artifacts and old output logs are swept. @default 10 minutes */
+  /**
+   * How often expired artifacts and old output logs are swept. @default 10 minutes, or a quarter
+   * of a shorter log retention (at least 1 s)
+   */
   sweepIntervalMs?: number;
+  /** How long an ended sandbox's output logs are kept. @default 1 hour (ProcessLogs) */
+  processLogRetentionMs?: number;
   /** Each tenant's disk quota: process logs and artifacts are charged to it. */
   diskQuota?: TenantDiskQuota;
 }
@@ -34,7 +39,7 @@ export class Observability {
     options: ObservabilityOptions,
   ) {
     this.diskQuota = options.diskQuota;
-    this.processLogs = new ProcessLogs({ dataDir: options.dataDir, budget: options.diskQuota });
+    this.processLogs = new ProcessLogs({ dataDir: options.dataDir, budget: options.diskQuota, retentionMs: options.processLogRetentionMs });
   }
 
   /**
@@ -46,7 +51,7 @@ export class Observability {
     const observability = new Observability(store, options);
     await observability.processLogs.reconcile(options.records.listLive());
     options.diskQuota?.setStoredArtifacts(await store.bytesByTenant());
-    observability.sweepTimer = setInterval(() => void observability.sweep(), options.sweepIntervalMs ?? 10 * 60 * 1000);
+    observability.sweepTimer = setInterval(() => void observability.sweep(), options.sweepIntervalMs ?? sweepIntervalFor(options.processLogRetentionMs));
     observability.sweepTimer.unref();
     return observability;
   }
@@ -98,4 +103,10 @@ export class Observability {
     await this.processLogs.flushed();
     await this.artifacts.close();
   }
+}
+
+/** The sweep's period: 10 minutes, or often enough that a shorter log retention is kept to within a quarter of itself. */
+function sweepIntervalFor(retentionMs: number | undefined): number {
+  const tenMinutes = 10 * 60 * 1000;
+  return retentionMs === undefined ? tenMinutes : Math.min(tenMinutes, Math.max(1000, Math.floor(retentionMs / 4)));
 }

@@ -1,7 +1,7 @@
 import { Command } from 'commander';
 import { DEFAULT_DATA_DIR } from '../../host/host-env.host.js';
 import { SandboxError } from '../../errors/index.js';
-import { bytesOption, collect, numberOption } from '../options.js';
+import { bytesOption, collect, durationOption, numberOption } from '../options.js';
 import type { CliContext } from '../context.js';
 
 interface ServeFlags {
@@ -14,6 +14,7 @@ interface ServeFlags {
   deny?: string[];
   mountRoot?: string[];
   egressIdleTimeout?: number;
+  logRetention?: number;
   defaultTemplate?: string;
   tenantDiskQuota?: number;
   diskOvercommit?: number;
@@ -83,6 +84,7 @@ export function serveCommand(context: CliContext): Command {
     .option('--warm-pool <n>', 'sandboxes kept started ahead for creates with no network and no mounts', numberOption('--warm-pool'), 2)
     .option('--default-template <ref>', "the template of sandboxes that name none: a public template (capsule template ls), or host (the host's /usr, read-only; the default)")
     .option('--mount-root <name=path>', 'a host directory tenants may mount read-only, by name, once their key is granted it (repeatable)', collect)
+    .option('--log-retention <duration>', "how long an ended sandbox's process output logs and records are kept, e.g. 30m (default 1h)", durationOption('--log-retention'))
     .option('--egress-idle-timeout <ms>', 'close a sandbox connection through the egress proxy after this long with no bytes either way (default 300000)', numberOption('--egress-idle-timeout'))
     .option('--tenant-disk-quota <size>', "each tenant's disk quota over its workspaces (by their disk limits), logs, artifacts, snapshots, volumes and template layers, e.g. 20GiB (default 20GiB)", bytesOption('--tenant-disk-quota'))
     .option('--max-builds-per-tenant <n>', 'template builds one tenant may run at once (default 2)', numberOption('--max-builds-per-tenant'))
@@ -127,6 +129,7 @@ export function serveCommand(context: CliContext): Command {
         superviseSandboxes: flags.supervise !== false,
         ...fairTurnBudget(context.env),
         ...(flags.egressIdleTimeout === undefined ? {} : { egressTimeouts: { idleTimeoutMs: flags.egressIdleTimeout } }),
+        ...(flags.logRetention !== undefined && { processLogRetentionMs: flags.logRetention }),
         extensions: [registerMcpHttp],
         ...(flags.publicDomain !== undefined && { publicDomain: flags.publicDomain }),
       });
