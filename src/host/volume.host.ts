@@ -65,6 +65,11 @@ export class WorkspaceVolume {
   private hold: number | undefined;
   /** Subvolume ids by sandbox id (its `ws-` or `sb-` subvolume), learned once per sandbox. */
   private readonly subvolumeIds = new Map<string, number>();
+  /**
+   * Sandboxes being deleted, and those deleted while a listing ran: a listing that saw their
+   * subvolumes before they went must not learn their ids again (nothing would forget them).
+   */
+  private readonly forgotten = { deleting: new Set<string>(), duringListing: new Set<string>(), listings: 0 };
   /** `btrfs subvolume list`, learning every sandbox's subvolume id (see qgroupDir). */
   private readonly listing = new NextRun(() => this.learnIds());
   /** `btrfs subvolume delete` of every path asked while the previous delete ran (see deleteSubvolume). */
@@ -310,8 +315,14 @@ export class WorkspaceVolume {
 
   async delete(id: string): Promise<void> {
     this.subvolumeIds.delete(id);
-    for (const path of [this.path(id), this.rootPath(id)]) {
-      if (await pathExists(path)) await this.deleteSubvolume(path);
+    this.forgotten.deleting.add(id);
+    if (this.forgotten.listings > 0) this.forgotten.duringListing.add(id);
+    try {
+      for (const path of [this.path(id), this.rootPath(id)]) {
+        if (await pathExists(path)) await this.deleteSubvolume(path);
+      }
+    } finally {
+      this.forgotten.deleting.delete(id);
     }
   }
 
@@ -416,10 +427,18 @@ export class WorkspaceVolume {
    * spawn between them instead of one each (a spawn from a server that large costs ~3 ms of CPU).
    */
   private async learnIds(): Promise<void> {
-    const { stdout } = await runCommand(['btrfs', 'subvolume', 'list', this.mountPoint], { check: false });
-    for (const line of stdout.split('\n')) {
-      const match = SUBVOLUME_LINE.exec(line);
-      if (match) this.subvolumeIds.set(match[3]!, Number(match[1]));
+    const { forgotten } = this;
+    forgotten.listings++;
+    try {
+      const { stdout } = await runCommand(['btrfs', 'subvolume', 'list', this.mountPoint], { check: false });
+      for (const line of stdout.split('\n')) {
+        const match = SUBVOLUME_LINE.exec(line);
+        const id = match?.[3];
+        if (id === undefined || forgotten.deleting.has(id) || forgotten.duringListing.has(id)) continue;
+        this.subvolumeIds.set(id, Number(match![1]));
+      }
+    } finally {
+      if (--forgotten.listings === 0) forgotten.duringListing.clear();
     }
   }
 
