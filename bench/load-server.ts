@@ -137,7 +137,6 @@ class Inspector {
       const message = JSON.parse((data as Buffer).toString('utf8')) as { id?: number; result?: unknown; error?: { message: string } };
       const waiter = message.id === undefined ? undefined : this.waiting.get(message.id);
       if (!waiter) return;
-      this.waiting.delete(message.id!);
       if (message.error) waiter.reject(new Error(`inspector: ${message.error.message}`));
       else waiter.resolve(message.result);
     });
