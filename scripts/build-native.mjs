@@ -14,6 +14,7 @@ const programs = [
   { name: 'capsule-agent', libs: ['-lutil', '-static'], extra: ['agent-users.c', 'agent-relay.c'], headers: ['agent-users.h', 'agent-relay.h'] },
   { name: 'capsule-launch', libs: [], extra: ['launch-mounts.c', 'launch-subvolume.c', 'launch-supervise.c'], headers: ['launch-mounts.h', 'launch-subvolume.h', 'launch-supervise.h'] },
   { name: 'seccomp-gen', libs: ['-lseccomp'] },
+  { name: 'capsule-quota', libs: [] },
 ];
 
 for (const { name, libs, extra = [], headers = [] } of programs) {

@@ -3,7 +3,7 @@ import type { BackendSandbox } from '../backends/backend.js';
 import type { WorkspaceVolume } from '../host/volume.host.js';
 import { StoredDisks } from '../host/stored-disks.host.js';
 import type { SnapshotRecordStore } from '../store/snapshot-records.js';
-import type { SnapshotInfo } from '../wire/index.js';
+import type { SandboxInfo, SnapshotInfo } from '../wire/index.js';
 import type { DiskBudget } from './disk-budget.js';
 import { InFlight } from './in-flight.js';
 import { newSandboxId } from './ids.js';
@@ -91,15 +91,17 @@ export class Snapshots {
     }
     const snapshotId = `snap_${newSandboxId()}`;
     const disk = await this.volume.diskPath(info.sandboxId);
-    // Charged what the sandbox's disk holds beyond its origin, as its limit counts it. A root's is
-    // what it wrote beyond its layer (its exclusive bytes): charged before anything is made, after
-    // a commit so that data not yet committed counts too (writes in the milliseconds before the
-    // freeze do not). A host-template workspace's is all it references, which the snapshot's own
-    // quota group gives exactly once the snapshot's commit is done: charged just after it, with
-    // no commit of its own (QUOTA_EXCEEDED then removes the snapshot).
+    const simple = (await this.volume.accounting()) === 'simple';
+    // Charged what the sandbox's disk holds beyond its template, as its limit counts it. A root's
+    // own figure is what it wrote (its exclusive bytes; under simple quotas a workspace's too):
+    // charged before anything is made, after a commit so that data not yet committed counts too
+    // (writes in the milliseconds before the freeze do not). Under full quota groups a
+    // host-template workspace's is all it references, which the snapshot's own quota group gives
+    // exactly once the snapshot's commit is done: charged just after it, with no commit of its
+    // own (QUOTA_EXCEEDED then removes the snapshot).
     const owner = { tenantId: info.tenantId, ...(entry.quotaBytes !== undefined ? { quotaBytes: entry.quotaBytes } : {}) };
-    const chargeAfter = disk.kind === 'workspace' && options.mode !== 'full';
-    let chargedBytes = chargeAfter ? 0 : ((await this.disks.sandboxDiskBytes(info.sandboxId)) ?? 0);
+    const chargeAfter = disk.kind === 'workspace' && options.mode !== 'full' && !simple;
+    let chargedBytes = chargeAfter ? 0 : ((await this.disks.sandboxDiskBytes(info.sandboxId)) ?? 0) + this.originCharge(info, disk.kind, simple);
     this.budget?.reserveStored(owner, 'snapshots', chargedBytes);
     const uncharge = () => this.budget?.releaseStored(owner, 'snapshots', chargedBytes);
     let checkpoint: SnapshotInfo['checkpoint'];
@@ -126,6 +128,9 @@ export class Snapshots {
       uncharge();
       throw error;
     }
+    // Under simple quotas the snapshot's own quota group holds nothing (its data stays charged to
+    // the subvolumes that wrote it): its size is what it was charged.
+    if (simple) sizeBytes = chargedBytes;
     const record: SnapshotInfo = {
       snapshotId,
       tenantId: info.tenantId,
@@ -154,6 +159,20 @@ export class Snapshots {
     if (sizeBytes === undefined) void this.recordSize(record).catch(() => undefined);
     if (options.readyClone !== false) this.disks.keepSpare(snapshotId);
     return structuredClone(record);
+  }
+
+  /**
+   * What a snapshot of this sandbox keeps that the sandbox's own figure leaves out: the data of
+   * the snapshot it was made from, whenever that figure counts only what the sandbox wrote (a
+   * root's exclusive bytes; any disk under simple quotas). The origin's whole charge, as it was
+   * recorded (a full origin's memory image too: erring on the side of charging). Without it a
+   * chain escaped the quota: sandbox B from snapshot S, B snapshotted as S2, B and then S
+   * deleted (S had no live dependent left), and S2 kept S's data charged to nobody. An origin
+   * cannot be gone while the sandbox lives (its delete is refused).
+   */
+  private originCharge(info: SandboxInfo, kind: 'root' | 'workspace', simple: boolean): number {
+    if (!info.origin || (kind === 'workspace' && !simple)) return 0;
+    return this.store.get(info.tenantId, info.origin.snapshotId)?.chargedBytes ?? 0;
   }
 
   /** Running, the sandbox is frozen for the instant of the btrfs snapshot; paused, it is still already. */
@@ -200,10 +219,6 @@ export class Snapshots {
   }
 
   /**
-   * Deletes the snapshot and its data. Refused (CONFLICT) while live sandboxes were made from it:
-   * it is what their `changes` are measured against. `dependents` lists them.
-   */
-  /**
    * The tenant's snapshot, held while a sandbox is made from it (a delete meanwhile is a
    * CONFLICT); CONFLICT too while it is being deleted. `release` once the sandbox is made or not.
    */
@@ -227,6 +242,10 @@ export class Snapshots {
     return { info, release };
   }
 
+  /**
+   * Deletes the snapshot and its data. Refused (CONFLICT) while live sandboxes were made from it:
+   * it is what their `changes` are measured against. `dependents` lists them.
+   */
   delete(tenantId: string, snapshotId: string, dependents: readonly string[]): Promise<void> {
     // A second delete while one runs joins it: the data goes and the bytes come back once.
     return this.deleting.run(`${tenantId}/${snapshotId}`, () => this.deleteNow(tenantId, snapshotId, dependents));

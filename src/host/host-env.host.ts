@@ -1,16 +1,15 @@
 import { spawnSync } from 'node:child_process';
 import { access, chmod, copyFile, mkdir, readdir, rename, stat, writeFile } from 'node:fs/promises';
-import { closeSync, constants, existsSync, openSync } from 'node:fs';
+import { closeSync, constants, openSync } from 'node:fs';
 import { createHash, randomBytes } from 'node:crypto';
-import { dirname, join, resolve } from 'node:path';
+import { join, resolve } from 'node:path';
 import { CGROUP_PREFIX } from './cgroups.host.js';
-import { fileURLToPath } from 'node:url';
 import { SandboxError } from '../errors/index.js';
 import { ETC_ALLOWLIST, SANDBOX_UID, SANDBOX_USER, STAGE_DIR } from './sandbox-layout.js';
 import { WorkspaceVolume } from './volume.host.js';
 import { UidRanges } from './uid-ranges.js';
 import { prepareSandboxEtc } from './sandbox-etc.host.js';
-import { pathExists } from './fs-util.js';
+import { packageRoot, pathExists } from './fs-util.js';
 import { DATA_DIR_MODE, privatizeDataDir } from './private-data.host.js';
 
 export interface HostEnvironmentOptions {
@@ -37,13 +36,6 @@ export interface HostPaths {
 }
 
 export const DEFAULT_DATA_DIR = '/var/lib/capsule';
-/** The package root: the nearest directory above this file holding package.json (src/ or dist/src/). */
-function packageRoot(): string {
-  let dir = dirname(fileURLToPath(import.meta.url));
-  while (!existsSync(join(dir, 'package.json')) && dirname(dir) !== dir) dir = dirname(dir);
-  return dir;
-}
-
 /**
  * The prepared host: checks the platform, compiles nothing (the build does), writes the seccomp
  * program and the synthetic /etc files once, and mounts the workspace volume. Idempotent.
@@ -64,7 +56,7 @@ export class HostEnvironment {
   constructor(options: HostEnvironmentOptions = {}) {
     this.dataDir = options.dataDir ?? DEFAULT_DATA_DIR;
     this.nativeDir = options.nativeDir ?? join(packageRoot(), 'dist', 'native');
-    this.volume = new WorkspaceVolume({ dataDir: this.dataDir, sizeBytes: options.volumeBytes });
+    this.volume = new WorkspaceVolume({ dataDir: this.dataDir, sizeBytes: options.volumeBytes, quotaTool: join(this.nativeDir, 'capsule-quota') });
     this.cgroupPrefix = `${CGROUP_PREFIX}${createHash('sha256').update(resolve(this.dataDir)).digest('hex').slice(0, 6)}-`;
   }
 

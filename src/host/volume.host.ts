@@ -6,7 +6,7 @@ import { NextRun } from './next-run.js';
 import { runCommand } from './run-command.host.js';
 import { SpareClones } from './spare-clones.host.js';
 import { withLock } from './lock.host.js';
-import { pathExists } from './fs-util.js';
+import { packageRoot, pathExists } from './fs-util.js';
 
 /** How often a process holding the volume checks that its quota accounting is consistent (a sysfs read). */
 const QUOTA_WATCH_MS = 2000;
@@ -24,7 +24,19 @@ export interface WorkspaceVolumeOptions {
   dataDir: string;
   /** Sparse size of the image file. @default 32 GiB */
   sizeBytes?: number;
+  /** The helper that enables simple quotas on a new volume. @default dist/native/capsule-quota of this package */
+  quotaTool?: string;
 }
+
+/**
+ * How the volume's quota groups count (decision 022). `simple` (kernel 6.7+, every volume made
+ * since): each extent is charged to the subvolume that wrote it, for as long as it lives, so a
+ * snapshot shares its source's data without being charged for it and a limit bounds what a
+ * subvolume writes; referenced and exclusive are the same figure. `full` (volumes made before, or
+ * on an older kernel): extents are counted in every subvolume that refers to them, a backref walk
+ * at each commit that touched shared data.
+ */
+export type QuotaAccounting = 'simple' | 'full';
 
 export const WORKSPACE_PREFIX = 'ws-';
 /** A sandbox from a template: one subvolume holding its whole root, `/workspace` inside it. */
@@ -56,7 +68,9 @@ export class WorkspaceVolume {
   readonly image: string;
   readonly mountPoint: string;
   private readonly sizeBytes: number;
+  private readonly quotaTool: string;
   private fsid: string | undefined;
+  private accountingMode: QuotaAccounting | undefined;
   /**
    * An open directory on the mounted volume: while held, another process's umount gets EBUSY. A
    * plain fd, not a FileHandle: an instance dropped without release keeps it until the process
@@ -86,6 +100,7 @@ export class WorkspaceVolume {
     this.image = join(options.dataDir, 'volume.img');
     this.mountPoint = join(options.dataDir, 'volume');
     this.sizeBytes = options.sizeBytes ?? 32 * 1024 ** 3;
+    this.quotaTool = options.quotaTool ?? join(packageRoot(), 'dist', 'native', 'capsule-quota');
     this.spares = new SpareClones(this.mountPoint, async (paths) => {
       await Promise.all(paths.map((path) => this.deleteSubvolume(path)));
     });
@@ -130,8 +145,37 @@ export class WorkspaceVolume {
       await runCommand(['mkfs.btrfs', '-q', '-f', this.image]);
     }
     await runCommand(['mount', '-o', 'loop,nosuid,nodev,noatime', this.image, this.mountPoint]);
-    await runCommand(['btrfs', 'quota', 'enable', this.mountPoint]);
+    // A volume keeps the mode it was made with: switching one in place would drop every limit
+    // on it until the switch is done. One whose quotas are not on (made, then a crash) gets full.
+    if (fresh) await this.enableQuotas();
+    else if ((await this.readAccounting()) === undefined) await runCommand(['btrfs', 'quota', 'enable', this.mountPoint]);
+    this.accountingMode = (await this.readAccounting()) ?? 'full';
     await this.holdMount();
+  }
+
+  /** Simple quotas on a new volume when the kernel has them (the helper exits 2 when not), else full quota groups. */
+  private async enableQuotas(): Promise<void> {
+    const simple = (await pathExists(this.quotaTool)) ? await runCommand([this.quotaTool, 'simple', this.mountPoint], { check: false }) : undefined;
+    if (simple?.exitCode !== 0) await runCommand(['btrfs', 'quota', 'enable', this.mountPoint]);
+  }
+
+  /**
+   * How the volume's quotas count (see QuotaAccounting): read from sysfs once it is mounted. A
+   * mode the kernel does not report (before 6.7 there is no `mode` file) is full quota groups.
+   */
+  async accounting(): Promise<QuotaAccounting> {
+    this.accountingMode ??= (await this.readAccounting()) ?? 'full';
+    return this.accountingMode;
+  }
+
+  /** The mode sysfs reports, undefined when quotas are off. The uuid is read again: the image may be a new one. */
+  private async readAccounting(): Promise<QuotaAccounting | undefined> {
+    this.fsid = undefined;
+    await this.readFsid();
+    const qgroups = `/sys/fs/btrfs/${this.fsid}/qgroups`;
+    if (!(await pathExists(qgroups))) return undefined;
+    const mode = await readFile(join(qgroups, 'mode'), 'utf8').catch(() => 'qgroup');
+    return mode.trim() === 'squota' ? 'simple' : 'full';
   }
 
   private holdMount(): Promise<void> {
@@ -340,6 +384,8 @@ export class WorkspaceVolume {
   /**
    * Bytes the sandbox's disk holds as the quota counts them, or undefined when not readable: a
    * workspace's referenced bytes, a root's exclusive ones (what it wrote beyond its template).
+   * Under simple quotas both are what the sandbox itself wrote: a workspace made from a snapshot
+   * is not charged the snapshot's data (the snapshot is, decision 022).
    */
   async usedBytes(id: string): Promise<number | undefined> {
     const isRoot = await this.isRoot(id);

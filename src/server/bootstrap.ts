@@ -236,7 +236,8 @@ export async function startServer(options: StartServerOptions): Promise<RunningS
       await app.close();
       throw error;
     }
-    app.app.log.info({ auditHead: audit.head() }, 'capsule server listening');
+    // How disk limits count on this volume (decision 022): simple on volumes made on a 6.7+ kernel.
+    app.app.log.info({ auditHead: audit.head(), quotaAccounting: await host.volume.accounting().catch(() => 'unknown') }, 'capsule server listening');
     let closing: Promise<void> | undefined;
     const newConsoleUrl = (): string | undefined => {
       const operator = keys.operatorKey();

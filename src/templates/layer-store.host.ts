@@ -25,14 +25,17 @@ export interface LayerMeta {
   config?: TemplateConfig;
   /** The tenant whose build made it (absent: the operator's, or made before layers were charged). */
   owner?: string;
-  /** Bytes the layer added over its parent when it was made (what its owner's quota is charged). */
+  /**
+   * Bytes the layer added over its parent, measured when it was made: its size, and what its
+   * owner's quota is charged when it has one. Absent on layers made before it was recorded.
+   */
   addedBytes?: number;
 }
 
 export interface LayerInfo extends LayerMeta {
-  /** Bytes the layer's root refers to (shared with its parent and children included). */
+  /** Bytes the layer's root refers to: what it added and what each of its parents did. */
   referencedBytes?: number;
-  /** Bytes only this layer holds: what deleting it frees. */
+  /** Bytes the layer itself added: what deleting it (and the children that need it) frees. */
   exclusiveBytes?: number;
 }
 
@@ -69,7 +72,7 @@ export interface CollectOptions {
 
 export interface CollectReport {
   removed: string[];
-  /** Exclusive bytes of the removed layers, as their quota groups counted them just before. */
+  /** What the removed layers added (their exclusive bytes, as LayerStore.usage gives them). */
   freedBytes: number;
 }
 
@@ -144,7 +147,8 @@ export class LayerStore {
   /** A new pending layer that starts as a writable copy-on-write snapshot of layer `parent`. */
   async createFrom(parent: string): Promise<PendingLayer> {
     if (!(await this.has(parent))) throw missingLayer(parent);
-    // Measured at publish: what is written into the copy is its own (the parent is read-only).
+    // Measured at publish: what is written into the copy is its own (the parent is read-only),
+    // its exclusive bytes under either quota mode.
     return this.newPending((root) => runCommand(['btrfs', 'subvolume', 'snapshot', this.rootOf(parent), root]));
   }
 
@@ -154,10 +158,11 @@ export class LayerStore {
    */
   async createFromDir(subvolume: string): Promise<PendingLayer> {
     // A build step's root holds exactly what the step added (its exclusive bytes): measured before
-    // the snapshot shares them, since the copy's own count stays 0 while the root exists.
-    const addedBytes = this.charge ? await this.exclusiveBytes(subvolume) : undefined;
+    // the snapshot shares them, since the copy's own count stays 0 while the root exists (and for
+    // good under simple quotas, which keep the bytes charged to the root that wrote them).
+    const addedBytes = await this.exclusiveBytes(subvolume);
     const pending = await this.newPending((root) => runCommand(['btrfs', 'subvolume', 'snapshot', subvolume, root]));
-    return addedBytes === undefined ? pending : { ...pending, addedBytes };
+    return { ...pending, addedBytes };
   }
 
   /** Exclusive bytes of a subvolume on the volume after a commit (0 when its quota group is unknown). */
@@ -202,20 +207,20 @@ export class LayerStore {
    */
   async publish(pending: PendingLayer, meta: Omit<LayerMeta, 'createdAt' | 'subvolumeId' | 'owner' | 'addedBytes'>): Promise<LayerMeta> {
     checkedKey(meta.key);
-    // A charged build pays for what the layer adds before it exists: past the quota it is not published.
-    const addedBytes = this.charge ? (pending.addedBytes ?? (await this.exclusiveBytes(pending.root))) : undefined;
-    if (addedBytes !== undefined) this.charge!.reserve(addedBytes);
-    let charged = addedBytes !== undefined;
+    // Its size is recorded with it; a charged build pays for it before it exists: past the quota it is not published.
+    const addedBytes = pending.addedBytes ?? (await this.exclusiveBytes(pending.root));
+    this.charge?.reserve(addedBytes);
+    let charged = this.charge !== undefined;
     const uncharge = () => {
-      if (charged) this.charge!.release(addedBytes!);
+      if (charged) this.charge!.release(addedBytes);
       charged = false;
     };
     try {
       await runCommand(['btrfs', 'property', 'set', '-ts', pending.root, 'ro', 'true']);
       const id = await subvolumeId(pending.root);
       if (id === undefined) throw new SandboxError('INTERNAL', `${pending.root} is not a btrfs subvolume`);
-      const owned = this.charge ? { owner: this.charge.owner, addedBytes } : {};
-      const full: LayerMeta = { ...meta, ...owned, createdAt: new Date().toISOString(), subvolumeId: id };
+      const owned = this.charge ? { owner: this.charge.owner } : {};
+      const full: LayerMeta = { ...meta, ...owned, addedBytes, createdAt: new Date().toISOString(), subvolumeId: id };
       await writeFile(join(this.pendingDir, pending.name, 'meta.json'), `${JSON.stringify(full)}\n`, { mode: 0o600 });
       try {
         await rename(join(this.pendingDir, pending.name), join(this.layersDir, meta.key));
@@ -249,26 +254,58 @@ export class LayerStore {
     await removeLayerDir(join(this.pendingDir, pending.name));
   }
 
-  /** Every published layer with its sizes (one `btrfs filesystem sync` so the counts are current). */
+  /** Every published layer with its sizes (see usage). */
   async list(): Promise<LayerInfo[]> {
-    const keys = (await readdir(this.layersDir).catch(() => [] as string[])).filter(isLayerKey);
-    if (keys.length > 0) await runCommand(['btrfs', 'filesystem', 'sync', this.volume.mountPoint]);
+    const metas = await this.metas();
+    const byKey = new Map(metas.map((meta) => [meta.key, meta]));
     const layers: LayerInfo[] = [];
-    for (const key of keys) {
-      const meta = await this.meta(key);
-      if (!meta) continue;
-      const usage = await this.volume.subvolumeUsage(meta.subvolumeId);
-      layers.push({ ...meta, ...usage });
-    }
+    const sync = this.syncOnce();
+    for (const meta of metas) layers.push({ ...meta, ...(await this.sizeOf(meta, (key) => byKey.get(key), sync)) });
     return layers;
   }
 
-  /** Referenced and exclusive bytes of one layer (after a sync, so a fresh layer is counted). */
+  /**
+   * Referenced and exclusive bytes of one layer. From the sizes recorded when its chain was made:
+   * exclusive is what it added, referenced that and what each parent added. Under simple quotas
+   * these are the only figures there are (a layer snapshotted from a build step's root holds
+   * nothing in its own quota group: the step's root wrote the bytes, decision 022); under full
+   * quota groups a parent's exclusive count falls to 0 once children share it. A chain with a
+   * layer made before sizes were recorded is read off the layer's quota group, after a commit.
+   */
   async usage(key: string): Promise<{ referencedBytes: number; exclusiveBytes: number } | undefined> {
     const meta = await this.meta(key);
     if (!meta) return undefined;
-    await runCommand(['btrfs', 'filesystem', 'sync', this.volume.mountPoint]);
-    return this.volume.subvolumeUsage(meta.subvolumeId);
+    const chain = new Map<string, LayerMeta>();
+    for (let cursor = meta.parent; cursor !== undefined && !chain.has(cursor); ) {
+      const parent = await this.meta(cursor);
+      if (!parent) break;
+      chain.set(cursor, parent);
+      cursor = parent.parent;
+    }
+    return this.sizeOf(meta, (k) => chain.get(k), this.syncOnce());
+  }
+
+  private async sizeOf(meta: LayerMeta, metaOf: (key: string) => LayerMeta | undefined, sync: () => Promise<void>): Promise<{ referencedBytes: number; exclusiveBytes: number } | undefined> {
+    let referencedBytes = 0;
+    const seen = new Set<string>();
+    for (let layer: LayerMeta | undefined = meta; layer !== undefined && !seen.has(layer.key); layer = layer.parent === undefined ? undefined : metaOf(layer.parent)) {
+      seen.add(layer.key);
+      if (layer.addedBytes === undefined || (layer.parent !== undefined && metaOf(layer.parent) === undefined)) {
+        await sync();
+        return this.volume.subvolumeUsage(meta.subvolumeId);
+      }
+      referencedBytes += layer.addedBytes;
+    }
+    return { referencedBytes, exclusiveBytes: meta.addedBytes! };
+  }
+
+  /** One `btrfs filesystem sync` at the first call, so that quota groups read after it are current. */
+  private syncOnce(): () => Promise<void> {
+    let synced: Promise<unknown> | undefined;
+    return async () => {
+      synced ??= runCommand(['btrfs', 'filesystem', 'sync', this.volume.mountPoint]);
+      await synced;
+    };
   }
 
   /** Deletes a layer: unpublished by a rename first, so a crash midway leaves only a pending dir. */

@@ -22,13 +22,17 @@ export const SnapshotInfoSchema = z.object({
   backend: z.string(),
   /** `root`: a template sandbox's whole root (its /workspace inside); `workspace`: the host template's workspace. */
   disk: z.enum(['root', 'workspace']),
-  /** Bytes the snapshot holds (its quota group's referenced bytes); counted just after it is taken, absent until then. */
+  /**
+   * Bytes the snapshot holds: on a volume with simple quotas (decision 022) its charge, what it
+   * keeps beyond its template; on an older volume its quota group's referenced bytes, counted
+   * just after it is taken, absent until then.
+   */
   sizeBytes: z.number().int().nonnegative().optional(),
   /**
    * What the snapshot counts against the tenant's disk quota: the bytes its sandbox's disk had
-   * written beyond its own origin (template or snapshot) at the instant it was taken, as that
-   * disk's limit counts them, plus a `full` snapshot's checkpoint image. Absent on snapshots taken
-   * before quotas counted them (then 0).
+   * written at the instant it was taken, as that disk's limit counts them, plus the charge of the
+   * snapshot the sandbox was made from (its data is kept here too), plus a `full` snapshot's
+   * checkpoint image. Absent on snapshots taken before quotas counted them (then 0).
    */
   chargedBytes: z.number().int().nonnegative().optional(),
   createdAt: z.string(),

@@ -19,6 +19,9 @@ const keys: string[] = [];
 afterAll(async () => {
   // Whatever a failure left: the snapshots and volumes outlive the sandboxes.
   for (const key of keys) {
+    // Sandboxes first: a snapshot that a live sandbox came from is not deleted.
+    const sandboxes = await t?.json<{ sandboxes: { sandboxId: string }[] }>('GET', '/v1/sandboxes', { key });
+    for (const s of sandboxes?.body.sandboxes ?? []) await t?.call('DELETE', `/v1/sandboxes/${s.sandboxId}`, { key });
     const snapshots = await t?.json<{ snapshots: { snapshotId: string }[] }>('GET', '/v1/snapshots', { key });
     for (const s of snapshots?.body.snapshots ?? []) await t?.call('DELETE', `/v1/snapshots/${s.snapshotId}`, { key });
     const volumes = await t?.json<{ volumes: { name: string }[] }>('GET', '/v1/volumes', { key });
@@ -132,6 +135,49 @@ describe('snapshots and volumes against the tenant disk quota (issue 13)', () =>
       expect(taken.body.chargedBytes, template).toBeGreaterThanOrEqual(24 * MiB);
       expect((await t.call('DELETE', `/v1/sandboxes/${sandboxId}`, { key })).status).toBe(200);
       expect((await t.call('DELETE', `/v1/snapshots/${taken.body.snapshotId}`, { key })).status).toBe(204);
+    }
+  }, 25 * 60_000);
+
+  it("charges a snapshot of a sandbox made from a snapshot its origin's data too: the chain's middle deleted, nothing is kept uncharged", async () => {
+    await sharedDebianTemplate(testTemplates());
+    t ??= await startTestServer({ databaseDir, tenantDiskQuotaBytes: QUOTA, warmPool: 0 });
+    const minted = await t.json<{ apiKey: string }>('POST', '/v1/keys', { body: { tenantId: 'stored-chain' } });
+    const key = minted.body.apiKey;
+    keys.push(key);
+    const create = async (spec: Record<string, unknown>): Promise<string> => {
+      const created = await t!.json<{ sandboxId: string }>('POST', '/v1/sandboxes', { key, body: { spec: { ttlMs: 120_000, limits: { diskBytes: 64 * MiB }, ...spec } } });
+      expect(created.status, JSON.stringify(created.body)).toBe(201);
+      return created.body.sandboxId;
+    };
+    const snapshot = async (sandboxId: string) => {
+      const taken = await t!.json<{ snapshotId: string; chargedBytes: number }>('POST', `/v1/sandboxes/${sandboxId}/snapshots`, { key, body: {} });
+      expect(taken.status, JSON.stringify(taken.body)).toBe(201);
+      return taken.body;
+    };
+    for (const template of ['host', TEST_DEBIAN]) {
+      const first = await create({ template });
+      const wrote = await t.call('POST', `/v1/sandboxes/${first}/processes`, { key, body: { argv: ['sh', '-c', 'head -c 24M /dev/urandom > /workspace/data.bin && sync'] } });
+      expect(((await readNdjson(wrote)).at(-1) as { result: { exitCode: number } }).result.exitCode).toBe(0);
+      const origin = await snapshot(first);
+      expect(origin.chargedBytes, template).toBeGreaterThanOrEqual(24 * MiB);
+      expect((await t.call('DELETE', `/v1/sandboxes/${first}`, { key })).status).toBe(200);
+      // A sandbox from the snapshot, snapshotted untouched: its own writes are ~nothing, but the
+      // new snapshot keeps the 24 MiB as long as it lives, whatever happens to its origin.
+      const middle = await create({ snapshot: origin.snapshotId });
+      const kept = await snapshot(middle);
+      expect(kept.chargedBytes, template).toBeGreaterThanOrEqual(origin.chargedBytes);
+      expect((await t.call('DELETE', `/v1/sandboxes/${middle}`, { key })).status).toBe(200);
+      expect((await t.call('DELETE', `/v1/snapshots/${origin.snapshotId}`, { key })).status).toBe(204);
+      // The tenant's use, as a refusal reports it: the kept snapshot's charge, still there.
+      const refused = await t.json<{ details?: QuotaDetails }>('POST', '/v1/volumes', { key, body: { name: 'too-big', sizeBytes: QUOTA } });
+      expect(refused.status).toBe(429);
+      expect(refused.body.details?.usage.snapshots, template).toBe(kept.chargedBytes);
+      // And the data is really there: a sandbox from the kept snapshot reads it whole.
+      const last = await create({ snapshot: kept.snapshotId });
+      const read = await t.call('POST', `/v1/sandboxes/${last}/processes`, { key, body: { argv: ['sh', '-c', 'wc -c < /workspace/data.bin'] } });
+      expect(((await readNdjson(read)).at(-1) as { result: { stdout: string } }).result.stdout.trim()).toBe(String(24 * MiB));
+      expect((await t.call('DELETE', `/v1/sandboxes/${last}`, { key })).status).toBe(200);
+      expect((await t.call('DELETE', `/v1/snapshots/${kept.snapshotId}`, { key })).status).toBe(204);
     }
   }, 25 * 60_000);
 
