@@ -11,7 +11,7 @@ import { checkMountRoots, type MountRoots } from '../host/mount-roots.host.js';
 import { CredentialBroker } from '../host/egress/broker.js';
 import { MemoryRecordStore, MemorySnapshotRecords, MemoryVolumeRecords, type SandboxRecordStore, type SnapshotRecordStore, type VolumeRecordStore } from '../store/index.js';
 import type { ArtifactStore } from '../store/artifacts/index.js';
-import { isLiveState, type ForkResult, type ProcessInfo, type SandboxInfo, type SnapshotInfo, type UsageSample, type VolumeInfo, type ApplyResult, type Changes } from '../wire/index.js';
+import { isLiveState, type ForkResult, type ProcessInfo, type SandboxInfo, type SnapshotInfo, type UsageSample, type VolumeInfo, type ApplyResult, type Changes, type CreateVolumeInput } from '../wire/index.js';
 import { collectArtifacts, type Collection } from './artifacts.js';
 import { SandboxStepRunner } from './build-step-runner.js';
 import type { StepRunner } from '../templates/index.js';
@@ -300,7 +300,9 @@ export class SandboxManager implements SandboxEngine {
     if (!entry.sandbox || entry.info.state === 'starting') {
       throw new SandboxError('SANDBOX_NOT_RUNNING', `sandbox ${sandboxId} is ${entry.info.state}`, { details: { sandboxId }, hint: 'Wait until it is running.' });
     }
-    return this.snapshots.take(entry as LiveSandbox & { sandbox: BackendSandbox }, options, () => this.interpreters.snapshot(sandboxId));
+    // A mounted volume cannot be deleted (CONFLICT), so each has its record.
+    const mounted = entry.info.spec.volumes.map((m) => ({ name: m.name, path: m.path, readOnly: m.readOnly, volume: this.volumes.find(tenantId, m.name) }));
+    return this.snapshots.take(entry as LiveSandbox & { sandbox: BackendSandbox }, options, () => this.interpreters.snapshot(sandboxId), mounted);
   }
 
   getSnapshot(tenantId: string, snapshotId: string): SnapshotInfo {
@@ -387,9 +389,17 @@ export class SandboxManager implements SandboxEngine {
 
   // ---- volumes
 
-  createVolume(tenantId: string, input: { name: string; sizeBytes: number; shared?: boolean }, owner: { quotaBytes?: number } = {}): Promise<VolumeInfo> {
+  async createVolume(tenantId: string, input: CreateVolumeInput, owner: { quotaBytes?: number } = {}): Promise<VolumeInfo> {
     this.assertOpen();
-    return this.volumes.create(tenantId, input, owner);
+    if (!input.from) return this.volumes.create(tenantId, input, owner);
+    // Held while the copy is made: a delete of the snapshot meanwhile is a CONFLICT.
+    const held = this.snapshots.hold(tenantId, input.from.snapshotId);
+    try {
+      const copy = this.snapshots.volumeCopy(held.info, input.from.volume);
+      return await this.volumes.create(tenantId, input, owner, { snapshotId: held.info.snapshotId, ...copy });
+    } finally {
+      held.release();
+    }
   }
 
   getVolume(tenantId: string, key: string, by: 'name' | 'id' = 'name'): Promise<VolumeInfo> {

@@ -3,7 +3,7 @@ import type { BackendSandbox } from '../backends/backend.js';
 import type { WorkspaceVolume } from '../host/volume.host.js';
 import { StoredDisks } from '../host/stored-disks.host.js';
 import type { SnapshotRecordStore } from '../store/snapshot-records.js';
-import type { SandboxInfo, SnapshotInfo } from '../wire/index.js';
+import type { SandboxInfo, SnapshotInfo, SnapshotVolume, VolumeInfo } from '../wire/index.js';
 import type { DiskBudget } from './disk-budget.js';
 import { InFlight } from './in-flight.js';
 import { newSandboxId } from './ids.js';
@@ -13,11 +13,21 @@ import type { LiveSandbox } from './sandbox-table.js';
 export interface TakeSnapshotOptions {
   name?: string;
   mode?: 'filesystem' | 'full';
+  /** Keep a copy of each volume the sandbox mounts, taken at the instant of its disk. @default false */
+  includeVolumes?: boolean;
   /**
    * Keep a ready clone of its disk, so that the next sandbox made from it takes a rename instead
    * of a snapshot (SpareClones). @default true
    */
   readyClone?: boolean;
+}
+
+/** One of the sandbox's volume mounts with its volume's record, as the manager resolves them. */
+export interface MountedVolume {
+  name: string;
+  path: string;
+  readOnly: boolean;
+  volume: VolumeInfo;
 }
 
 /** What a sandbox made from a full snapshot resumes from. */
@@ -74,7 +84,12 @@ export class Snapshots {
    * Takes a filesystem snapshot of a running or paused sandbox. Running, it is frozen for the
    * instant of the snapshot and thawed whatever happens; paused, it is still already.
    */
-  async take(entry: LiveSandbox & { sandbox: BackendSandbox }, options: TakeSnapshotOptions, contexts: () => Promise<ContextSnapshot[]> = () => Promise.resolve([])): Promise<SnapshotInfo> {
+  async take(
+    entry: LiveSandbox & { sandbox: BackendSandbox },
+    options: TakeSnapshotOptions,
+    contexts: () => Promise<ContextSnapshot[]> = () => Promise.resolve([]),
+    mounted: readonly MountedVolume[] = [],
+  ): Promise<SnapshotInfo> {
     const info = entry.info;
     const sandbox = entry.sandbox;
     if (options.mode === 'full' && !sandbox.checkpoint) {
@@ -101,27 +116,32 @@ export class Snapshots {
     // own (QUOTA_EXCEEDED then removes the snapshot).
     const owner = { tenantId: info.tenantId, ...(entry.quotaBytes !== undefined ? { quotaBytes: entry.quotaBytes } : {}) };
     const chargeAfter = disk.kind === 'workspace' && options.mode !== 'full' && !simple;
-    let chargedBytes = chargeAfter ? 0 : ((await this.disks.sandboxDiskBytes(info.sandboxId)) ?? 0) + this.originCharge(info, disk.kind, simple);
+    // Included volumes are charged what they hold, measured before (a copy's own quota group
+    // would hold nothing under simple quotas, and a copy is as big as its volume was).
+    const volumes = await this.volumeCopies(mounted, options.includeVolumes === true, simple);
+    const volumeBytes = volumes.reduce((sum, v) => sum + (v.usedBytes ?? 0), 0);
+    let chargedBytes = (chargeAfter ? 0 : ((await this.disks.sandboxDiskBytes(info.sandboxId)) ?? 0) + this.originCharge(info, disk.kind, simple)) + volumeBytes;
     this.budget?.reserveStored(owner, 'snapshots', chargedBytes);
+    const copied = volumes.filter((v) => v.included).map((v) => v.volumeId);
     const uncharge = () => this.budget?.releaseStored(owner, 'snapshots', chargedBytes);
     let checkpoint: SnapshotInfo['checkpoint'];
     // Known at once when the charge was read off the snapshot (a workspace's is its size).
     let sizeBytes: number | undefined;
     try {
       if (chargeAfter) {
-        await this.takeFilesystem(entry, disk.path, snapshotId);
+        await this.takeFilesystem(entry, disk.path, snapshotId, copied);
         sizeBytes = await this.disks.snapshotSizeBytes(snapshotId);
         this.budget?.reserveStored(owner, 'snapshots', sizeBytes ?? 0);
-        chargedBytes = sizeBytes ?? 0;
+        chargedBytes += sizeBytes ?? 0;
       } else if (options.mode === 'full') {
-        checkpoint = await this.takeFull(sandbox, disk.path, snapshotId, await contexts());
+        checkpoint = await this.takeFull(sandbox, disk.path, snapshotId, await contexts(), copied);
         // The image of its memory and processes is stored too, and counts as its disk does
         // (QUOTA_EXCEEDED here removes the snapshot: nothing is kept that was not charged).
         const imageBytes = await this.disks.checkpointBytes(snapshotId);
         this.budget?.reserveStored(owner, 'snapshots', imageBytes);
         chargedBytes += imageBytes;
       } else {
-        await this.takeFilesystem(entry, disk.path, snapshotId);
+        await this.takeFilesystem(entry, disk.path, snapshotId, copied);
       }
     } catch (error) {
       await this.disks.deleteSnapshot(snapshotId).catch(() => undefined);
@@ -145,6 +165,7 @@ export class Snapshots {
       ...(sizeBytes !== undefined ? { sizeBytes } : {}),
       createdAt: new Date(this.now()).toISOString(),
       spec: structuredClone(info.spec),
+      volumes,
       ...(checkpoint ? { checkpoint } : {}),
     };
     try {
@@ -175,12 +196,31 @@ export class Snapshots {
     return this.store.get(info.tenantId, info.origin.snapshotId)?.chargedBytes ?? 0;
   }
 
-  /** Running, the sandbox is frozen for the instant of the btrfs snapshot; paused, it is still already. */
-  private async takeFilesystem(entry: LiveSandbox & { sandbox: BackendSandbox }, diskPath: string, snapshotId: string): Promise<void> {
+  /**
+   * The snapshot's record of each volume mount; an included one with what its copy will hold:
+   * what the volume's quota counts, plus, under simple quotas, what a volume made from a copy
+   * started with (its own group counts only its writes; see decision 022).
+   */
+  private async volumeCopies(mounted: readonly MountedVolume[], include: boolean, simple: boolean): Promise<SnapshotVolume[]> {
+    const volumes: SnapshotVolume[] = [];
+    for (const m of mounted) {
+      const entry = { name: m.name, volumeId: m.volume.volumeId, path: m.path, readOnly: m.readOnly, included: include, sizeBytes: m.volume.sizeBytes };
+      if (!include) {
+        volumes.push(entry);
+        continue;
+      }
+      const used = (await this.disks.volumeUsedBytes(m.volume.volumeId)) ?? m.volume.sizeBytes;
+      volumes.push({ ...entry, usedBytes: used + (simple ? (m.volume.origin?.bytes ?? 0) : 0) });
+    }
+    return volumes;
+  }
+
+  /** Running, the sandbox is frozen for the instant of the btrfs snapshots (its disk, the volumes copied); paused, it is still already. */
+  private async takeFilesystem(entry: LiveSandbox & { sandbox: BackendSandbox }, diskPath: string, snapshotId: string, volumeIds: readonly string[]): Promise<void> {
     const frozen = entry.info.state === 'running';
     if (frozen) await entry.sandbox.freeze();
     try {
-      await this.disks.snapshotInto(diskPath, snapshotId);
+      await this.copyAll(diskPath, snapshotId, volumeIds);
     } finally {
       if (frozen) await entry.sandbox.thaw();
     }
@@ -191,13 +231,33 @@ export class Snapshots {
    * checkpoint holds the sandbox stopped: disk and memory are one instant. The source goes on
    * from the checkpoint; `contexts` (taken before) are kept for those whose drivers it saved.
    */
-  private async takeFull(sandbox: BackendSandbox, diskPath: string, snapshotId: string, contexts: ContextSnapshot[]): Promise<SnapshotInfo['checkpoint']> {
-    const saved = await sandbox.checkpoint!(this.disks.snapshotCheckpoint(snapshotId), async () => {
-      await this.disks.snapshotInto(diskPath, snapshotId);
-    });
+  private async takeFull(sandbox: BackendSandbox, diskPath: string, snapshotId: string, contexts: ContextSnapshot[], volumeIds: readonly string[]): Promise<SnapshotInfo['checkpoint']> {
+    const saved = await sandbox.checkpoint!(this.disks.snapshotCheckpoint(snapshotId), () => this.copyAll(diskPath, snapshotId, volumeIds));
     const kept = contexts.filter((c) => saved.processIds.includes(c.processId));
     await this.disks.writeSnapshotFile(snapshotId, CONTEXTS_FILE, kept);
     return { processCount: saved.processIds.length, contexts: kept.map((c) => ({ id: c.info.id, language: c.info.language })) };
+  }
+
+  /** The sandbox's disk and the volumes copied, each a read-only btrfs snapshot, while the sandbox is held still. */
+  private async copyAll(diskPath: string, snapshotId: string, volumeIds: readonly string[]): Promise<void> {
+    await this.disks.snapshotInto(diskPath, snapshotId);
+    for (const volumeId of volumeIds) await this.disks.snapshotVolumeInto(volumeId, snapshotId);
+  }
+
+  /**
+   * Where a volume made from the snapshot's copy of `name` copies from, with the copy's record;
+   * VOLUME_NOT_FOUND when the snapshot kept no copy of it.
+   */
+  volumeCopy(snapshot: SnapshotInfo, name: string): { dir: string; volume: SnapshotVolume & { usedBytes: number } } {
+    const volume = snapshot.volumes?.find((v) => v.name === name && v.included);
+    if (!volume || volume.usedBytes === undefined) {
+      const kept = (snapshot.volumes ?? []).filter((v) => v.included).map((v) => v.name);
+      throw new SandboxError('VOLUME_NOT_FOUND', `snapshot ${snapshot.snapshotId} kept no copy of volume ${name}`, {
+        details: { snapshotId: snapshot.snapshotId, volume: name, included: kept },
+        hint: kept.length > 0 ? `It kept copies of: ${kept.join(', ')}.` : 'Take the snapshot with "includeVolumes": true (CLI --include-volumes) to keep copies of the volumes the sandbox mounts.',
+      });
+    }
+    return { dir: this.disks.snapshotVolume(snapshot.snapshotId, volume.volumeId), volume: { ...volume, usedBytes: volume.usedBytes } };
   }
 
   /** What a sandbox made from this full snapshot resumes from. */

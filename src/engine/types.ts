@@ -1,6 +1,6 @@
 import type { Duplex, Readable } from 'node:stream';
 import type { NetworkPolicyInput, OperatorMaxima, SandboxSpecInput } from '../sandbox-spec/index.js';
-import type { CapacityInfo, ExecResult, FileEntry, ForkResult, ProcessInfo, SandboxInfo, SandboxState, SnapshotInfo, UsageSample, VolumeInfo, Warning, WatchEvent, ApplyResult, Changes } from '../wire/index.js';
+import type { CapacityInfo, ExecResult, FileEntry, ForkResult, ProcessInfo, SandboxInfo, SandboxState, SnapshotInfo, UsageSample, VolumeInfo, Warning, WatchEvent, ApplyResult, Changes, CreateVolumeInput } from '../wire/index.js';
 import type { Collection, CollectOptions } from './artifacts.js';
 import type { InterpreterService } from './interpreter/index.js';
 
@@ -155,7 +155,7 @@ export interface SandboxEngine {
   /** Copies a directory of a running sandbox into the artifact store (the sandbox frozen meanwhile). */
   collectArtifacts(tenantId: string, sandboxId: string, options: EngineCollectOptions): Promise<Collection>;
   /** A snapshot of a running or paused sandbox: root and workspace at one instant (frozen for it). */
-  snapshot(tenantId: string, sandboxId: string, options?: { name?: string; mode?: 'filesystem' | 'full' }): Promise<SnapshotInfo>;
+  snapshot(tenantId: string, sandboxId: string, options?: { name?: string; mode?: 'filesystem' | 'full'; includeVolumes?: boolean }): Promise<SnapshotInfo>;
   getSnapshot(tenantId: string, snapshotId: string): SnapshotInfo;
   listSnapshots(tenantId: string): SnapshotInfo[];
   /** Deletes a snapshot and its data; CONFLICT while a live sandbox was made from it. */
@@ -169,10 +169,11 @@ export interface SandboxEngine {
   /** Applies the changes of `from`, a fork of this sandbox; CONFLICT with the paths both changed. */
   applyChanges(tenantId: string, sandboxId: string, options: { from: string }): Promise<ApplyResult>;
   /**
-   * A named volume of the tenant (ALREADY_EXISTS for a name it has); its size is charged to the
-   * tenant's disk quota under `owner.quotaBytes` (the creating key's).
+   * A named volume of the tenant (ALREADY_EXISTS for a name it has), empty or (`from`) a copy of
+   * one a snapshot kept; its size is charged to the tenant's disk quota under `owner.quotaBytes`
+   * (the creating key's).
    */
-  createVolume(tenantId: string, input: { name: string; sizeBytes: number; shared?: boolean }, owner?: { quotaBytes?: number }): Promise<VolumeInfo>;
+  createVolume(tenantId: string, input: CreateVolumeInput, owner?: { quotaBytes?: number }): Promise<VolumeInfo>;
   /** The tenant's volume with its usage, by name or (`by: 'id'`) by volume id; VOLUME_NOT_FOUND otherwise. */
   getVolume(tenantId: string, key: string, by?: 'name' | 'id'): Promise<VolumeInfo>;
   listVolumes(tenantId: string): Promise<VolumeInfo[]>;

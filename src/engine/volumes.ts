@@ -2,7 +2,7 @@ import { SandboxError } from '../errors/index.js';
 import type { SandboxSpec } from '../sandbox-spec/index.js';
 import type { StoredDisks } from '../host/stored-disks.host.js';
 import type { VolumeRecordStore } from '../store/volume-records.js';
-import type { SandboxInfo, VolumeInfo } from '../wire/index.js';
+import type { CreateVolumeInput, SandboxInfo, SnapshotVolume, VolumeInfo } from '../wire/index.js';
 import type { DiskBudget } from './disk-budget.js';
 import { InFlight } from './in-flight.js';
 import { newSandboxId } from './ids.js';
@@ -25,17 +25,37 @@ export class Volumes {
   ) {}
 
   /**
-   * A new volume; its size limit is charged to the tenant's disk quota (QUOTA_EXCEEDED, before
-   * anything is made) under `owner.quotaBytes`, the creating key's quota.
+   * A new volume, empty or (`copy`) a writable copy of one a snapshot kept; its size limit is
+   * charged to the tenant's disk quota (QUOTA_EXCEEDED, before anything is made) under
+   * `owner.quotaBytes`, the creating key's quota. A copy's size defaults to its volume's then
+   * and holds what the copy held: under simple quotas the copy's bytes stay charged to the
+   * volume that wrote them, so its own quota limit is the size less those bytes, and it never
+   * holds more than its size in either mode (decision 022).
    */
-  async create(tenantId: string, input: { name: string; sizeBytes: number; shared?: boolean }, owner: { quotaBytes?: number } = {}): Promise<VolumeInfo> {
+  async create(
+    tenantId: string,
+    input: Omit<CreateVolumeInput, 'from'>,
+    owner: { quotaBytes?: number } = {},
+    copy?: { snapshotId: string; dir: string; volume: SnapshotVolume & { usedBytes: number } },
+  ): Promise<VolumeInfo> {
+    const sizeBytes = input.sizeBytes ?? copy?.volume.sizeBytes;
+    if (sizeBytes === undefined) throw new SandboxError('INVALID_ARGUMENT', 'a volume needs sizeBytes', { details: { field: 'sizeBytes' }, hint: 'Give "sizeBytes" (at least 1 MiB).' });
+    const simple = copy !== undefined && (await this.disks.accounting()) === 'simple';
+    const limitBytes = copy && simple ? sizeBytes - copy.volume.usedBytes : sizeBytes;
+    if (copy && limitBytes < 1024 * 1024) {
+      throw new SandboxError('INVALID_ARGUMENT', `volume ${input.name} of ${sizeBytes} bytes cannot hold the ${copy.volume.usedBytes} bytes of the copy with room to write`, {
+        details: { field: 'sizeBytes', sizeBytes, copyBytes: copy.volume.usedBytes },
+        hint: `Give "sizeBytes" of at least ${copy.volume.usedBytes + 1024 * 1024} (the copy's bytes and 1 MiB), or leave it out for the copied volume's size.`,
+      });
+    }
     const info: VolumeInfo = {
       volumeId: `vol_${newSandboxId()}`,
       tenantId,
       name: input.name,
-      sizeBytes: input.sizeBytes,
+      sizeBytes,
       shared: input.shared === true,
       createdAt: new Date(this.now()).toISOString(),
+      ...(copy ? { origin: { snapshotId: copy.snapshotId, volume: copy.volume.name, bytes: copy.volume.usedBytes } } : {}),
     };
     const charged = { tenantId, ...(owner.quotaBytes !== undefined ? { quotaBytes: owner.quotaBytes } : {}) };
     this.budget?.reserveStored(charged, 'volumes', info.sizeBytes);
@@ -47,7 +67,8 @@ export class Volumes {
       });
     }
     try {
-      await this.disks.createVolume(info.volumeId, info.sizeBytes);
+      if (copy) await this.disks.createVolumeFrom(info.volumeId, copy.dir, limitBytes);
+      else await this.disks.createVolume(info.volumeId, info.sizeBytes);
     } catch (error) {
       this.store.delete(tenantId, info.name);
       this.budget?.releaseStored(charged, 'volumes', info.sizeBytes);
@@ -171,8 +192,11 @@ export class Volumes {
     }
   }
 
+  /** With what it holds: its quota group's count, plus under simple quotas the bytes it was copied with (at most). */
   private async withUsage(info: VolumeInfo): Promise<VolumeInfo> {
     const used = await this.disks.volumeUsedBytes(info.volumeId).catch(() => undefined);
-    return used === undefined ? info : { ...info, usedBytes: used };
+    if (used === undefined) return info;
+    const inherited = info.origin && (await this.disks.accounting()) === 'simple' ? info.origin.bytes : 0;
+    return { ...info, usedBytes: used + inherited };
   }
 }

@@ -3,7 +3,7 @@ import { join } from 'node:path';
 import { randomBytes } from 'node:crypto';
 import { runCommand } from './run-command.host.js';
 import { pathExists } from './fs-util.js';
-import { subvolumeId, type WorkspaceVolume } from './volume.host.js';
+import { subvolumeId, type QuotaAccounting, type WorkspaceVolume } from './volume.host.js';
 
 /** The user every template and volume stores its files as (raw ids, seen through idmapped mounts). */
 export const STORED_USER_ID = 1000;
@@ -18,9 +18,8 @@ const LENT_UID_LAST = 4_999_999;
  *   snapshots/<snapshotId>/disk              read-only: a sandbox's root (or bare workspace)
  *   snapshots/<snapshotId>/checkpoint/       mode full: the backend's image of processes and memory
  *   snapshots/<snapshotId>/contexts.json     mode full: the interpreter contexts in that image
- *   snapshots/<snapshotId>/volumes/<volId>   read-only: volumes the snapshot included
+ *   snapshots/<snapshotId>/volumes/<volId>   read-only: volumes the snapshot included (includeVolumes)
  *   volumes/<volumeId>                       a named volume, bounded by its own quota group
- *   clones/<sandboxId>/<n>                   a sandbox's writable copies of a snapshot's volumes
  *   scratch/<random>                         read-only views of live disks while they are compared
  *
  * Sandbox disks (`ws-<id>`, `sb-<id>`) stay at the top, where WorkspaceVolume keeps them.
@@ -161,6 +160,29 @@ export class StoredDisks {
     return path;
   }
 
+  /**
+   * A new volume that starts as a writable copy of `sourceDir` (a snapshot's copy of a volume),
+   * its quota limit `limitBytes`, given back to the stored user if the copy was lent when taken.
+   */
+  async createVolumeFrom(volumeId: string, sourceDir: string, limitBytes: number): Promise<string> {
+    await mkdir(this.at('volumes'), { recursive: true, mode: 0o700 });
+    const path = this.volumePath(volumeId);
+    await runCommand(['btrfs', 'subvolume', 'snapshot', sourceDir, path]);
+    try {
+      await runCommand(['btrfs', 'qgroup', 'limit', String(limitBytes), path]);
+      await this.returnIfLent(volumeId);
+    } catch (error) {
+      await deleteSubvolume(path).catch(() => undefined);
+      throw error;
+    }
+    return path;
+  }
+
+  /** How the volume's quotas count (decision 022). */
+  accounting(): Promise<QuotaAccounting> {
+    return this.volume.accounting();
+  }
+
   async deleteVolume(volumeId: string): Promise<void> {
     await deleteSubvolume(this.volumePath(volumeId));
   }
@@ -178,28 +200,6 @@ export class StoredDisks {
     return Number((await readFile(join(qgroup, 'referenced'), 'utf8')).trim());
   }
 
-  // ---- clones of a snapshot's volumes, private to one sandbox
-
-  clonePath(sandboxId: string, index: number): string {
-    return this.at('clones', sandboxId, String(index));
-  }
-
-  async cloneInto(sourceDir: string, sandboxId: string, index: number): Promise<string> {
-    await mkdir(this.at('clones', sandboxId), { recursive: true, mode: 0o700 });
-    const target = this.clonePath(sandboxId, index);
-    await runCommand(['btrfs', 'subvolume', 'snapshot', sourceDir, target]);
-    return target;
-  }
-
-  async deleteClones(sandboxId: string): Promise<void> {
-    const dir = this.at('clones', sandboxId);
-    for (const entry of await readdir(dir).catch(() => [] as string[])) await deleteSubvolume(join(dir, entry));
-    await rm(dir, { recursive: true, force: true });
-  }
-
-  listClones(): Promise<string[]> {
-    return readdir(this.at('clones')).catch(() => [] as string[]);
-  }
 
   // ---- read-only views of live disks
 

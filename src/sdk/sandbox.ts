@@ -188,9 +188,15 @@ export class Sandbox {
    * A snapshot of this sandbox: root and workspace at one instant (it is frozen for it, its
    * processes go on). `Sandbox.create({ snapshot: info.snapshotId })` makes a sandbox from it.
    * `mode: 'full'` (gVisor) keeps its processes and memory too: a sandbox made from it resumes them.
+   * `includeVolumes` keeps a copy of each mounted volume as well (`info.volumes` says which);
+   * `Volumes.createFrom` makes a volume of a copy.
    */
-  async snapshot(options: CallOptions & { name?: string; mode?: 'filesystem' | 'full' } = {}): Promise<SnapshotInfo> {
-    const json = { ...(options.name !== undefined ? { name: options.name } : {}), ...(options.mode ? { mode: options.mode } : {}) };
+  async snapshot(options: CallOptions & { name?: string; mode?: 'filesystem' | 'full'; includeVolumes?: boolean } = {}): Promise<SnapshotInfo> {
+    const json = {
+      ...(options.name !== undefined ? { name: options.name } : {}),
+      ...(options.mode ? { mode: options.mode } : {}),
+      ...(options.includeVolumes !== undefined ? { includeVolumes: options.includeVolumes } : {}),
+    };
     return this.http.json<SnapshotInfo>({ method: 'POST', path: `${this.path}/snapshots`, json, ...callOptions(options) });
   }
 

@@ -13,6 +13,17 @@ export class Volumes {
     return http.json<VolumeInfo>({ method: 'POST', path: '/v1/volumes', json, ...callOptions(options) });
   }
 
+  /**
+   * A new volume that starts as the copy of volume `from.volume` that snapshot `from.snapshotId`
+   * kept (`sandbox.snapshot({ includeVolumes: true })`), of the copied volume's size unless
+   * `sizeBytes` says otherwise. It is a volume of its own: the snapshot may go, it stays.
+   */
+  static async createFrom(name: string, from: { snapshotId: string; volume: string }, options: ConnectionOptions & { sizeBytes?: number; shared?: boolean } = {}): Promise<VolumeInfo> {
+    const http = new HttpClient(resolveConfig(options));
+    const json = { name, from, ...(options.sizeBytes !== undefined ? { sizeBytes: options.sizeBytes } : {}), ...(options.shared !== undefined ? { shared: options.shared } : {}) };
+    return http.json<VolumeInfo>({ method: 'POST', path: '/v1/volumes', json, ...callOptions(options) });
+  }
+
   static async list(options: ConnectionOptions = {}): Promise<VolumeInfo[]> {
     const http = new HttpClient(resolveConfig(options));
     return (await http.json<{ volumes: VolumeInfo[] }>({ method: 'GET', path: '/v1/volumes', ...callOptions(options) })).volumes;

@@ -9,6 +9,21 @@ export const SNAPSHOT_ID_PATTERN = /^snap_[a-z2-7]{20}$/;
 
 export const SNAPSHOT_MODES = ['filesystem', 'full'] as const;
 
+/** One of a sandbox's volume mounts as its snapshot records it, and whether a copy was kept. */
+export const SnapshotVolumeSchema = z.object({
+  name: z.string(),
+  volumeId: z.string(),
+  path: z.string(),
+  readOnly: z.boolean(),
+  /** Whether the snapshot keeps a copy of the volume, taken at the instant of its disk (`includeVolumes`). */
+  included: z.boolean(),
+  /** The volume's size limit then: a volume made from the copy gets it unless told otherwise. */
+  sizeBytes: z.number().int().positive(),
+  /** Included: the bytes the copy holds, charged to the tenant with the snapshot. */
+  usedBytes: z.number().int().nonnegative().optional(),
+});
+export type SnapshotVolume = z.infer<typeof SnapshotVolumeSchema>;
+
 /** A read-only copy of a sandbox's root and workspace, owned by one tenant. */
 export const SnapshotInfoSchema = z.object({
   snapshotId: z.string(),
@@ -39,6 +54,12 @@ export const SnapshotInfoSchema = z.object({
   /** The source sandbox's spec: a sandbox made from the snapshot starts with it unless told otherwise. */
   spec: SandboxSpecSchema,
   /**
+   * The source's volume mounts, each with whether the snapshot kept a copy (`includeVolumes`). A
+   * sandbox made from the snapshot mounts the live volumes its spec names; a copy becomes a volume
+   * of its own with `POST /v1/volumes {from}`. Absent on snapshots taken before volumes were recorded.
+   */
+  volumes: z.array(SnapshotVolumeSchema).optional(),
+  /**
    * Mode `full`: what its checkpoint keeps besides the disk: the processes that resume in every
    * sandbox made from it, among them the drivers of these interpreter contexts (same ids there).
    */
@@ -58,6 +79,9 @@ export const SnapshotName = z.string().min(1).max(128).regex(/^[^\0/]+$/, 'must 
 export const CreateSnapshotBody = z.strictObject({
   name: SnapshotName.optional(),
   mode: z.enum(SNAPSHOT_MODES).optional().meta({ description: '`filesystem` (default): root and workspace, the sandbox frozen for the instant. `full`: processes and memory too, where the backend can.' }),
+  includeVolumes: z.boolean().optional().meta({
+    description: 'Also keep a copy of each volume the sandbox mounts, taken at the same instant and charged with the snapshot (default false: volumes are not part of a snapshot). The answer\'s `volumes` says which were included; `POST /v1/volumes {from}` makes a volume of a copy.',
+  }),
 });
 
 export const SnapshotListSchema = z.object({ snapshots: z.array(SnapshotInfoSchema) });
@@ -97,16 +121,28 @@ export const VolumeInfoSchema = z.object({
   /** Bytes it holds now, when the kernel said. */
   usedBytes: z.number().int().nonnegative().optional(),
   createdAt: z.string(),
+  /** Made from a snapshot's copy of a volume: which, and the bytes the copy held. */
+  origin: z.object({ snapshotId: z.string(), volume: z.string(), bytes: z.number().int().nonnegative() }).optional(),
 });
 export type VolumeInfo = z.infer<typeof VolumeInfoSchema>;
 
 export const VolumeNameParams = z.strictObject({ name: z.string().regex(VOLUME_NAME, 'must be a volume name') });
 
-export const CreateVolumeBody = z.strictObject({
-  name: z.string().regex(VOLUME_NAME, 'must be a volume name (lowercase letters, digits, "._-", at most 63)'),
-  sizeBytes: z.number().int().min(1024 * 1024).max(2 ** 50),
-  shared: z.boolean().optional().meta({ description: 'Let several sandboxes mount it writable at once (default: one writer at a time).' }),
-});
+export const CreateVolumeBody = z
+  .strictObject({
+    name: z.string().regex(VOLUME_NAME, 'must be a volume name (lowercase letters, digits, "._-", at most 63)'),
+    sizeBytes: z.number().int().min(1024 * 1024).max(2 ** 50).optional().meta({ description: 'Its size limit. Required, unless `from` is given: then the copied volume\'s size.' }),
+    shared: z.boolean().optional().meta({ description: 'Let several sandboxes mount it writable at once (default: one writer at a time).' }),
+    from: z
+      .strictObject({
+        snapshotId: z.string().regex(SNAPSHOT_ID_PATTERN, 'must be a snapshot id (snap_...)'),
+        volume: z.string().regex(VOLUME_NAME, 'must be a volume name'),
+      })
+      .optional()
+      .meta({ description: 'Start as a copy of the volume named `volume` that snapshot `snapshotId` kept (taken with `includeVolumes`).' }),
+  })
+  .refine((body) => body.sizeBytes !== undefined || body.from !== undefined, { message: 'sizeBytes is required unless the volume is made from a snapshot\'s copy (from)', path: ['sizeBytes'] });
+export type CreateVolumeInput = z.infer<typeof CreateVolumeBody>;
 
 export const VolumeListSchema = z.object({ volumes: z.array(VolumeInfoSchema) });
 

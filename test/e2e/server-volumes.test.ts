@@ -2,7 +2,7 @@ import { chownSync, existsSync, mkdtempSync, statSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { HostEnvironment } from '../../src/host/host-env.host.js';
-import { AlreadyExistsError, ConflictError, NotFoundError, Sandbox, Volumes, type ConnectionOptions } from '../../src/sdk/index.js';
+import { AlreadyExistsError, ConflictError, NotFoundError, Sandbox, Snapshots, Volumes, type ConnectionOptions } from '../../src/sdk/index.js';
 import { expectNoLeaks, testDataDir } from '../helpers/sandbox.js';
 import { startTestServer, type TestServer } from './server-helpers.js';
 
@@ -135,6 +135,61 @@ describe('volumes', () => {
       await t.server.close();
     }
   }, 120_000);
+
+  it('a snapshot keeps a copy of its volumes only when asked; a volume made from the copy has the files of that instant, outlives the snapshot, and holds at most its size', async () => {
+    const t = await startTestServer();
+    const alice = await mintTenant(t, 'vol-copy-alice');
+    const bob = await mintTenant(t, 'vol-copy-bob');
+    const snapshots: string[] = [];
+    try {
+      await Volumes.create('data', 32 * MiB, alice);
+      const source = await Sandbox.create({ ttlMs: 60_000, volumes: [{ name: 'data', path: '/data' }] }, alice);
+      expect((await sh(source, 'echo then > /data/a && head -c 8M /dev/urandom > /data/big && sync')).exitCode).toBe(0);
+      const plain = await source.snapshot();
+      snapshots.push(plain.snapshotId);
+      expect(plain.volumes).toEqual([expect.objectContaining({ name: 'data', path: '/data', readOnly: false, included: false, sizeBytes: 32 * MiB })]);
+      const kept = await source.snapshot({ includeVolumes: true });
+      snapshots.push(kept.snapshotId);
+      expect(kept.volumes).toEqual([expect.objectContaining({ name: 'data', included: true, sizeBytes: 32 * MiB })]);
+      const copyBytes = kept.volumes![0]!.usedBytes!;
+      expect(copyBytes).toBeGreaterThanOrEqual(8 * MiB);
+      // The copy is charged with the snapshot.
+      expect(kept.chargedBytes! - plain.chargedBytes!).toBeGreaterThanOrEqual(8 * MiB);
+      // Written after the snapshot: not in the copy.
+      expect((await sh(source, 'echo now > /data/a')).exitCode).toBe(0);
+
+      const none = await Volumes.createFrom('data-then', { snapshotId: plain.snapshotId, volume: 'data' }, alice).catch((error: unknown) => error);
+      expect(none).toBeInstanceOf(NotFoundError);
+      expect(none).toMatchObject({ code: 'VOLUME_NOT_FOUND' });
+      expect((none as Error & { hint?: string }).hint).toMatch(/includeVolumes/);
+      const small = await Volumes.createFrom('data-then', { snapshotId: kept.snapshotId, volume: 'data' }, { ...alice, sizeBytes: 4 * MiB }).catch((error: unknown) => error);
+      expect(small).toMatchObject({ code: 'INVALID_ARGUMENT' });
+      // Another tenant cannot copy from it: the snapshot is not there for it.
+      expect(await Volumes.createFrom('stolen', { snapshotId: kept.snapshotId, volume: 'data' }, bob).catch((error: unknown) => error)).toMatchObject({ code: 'SNAPSHOT_NOT_FOUND' });
+      expect(await Volumes.list(bob)).toEqual([]);
+
+      const copy = await Volumes.createFrom('data-then', { snapshotId: kept.snapshotId, volume: 'data' }, alice);
+      expect(copy).toMatchObject({ name: 'data-then', sizeBytes: 32 * MiB, origin: { snapshotId: kept.snapshotId, volume: 'data', bytes: copyBytes } });
+      await source.kill();
+      // The volume is its own: the snapshots go, its files stay.
+      for (const id of snapshots.splice(0)) await Snapshots.delete(id, alice);
+      const reader = await Sandbox.create({ ttlMs: 60_000, volumes: [{ name: 'data-then', path: '/v' }] }, alice);
+      expect(await sh(reader, 'cat /v/a && wc -c < /v/big')).toMatchObject({ exitCode: 0, stdout: `then\n${8 * MiB}\n` });
+      // It holds at most its size: the 8 MiB it came with and 24 more at most.
+      const filled = await sh(reader, 'head -c 40M /dev/zero > /v/fill; echo exit=$?; sync');
+      expect(filled.stdout).toMatch(/exit=[1-9]/);
+      expect(filled.stderr).toMatch(/Disk quota exceeded|No space left/);
+      expect((await Volumes.get('data-then', alice)).usedBytes).toBeLessThanOrEqual(32 * MiB);
+      // And the original went on with its own files.
+      const original = await Sandbox.create({ ttlMs: 60_000, volumes: [{ name: 'data', path: '/data', readOnly: true }] }, alice);
+      expect(await sh(original, 'cat /data/a')).toMatchObject({ exitCode: 0, stdout: 'now\n' });
+    } finally {
+      await cleanUp(alice);
+      for (const id of snapshots) await Snapshots.delete(id, alice).catch(() => undefined);
+      await cleanUp(bob);
+      await t.server.close();
+    }
+  }, 180_000);
 
   it.skipIf(!gvisorReady)('gVisor mounts volumes read-write and read-only, with the size limit, and both backends share one', async () => {
     const t = await startTestServer();

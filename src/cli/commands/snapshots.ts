@@ -1,5 +1,6 @@
 import { Command, Option } from 'commander';
 import { Sandbox, Snapshots, Volumes, type SnapshotInfo, type VolumeInfo } from '../../sdk/index.js';
+import { SandboxError } from '../../errors/index.js';
 import type { CliContext } from '../context.js';
 import { bytesOption, numberOption } from '../options.js';
 import { clientCommand, connection, inheritOutput, printJson, type ClientFlags } from './sandbox.js';
@@ -24,8 +25,10 @@ export function sandboxSnapshotCommands(context: CliContext): Command[] {
       .argument('<id>', 'sandbox id')
       .option('--name <name>', 'a label for the snapshot')
       .option('--mode <mode>', 'filesystem (default) or full (processes and memory, where the backend can)')
-      .action(async (id: string, flags: SnapshotFlags) => {
-        const snapshot = await (await Sandbox.connect(id, connection(flags, context))).snapshot({ name: flags.name, mode: flags.mode });
+      .option('--include-volumes', 'also keep a copy of each volume the sandbox mounts (volume create --from SNAPSHOT:VOLUME makes a volume of one)')
+      .action(async (id: string, flags: SnapshotFlags & { includeVolumes?: boolean }) => {
+        const sandbox = await Sandbox.connect(id, connection(flags, context));
+        const snapshot = await sandbox.snapshot({ name: flags.name, mode: flags.mode, ...(flags.includeVolumes ? { includeVolumes: true } : {}) });
         if (flags.json) printJson(context, snapshot);
         else context.stdout.write(`${snapshot.snapshotId}\n`);
       }),
@@ -73,16 +76,34 @@ export function snapshotCommand(context: CliContext): Command {
   return inheritOutput(group, context);
 }
 
+/** `--from SNAPSHOT:VOLUME`. */
+function copyRef(text: string): { snapshotId: string; volume: string } {
+  const at = text.indexOf(':');
+  if (at <= 0 || at === text.length - 1) {
+    throw new SandboxError('INVALID_ARGUMENT', `--from wants SNAPSHOT:VOLUME, not "${text}"`, { hint: 'For example --from snap_abc...:data (see capsule snapshot ls --json for the volumes a snapshot kept).' });
+  }
+  return { snapshotId: text.slice(0, at), volume: text.slice(at + 1) };
+}
+
+function requiredSize(size: number | undefined): number {
+  if (size === undefined) throw new SandboxError('INVALID_ARGUMENT', 'volume create needs --size', { hint: 'Give --size (e.g. 1GiB), or --from SNAPSHOT:VOLUME to copy a volume a snapshot kept.' });
+  return size;
+}
+
 /** `capsule volume create|ls|rm`. */
 export function volumeCommand(context: CliContext): Command {
   const group = new Command('volume').description('Named volumes that outlive sandboxes (mount with sandbox create --volume NAME:/path[:ro])');
   group.addCommand(
-    clientCommand('create', 'Create a named volume with a size limit')
+    clientCommand('create', 'Create a named volume with a size limit, empty or a copy a snapshot kept')
       .argument('<name>', 'volume name (lowercase letters, digits, "._-")')
-      .requiredOption('--size <size>', 'size limit, e.g. 1GiB', bytesOption('--size'))
+      .option('--size <size>', 'size limit, e.g. 1GiB (required unless --from: then the copied volume\'s)', bytesOption('--size'))
       .option('--shared', 'let several sandboxes mount it writable at once')
-      .action(async (name: string, flags: ClientFlags & { size: number; shared?: boolean }) => {
-        const volume = await Volumes.create(name, flags.size, { ...connection(flags, context), shared: flags.shared === true });
+      .option('--from <snapshot:volume>', 'start as the copy of VOLUME that SNAPSHOT kept (sandbox snapshot --include-volumes)')
+      .action(async (name: string, flags: ClientFlags & { size?: number; shared?: boolean; from?: string }) => {
+        const options = { ...connection(flags, context), shared: flags.shared === true };
+        const volume = flags.from !== undefined
+          ? await Volumes.createFrom(name, copyRef(flags.from), { ...options, ...(flags.size !== undefined ? { sizeBytes: flags.size } : {}) })
+          : await Volumes.create(name, requiredSize(flags.size), options);
         if (flags.json) printJson(context, volume);
         else context.stdout.write(`${volume.name}\n`);
       }),

@@ -27,7 +27,11 @@ export function snapshotRoutes(services: ServerServices): AnyRoute[] {
       audit: ({ params }) => ({ sandboxId: params.sandboxId }),
       async handler({ params, body, principal }) {
         requireSandbox(services, principal.tenantId, params.sandboxId);
-        const info = await engine.snapshot(principal.tenantId, params.sandboxId, { ...(body?.name !== undefined ? { name: body.name } : {}), ...(body?.mode ? { mode: body.mode } : {}) });
+        const info = await engine.snapshot(principal.tenantId, params.sandboxId, {
+          ...(body?.name !== undefined ? { name: body.name } : {}),
+          ...(body?.mode ? { mode: body.mode } : {}),
+          ...(body?.includeVolumes !== undefined ? { includeVolumes: body.includeVolumes } : {}),
+        });
         return { kind: 'json', status: 201, body: info };
       },
     }),

@@ -17,12 +17,13 @@ export function volumeRoutes(services: ServerServices): AnyRoute[] {
       body: CreateVolumeBody,
       responses: {
         201: { description: 'The volume', schema: VolumeInfoSchema },
-        409: error('The tenant has a volume of this name (ALREADY_EXISTS)'),
+        400: error('A bad body, or (from) a size below what the copy holds (INVALID_ARGUMENT)'),
+        404: error('No such snapshot, or it kept no copy of that volume (SNAPSHOT_NOT_FOUND, VOLUME_NOT_FOUND)'),
+        409: error('The tenant has a volume of this name (ALREADY_EXISTS), or the snapshot is being deleted (CONFLICT)'),
         429: error("Its size does not fit the tenant's disk quota (QUOTA_EXCEEDED)"),
       },
       async handler({ body, principal }) {
-        const input = { name: body.name, sizeBytes: body.sizeBytes, ...(body.shared !== undefined ? { shared: body.shared } : {}) };
-        const info = await engine.createVolume(principal.tenantId, input, { quotaBytes: principal.grants.diskQuotaBytes });
+        const info = await engine.createVolume(principal.tenantId, body, { quotaBytes: principal.grants.diskQuotaBytes });
         return { kind: 'json', status: 201, body: info };
       },
     }),
