@@ -271,7 +271,7 @@ export class SandboxManager implements SandboxEngine {
     try {
       const template = image.layerDir !== undefined ? { layerDir: image.layerDir } : undefined;
       // A template's next sandbox finds its root ready (a snapshot's is kept when it is taken).
-      if (template && !from) this.host?.volume.spares.keep(template.layerDir);
+      if (template && !from) this.host?.volume.keepLayerSpare(template.layerDir);
       const workspaceFrom = from?.disk === 'workspace' ? { workspaceFrom: this.snapshots.diskOf(from) } : {};
       const restoreFrom = full ? { restoreFrom: full.checkpointDir } : {};
       const create = { id: entry.info.sandboxId, signal: command.signal, mounts, volumes, tenantId: command.tenantId, ...(template ? { template } : {}), ...workspaceFrom, ...restoreFrom };
@@ -654,7 +654,7 @@ export class SandboxManager implements SandboxEngine {
       const image = await this.templates.resolve('default', ref);
       const spec = parseSpec(withTemplate({}, image), this.maxima);
       const template = image.layerDir !== undefined ? { template: { layerDir: image.layerDir } } : {};
-      if (image.layerDir !== undefined) this.host?.volume.spares.keep(image.layerDir);
+      if (image.layerDir !== undefined) this.host?.volume.keepLayerSpare(image.layerDir);
       this.pools.set(image.ref, new WarmPool({ backend: namespace, spec, size, ...template }));
     }
   }

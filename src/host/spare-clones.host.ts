@@ -4,6 +4,9 @@ import { join, relative } from 'node:path';
 import { pathExists } from './fs-util.js';
 import { runCommand } from './run-command.host.js';
 
+/** Readies a new spare (a writable subvolume) before it is offered. */
+export type Prepare = (dir: string) => Promise<void>;
+
 /** Sources with a spare at once, server-wide (each spare is a subvolume of a few KiB, uncharged). */
 export const DEFAULT_MAX_SPARES = 64;
 
@@ -29,8 +32,8 @@ export const DEFAULT_MAX_SPARES = 64;
  */
 export class SpareClones {
   private readonly dir: string;
-  /** Sources someone asked to `keep` (until discarded). */
-  private readonly wanted = new Set<string>();
+  /** Sources someone asked to `keep` (until discarded), with what readies each spare before it is offered. */
+  private readonly wanted = new Map<string, Prepare | undefined>();
   /** The kept sources that have a spare, least recently used first; at most `maxSpares`. */
   private readonly kept = new Set<string>();
   private readonly making = new Map<string, Promise<void>>();
@@ -70,9 +73,13 @@ export class SpareClones {
     this.replenish(source);
   }
 
-  /** From now on a spare of `source` is kept ready: one is made now (in the background) unless one is. */
-  keep(source: string): void {
-    this.wanted.add(source);
+  /**
+   * From now on a spare of `source` is kept ready: one is made now (in the background) unless one
+   * is. `prepare` does to each new spare, before a create may take it, what every create from it
+   * would otherwise do first (a template root's /workspace), off the create's path.
+   */
+  keep(source: string, prepare?: Prepare): void {
+    this.wanted.set(source, prepare);
     this.replenish(source);
   }
 
@@ -145,6 +152,7 @@ export class SpareClones {
     const partial = `${spare}.${randomBytes(4).toString('hex')}.making`;
     await runCommand(['btrfs', 'subvolume', 'snapshot', source, partial]);
     try {
+      await this.wanted.get(source)?.(partial);
       await rename(partial, spare);
     } catch (error) {
       await this.deleteSubvolumes([partial]);

@@ -240,19 +240,22 @@ export class WorkspaceVolume {
   async createRoot(id: string, layerDir: string): Promise<{ root: string; workspace: string }> {
     const root = this.rootPath(id);
     await this.spares.clone(layerDir, root);
-    const workspace = join(root, 'workspace');
     try {
-      await chmod(root, 0o755);
-      // A snapshot of a sandbox has its /workspace already, with the owner the sandbox gave it.
-      if (!(await pathExists(workspace))) {
-        await mkdir(workspace, { recursive: true, mode: 0o755 });
-        await chown(workspace, TEMPLATE_USER_ID, TEMPLATE_USER_ID);
-      }
+      await readyRoot(root);
     } catch (error) {
       await this.delete(id).catch(() => undefined);
       throw error;
     }
-    return { root, workspace };
+    return { root, workspace: join(root, 'workspace') };
+  }
+
+  /**
+   * Keeps a ready clone of a template layer for the sandboxes made from it, its root readied as
+   * createRoot would (mode, /workspace): a create that takes it writes no metadata of its own
+   * first, which on this volume waits for a commit under way (the next spare's, another's delete).
+   */
+  keepLayerSpare(layerDir: string): void {
+    this.spares.keep(layerDir, readyRoot);
   }
 
   /** Whether the sandbox's disk is a root from a template (else a bare workspace). */
@@ -495,6 +498,20 @@ export class WorkspaceVolume {
     const match = /uuid: ([0-9a-f-]+)/.exec(stdout);
     if (!match?.[1]) throw new SandboxError('HOST_NOT_READY', `cannot read the btrfs uuid of ${this.mountPoint}`);
     this.fsid = match[1];
+  }
+}
+
+/**
+ * A sandbox root as it starts: mode 0755 and a /workspace of the template user's. A snapshot of a
+ * sandbox has its /workspace already, with the owner the sandbox gave it; a spare readied before
+ * (keepLayerSpare) has both, and then nothing is written.
+ */
+async function readyRoot(root: string): Promise<void> {
+  const workspace = join(root, 'workspace');
+  if (((await stat(root)).mode & 0o7777) !== 0o755) await chmod(root, 0o755);
+  if (!(await pathExists(workspace))) {
+    await mkdir(workspace, { recursive: true, mode: 0o755 });
+    await chown(workspace, TEMPLATE_USER_ID, TEMPLATE_USER_ID);
   }
 }
 

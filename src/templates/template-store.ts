@@ -83,18 +83,23 @@ export class TemplateStore {
 
   async find(tenant: string, ref: string): Promise<TemplateRecord | undefined> {
     const owners = tenant === PUBLIC_OWNER ? [PUBLIC_OWNER] : [checkOwner(tenant), PUBLIC_OWNER];
-    for (const owner of owners) {
-      if (isTemplateId(ref)) {
+    if (isTemplateId(ref)) {
+      for (const owner of owners) {
         const record = await this.get(owner, ref);
         if (record) return record;
-        continue;
       }
-      const { name, tag } = parseTemplateRef(ref);
-      const index = await readJson<NameIndex>(jsonPath(join(this.ownerDir(owner), 'names'), name));
+      return undefined;
+    }
+    // On every create from a template: both owners' name indexes are read at once (the tenant's
+    // own still wins), and the index found gives the tags (get would read it again).
+    const { name, tag } = parseTemplateRef(ref);
+    const indexes = await Promise.all(owners.map((owner) => readJson<NameIndex>(jsonPath(join(this.ownerDir(owner), 'names'), name))));
+    for (const [i, owner] of owners.entries()) {
+      const index = indexes[i];
       const id = index?.tags[tag];
-      if (id === undefined) continue;
-      const record = await this.get(owner, id);
-      if (record) return record;
+      if (index === undefined || id === undefined || !isTemplateId(id)) continue;
+      const stored = await readJson<StoredTemplate>(jsonPath(join(this.ownerDir(owner), 'templates'), id));
+      if (stored) return { ...stored, tags: tagsOf(index, id) };
     }
     return undefined;
   }

@@ -59,6 +59,24 @@ describe('SpareClones', () => {
     expect(subvolumeId(spare)).not.toBe(spareId);
   });
 
+  it("a layer's spare is readied as a root before a create takes it: mode 0755 and the template user's /workspace, the source untouched", async () => {
+    const volume = host.volume;
+    await volume.spares.discard(source); // the spare an earlier test left was made unreadied
+    volume.keepLayerSpare(source);
+    await volume.spares.idle();
+    const spare = volume.spares.pathOf(source);
+    // Readied before it is offered: a create writes nothing to it first.
+    expect((await stat(spare)).mode & 0o7777).toBe(0o755);
+    expect(await stat(join(spare, 'workspace'))).toMatchObject({ uid: 1000, gid: 1000 });
+    const { root, workspace } = await volume.createRoot('spared', source);
+    expect(subvolumeId(root)).not.toBe(subvolumeId(source));
+    expect(await stat(workspace)).toMatchObject({ uid: 1000 });
+    expect(await readFile(join(root, 'dir', 'file.txt'), 'utf8')).toBe('kept\n');
+    expect(await pathExists(join(source, 'workspace'))).toBe(false);
+    await volume.spares.discard(source);
+    await volume.delete('spared');
+  });
+
   it('capsule-launch takes the spare when there is one and snapshots the source when there is none', async () => {
     const spare = host.volume.spares.pathOf(source);
     host.volume.spares.keep(source);
