@@ -56,12 +56,17 @@ export const SANDBOX_TOOLS: readonly ToolDefinition[] = [
     name: 'snapshot_sandbox',
     title: 'Snapshot a sandbox',
     description: 'Save the sandbox\'s files at this instant (its processes go on). create_sandbox with snapshot: snapshotId starts a new sandbox from it; sandbox_changes with since: snapshotId lists what changed after it.',
-    inputSchema: { sandboxId, name: z.string().min(1).max(128).optional().describe('A name to find it by') },
+    inputSchema: {
+      sandboxId,
+      name: z.string().min(1).max(128).optional().describe('A name to find it by'),
+      includeVolumes: z.boolean().optional().describe('Also keep a copy of each volume the sandbox mounts (default false: volumes are not part of a snapshot)'),
+    },
     mutates: true,
     async run(args, connection, handles) {
       const sandbox = await handles.get(args.sandboxId, connection);
-      const info = await sandbox.snapshot(typeof args.name === 'string' ? { name: args.name } : {});
-      return { snapshotId: info.snapshotId, ...(info.name !== undefined && { name: info.name }), sandboxId: info.sandboxId, template: info.template, createdAt: info.createdAt };
+      const info = await sandbox.snapshot({ ...(typeof args.name === 'string' && { name: args.name }), ...(args.includeVolumes === true && { includeVolumes: true }) });
+      const volumes = (info.volumes ?? []).map((v) => ({ name: v.name, path: v.path, included: v.included }));
+      return { snapshotId: info.snapshotId, ...(info.name !== undefined && { name: info.name }), sandboxId: info.sandboxId, template: info.template, createdAt: info.createdAt, ...(volumes.length > 0 && { volumes }) };
     },
   },
   {

@@ -121,6 +121,25 @@ describe('MCP over streamable HTTP at /mcp', () => {
     }
   }, 60_000);
 
+  it("snapshot_sandbox keeps the sandbox's volumes only when asked, and says which it kept", async () => {
+    const client = await connect(httpTransport(t.apiKey));
+    expect((await t.json('POST', '/v1/volumes', { body: { name: 'mcp-vol', sizeBytes: 16 * 1024 * 1024 } })).status).toBe(201);
+    const created = await t.json<{ sandboxId: string }>('POST', '/v1/sandboxes', { body: { spec: { volumes: [{ name: 'mcp-vol', path: '/data' }] } } });
+    const { sandboxId } = created.body;
+    const snapshots: string[] = [];
+    try {
+      const plain = await call(client, 'snapshot_sandbox', { sandboxId });
+      const kept = await call(client, 'snapshot_sandbox', { sandboxId, includeVolumes: true });
+      snapshots.push(String(plain.data.snapshotId), String(kept.data.snapshotId));
+      expect(plain.data.volumes).toEqual([{ name: 'mcp-vol', path: '/data', included: false }]);
+      expect(kept.data.volumes).toEqual([{ name: 'mcp-vol', path: '/data', included: true }]);
+    } finally {
+      await call(client, 'kill_sandbox', { sandboxId, confirm: true });
+      for (const id of snapshots) await t.call('DELETE', `/v1/snapshots/${id}`);
+      await t.call('DELETE', '/v1/volumes/mcp-vol');
+    }
+  }, 60_000);
+
   it('answers HTTP as a stateless endpoint: 405 for GET and DELETE, the protocol errors with their status', async () => {
     const accept = { accept: 'application/json, text/event-stream' };
     for (const method of ['GET', 'DELETE']) {
