@@ -71,6 +71,12 @@ int main(void) {
     /* btrfs ioctls (type 0x94): a new subvolume or snapshot would escape the workspace quota. */
     check(seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(ioctl), 1,
                            SCMP_A1(SCMP_CMP_MASKED_EQ, 0xff00UL, 0x9400UL)), "ioctl btrfs");
+    /* On one btrfs filesystem copy_file_range clones extents (a reflink) across subvolumes and
+     * bind mounts. Under simple quotas a clone stays charged to the subvolume that wrote the data,
+     * so a sandbox could fill a volume from its disk (or its disk from a volume) with bytes that
+     * no limit of the target counts (decision 022). ENOSYS: cp, libuv and Python copy by read
+     * and write instead, which the target's quota counts. */
+    check(seccomp_rule_add(ctx, SCMP_ACT_ERRNO(ENOSYS), SCMP_SYS(copy_file_range), 0), "copy_file_range");
     check(seccomp_export_bpf(ctx, STDOUT_FILENO), "export");
     seccomp_release(ctx);
     return 0;
