@@ -107,47 +107,54 @@ export class Snapshots {
     const snapshotId = `snap_${newSandboxId()}`;
     const disk = await this.volume.diskPath(info.sandboxId);
     const simple = (await this.volume.accounting()) === 'simple';
-    // Charged what the sandbox's disk holds beyond its template, as its limit counts it. A root's
-    // own figure is what it wrote (its exclusive bytes; under simple quotas a workspace's too):
-    // charged before anything is made, after a commit so that data not yet committed counts too
-    // (writes in the milliseconds before the freeze do not). Under full quota groups a
-    // host-template workspace's is all it references, which the snapshot's own quota group gives
-    // exactly once the snapshot's commit is done: charged just after it, with no commit of its
-    // own (QUOTA_EXCEEDED then removes the snapshot).
+    // Charged what the sandbox's disk holds beyond its template, as its limit counts it, plus what
+    // it kept of its origin and of the volumes it copied. Under simple quotas all of it is read
+    // after the snapshot: a sandbox's own quota group keeps counting what it wrote for as long as
+    // a snapshot holds it, so the figure can only be above the snapshot's share, and writes up to
+    // the freeze count too. Under full quota groups a root's exclusive bytes are read before (the
+    // snapshot shares them once made: charged before anything is made, after a commit; writes in
+    // the milliseconds before the freeze do not count), a host-template workspace's referenced
+    // bytes off the snapshot's own group once its commit is done. Read after the snapshot, a
+    // charge past the quota (QUOTA_EXCEEDED) removes the snapshot: nothing stays uncharged.
     const owner = { tenantId: info.tenantId, ...(entry.quotaBytes !== undefined ? { quotaBytes: entry.quotaBytes } : {}) };
-    const chargeAfter = disk.kind === 'workspace' && options.mode !== 'full' && !simple;
-    // Included volumes are charged what they hold, measured before (a copy's own quota group
-    // would hold nothing under simple quotas, and a copy is as big as its volume was).
-    const volumes = await this.volumeCopies(mounted, options.includeVolumes === true, simple);
-    const volumeBytes = volumes.reduce((sum, v) => sum + (v.usedBytes ?? 0), 0);
-    let chargedBytes = (chargeAfter ? 0 : ((await this.disks.sandboxDiskBytes(info.sandboxId)) ?? 0) + this.originCharge(info, disk.kind, simple)) + volumeBytes;
+    const diskBefore = !simple && (disk.kind === 'root' || options.mode === 'full');
+    let chargedBytes = diskBefore ? ((await this.disks.sandboxDiskBytes(info.sandboxId)) ?? 0) + this.originCharge(info, disk.kind, simple) : 0;
     this.budget?.reserveStored(owner, 'snapshots', chargedBytes);
-    const copied = volumes.filter((v) => v.included).map((v) => v.volumeId);
     const uncharge = () => this.budget?.releaseStored(owner, 'snapshots', chargedBytes);
+    const charge = (bytes: number) => {
+      this.budget?.reserveStored(owner, 'snapshots', bytes);
+      chargedBytes += bytes;
+    };
+    // A volume mounted at two paths is copied once.
+    const copied = options.includeVolumes === true ? [...new Map(mounted.map((m) => [m.volume.volumeId, m.volume])).values()] : [];
+    const copiedIds = copied.map((v) => v.volumeId);
     let checkpoint: SnapshotInfo['checkpoint'];
-    // Known at once when the charge was read off the snapshot (a workspace's is its size).
     let sizeBytes: number | undefined;
+    let copyBytes = new Map<string, number>();
     try {
-      if (chargeAfter) {
-        await this.takeFilesystem(entry, disk.path, snapshotId, copied);
-        sizeBytes = await this.disks.snapshotSizeBytes(snapshotId);
-        this.budget?.reserveStored(owner, 'snapshots', sizeBytes ?? 0);
-        chargedBytes += sizeBytes ?? 0;
-      } else if (options.mode === 'full') {
-        checkpoint = await this.takeFull(sandbox, disk.path, snapshotId, await contexts(), copied);
-        // The image of its memory and processes is stored too, and counts as its disk does
-        // (QUOTA_EXCEEDED here removes the snapshot: nothing is kept that was not charged).
-        const imageBytes = await this.disks.checkpointBytes(snapshotId);
-        this.budget?.reserveStored(owner, 'snapshots', imageBytes);
-        chargedBytes += imageBytes;
+      if (options.mode === 'full') {
+        checkpoint = await this.takeFull(sandbox, disk.path, snapshotId, await contexts(), copiedIds);
+        // The image of its memory and processes is stored too, and counts as its disk does.
+        charge(await this.disks.checkpointBytes(snapshotId));
       } else {
-        await this.takeFilesystem(entry, disk.path, snapshotId, copied);
+        await this.takeFilesystem(entry, disk.path, snapshotId, copiedIds);
       }
+      if (!diskBefore) {
+        const own = simple ? ((await this.disks.sandboxDiskBytes(info.sandboxId)) ?? 0) : ((await this.disks.snapshotSizeBytes(snapshotId)) ?? 0);
+        if (!simple) sizeBytes = own;
+        charge(own + this.originCharge(info, disk.kind, simple));
+      }
+      copyBytes = await this.copiedBytes(snapshotId, copied, simple);
+      charge([...copyBytes.values()].reduce((sum, n) => sum + n, 0));
     } catch (error) {
       await this.disks.deleteSnapshot(snapshotId).catch(() => undefined);
       uncharge();
       throw error;
     }
+    const volumes: SnapshotVolume[] = mounted.map((m) => {
+      const used = copyBytes.get(m.volume.volumeId);
+      return { name: m.name, volumeId: m.volume.volumeId, path: m.path, readOnly: m.readOnly, included: used !== undefined, sizeBytes: m.volume.sizeBytes, ...(used !== undefined && { usedBytes: used }) };
+    });
     // Under simple quotas the snapshot's own quota group holds nothing (its data stays charged to
     // the subvolumes that wrote it): its size is what it was charged.
     if (simple) sizeBytes = chargedBytes;
@@ -186,33 +193,35 @@ export class Snapshots {
    * What a snapshot of this sandbox keeps that the sandbox's own figure leaves out: the data of
    * the snapshot it was made from, whenever that figure counts only what the sandbox wrote (a
    * root's exclusive bytes; any disk under simple quotas). The origin's whole charge, as it was
-   * recorded (a full origin's memory image too: erring on the side of charging). Without it a
+   * recorded, less the volume copies it kept (a full origin's memory image is in: erring on the side of charging). Without it a
    * chain escaped the quota: sandbox B from snapshot S, B snapshotted as S2, B and then S
    * deleted (S had no live dependent left), and S2 kept S's data charged to nobody. An origin
    * cannot be gone while the sandbox lives (its delete is refused).
    */
   private originCharge(info: SandboxInfo, kind: 'root' | 'workspace', simple: boolean): number {
     if (!info.origin || (kind === 'workspace' && !simple)) return 0;
-    return this.store.get(info.tenantId, info.origin.snapshotId)?.chargedBytes ?? 0;
+    const origin = this.store.get(info.tenantId, info.origin.snapshotId);
+    if (!origin) return 0;
+    // Not the volume copies it kept: a sandbox made from it does not hold them.
+    const copies = new Map((origin.volumes ?? []).filter((v) => v.included).map((v) => [v.volumeId, v.usedBytes ?? 0]));
+    return Math.max(0, (origin.chargedBytes ?? 0) - [...copies.values()].reduce((sum, n) => sum + n, 0));
   }
 
   /**
-   * The snapshot's record of each volume mount; an included one with what its copy will hold:
-   * what the volume's quota counts, plus, under simple quotas, what a volume made from a copy
-   * started with (its own group counts only its writes; see decision 022).
+   * What each volume's copy holds, read once the copies are made: under full quota groups the
+   * copy's own referenced bytes; under simple quotas the volume's own count (which cannot fall
+   * below what the copy shares of it) plus, for a volume made from an earlier copy, the bytes it
+   * started with, which its own group never counted (decision 022). Writes after the copy make
+   * the figure larger, never smaller.
    */
-  private async volumeCopies(mounted: readonly MountedVolume[], include: boolean, simple: boolean): Promise<SnapshotVolume[]> {
-    const volumes: SnapshotVolume[] = [];
-    for (const m of mounted) {
-      const entry = { name: m.name, volumeId: m.volume.volumeId, path: m.path, readOnly: m.readOnly, included: include, sizeBytes: m.volume.sizeBytes };
-      if (!include) {
-        volumes.push(entry);
-        continue;
-      }
-      const used = (await this.disks.volumeUsedBytes(m.volume.volumeId)) ?? m.volume.sizeBytes;
-      volumes.push({ ...entry, usedBytes: used + (simple ? (m.volume.origin?.bytes ?? 0) : 0) });
+  private async copiedBytes(snapshotId: string, copied: readonly VolumeInfo[], simple: boolean): Promise<Map<string, number>> {
+    const bytes = new Map<string, number>();
+    for (const volume of copied) {
+      const read = simple ? await this.disks.volumeUsedBytes(volume.volumeId) : await this.disks.snapshotVolumeBytes(snapshotId, volume.volumeId);
+      // Unreadable: charged as full as it may be.
+      bytes.set(volume.volumeId, read === undefined ? volume.sizeBytes : read + (simple ? (volume.origin?.bytes ?? 0) : 0));
     }
-    return volumes;
+    return bytes;
   }
 
   /** Running, the sandbox is frozen for the instant of the btrfs snapshots (its disk, the volumes copied); paused, it is still already. */
@@ -287,7 +296,7 @@ export class Snapshots {
     if (this.deleting.has(`${tenantId}/${snapshotId}`)) {
       throw new SandboxError('CONFLICT', `snapshot ${snapshotId} is being deleted`, {
         details: { snapshotId },
-        hint: 'Make the sandbox from another snapshot (`capsule snapshot ls`).',
+        hint: 'Make the sandbox (or volume) from another snapshot (`capsule snapshot ls`).',
       });
     }
     this.held.set(snapshotId, (this.held.get(snapshotId) ?? 0) + 1);
@@ -314,9 +323,9 @@ export class Snapshots {
   private async deleteNow(tenantId: string, snapshotId: string, dependents: readonly string[]): Promise<void> {
     const record = this.find(tenantId, snapshotId);
     if (this.held.has(snapshotId)) {
-      throw new SandboxError('CONFLICT', `snapshot ${snapshotId} is the origin of a sandbox being made`, {
+      throw new SandboxError('CONFLICT', `snapshot ${snapshotId} is the origin of a sandbox or volume being made`, {
         details: { snapshotId },
-        hint: 'Wait for the create (or fork) to finish, kill the sandbox it made, then delete the snapshot.',
+        hint: 'Wait for the create (or fork, or volume copy) to finish, kill a sandbox it made, then delete the snapshot.',
       });
     }
     if (dependents.length > 0) {

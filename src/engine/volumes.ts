@@ -40,14 +40,17 @@ export class Volumes {
   ): Promise<VolumeInfo> {
     const sizeBytes = input.sizeBytes ?? copy?.volume.sizeBytes;
     if (sizeBytes === undefined) throw new SandboxError('INVALID_ARGUMENT', 'a volume needs sizeBytes', { details: { field: 'sizeBytes' }, hint: 'Give "sizeBytes" (at least 1 MiB).' });
-    const simple = copy !== undefined && (await this.disks.accounting()) === 'simple';
-    const limitBytes = copy && simple ? sizeBytes - copy.volume.usedBytes : sizeBytes;
-    if (copy && limitBytes < 1024 * 1024) {
+    // In either mode it must hold the copy and 1 MiB more: under full quota groups a limit below
+    // what a volume already holds stops its writes but keeps the bytes, charged as the smaller size.
+    if (copy && sizeBytes - copy.volume.usedBytes < 1024 * 1024) {
+      const atLeast = copy.volume.usedBytes + 1024 * 1024;
       throw new SandboxError('INVALID_ARGUMENT', `volume ${input.name} of ${sizeBytes} bytes cannot hold the ${copy.volume.usedBytes} bytes of the copy with room to write`, {
         details: { field: 'sizeBytes', sizeBytes, copyBytes: copy.volume.usedBytes },
-        hint: `Give "sizeBytes" of at least ${copy.volume.usedBytes + 1024 * 1024} (the copy's bytes and 1 MiB), or leave it out for the copied volume's size.`,
+        hint: `Give "sizeBytes" of at least ${atLeast} (the copy's bytes and 1 MiB).`,
       });
     }
+    const simple = copy !== undefined && (await this.disks.accounting()) === 'simple';
+    const limitBytes = copy && simple ? sizeBytes - copy.volume.usedBytes : sizeBytes;
     const info: VolumeInfo = {
       volumeId: `vol_${newSandboxId()}`,
       tenantId,

@@ -86,6 +86,13 @@ export class StoredDisks {
     this.volume.spares.keep(this.snapshotDisk(snapshotId));
   }
 
+  /** Bytes a snapshot's copy of a volume refers to (its quota group's referenced bytes, after a commit), or undefined. */
+  async snapshotVolumeBytes(snapshotId: string, volumeId: string): Promise<number | undefined> {
+    await runCommand(['btrfs', 'filesystem', 'sync', this.volume.mountPoint]);
+    const id = await subvolumeId(this.snapshotVolume(snapshotId, volumeId));
+    return id === undefined ? undefined : (await this.volume.subvolumeUsage(id))?.referencedBytes;
+  }
+
   async snapshotVolumeInto(volumeId: string, snapshotId: string): Promise<string> {
     const target = this.snapshotVolume(snapshotId, volumeId);
     await mkdir(join(this.snapshotDir(snapshotId), 'volumes'), { recursive: true, mode: 0o700 });
@@ -169,8 +176,9 @@ export class StoredDisks {
     const path = this.volumePath(volumeId);
     await runCommand(['btrfs', 'subvolume', 'snapshot', sourceDir, path]);
     try {
-      await runCommand(['btrfs', 'qgroup', 'limit', String(limitBytes), path]);
+      // Given back before the limit: the chown's own writes must not meet a limit the copy fills.
       await this.returnIfLent(volumeId);
+      await runCommand(['btrfs', 'qgroup', 'limit', String(limitBytes), path]);
     } catch (error) {
       await deleteSubvolume(path).catch(() => undefined);
       throw error;

@@ -164,18 +164,24 @@ describe('volumes', () => {
     const snapshots: string[] = [];
     try {
       await Volumes.create('data', 32 * MiB, alice);
-      const source = await Sandbox.create({ ttlMs: 60_000, volumes: [{ name: 'data', path: '/data' }] }, alice);
+      // Mounted twice (writable and read-only): copied once, charged once.
+      const source = await Sandbox.create({ ttlMs: 60_000, volumes: [{ name: 'data', path: '/data' }, { name: 'data', path: '/ro', readOnly: true }] }, alice);
       expect((await sh(source, 'echo then > /data/a && head -c 8M /dev/urandom > /data/big && sync')).exitCode).toBe(0);
       const plain = await source.snapshot();
       snapshots.push(plain.snapshotId);
-      expect(plain.volumes).toEqual([expect.objectContaining({ name: 'data', path: '/data', readOnly: false, included: false, sizeBytes: 32 * MiB })]);
+      expect(plain.volumes).toEqual([
+        expect.objectContaining({ name: 'data', path: '/data', readOnly: false, included: false, sizeBytes: 32 * MiB }),
+        expect.objectContaining({ name: 'data', path: '/ro', readOnly: true, included: false }),
+      ]);
       const kept = await source.snapshot({ includeVolumes: true });
       snapshots.push(kept.snapshotId);
-      expect(kept.volumes).toEqual([expect.objectContaining({ name: 'data', included: true, sizeBytes: 32 * MiB })]);
+      expect(kept.volumes).toEqual([expect.objectContaining({ name: 'data', path: '/data', included: true, sizeBytes: 32 * MiB }), expect.objectContaining({ name: 'data', path: '/ro', included: true })]);
       const copyBytes = kept.volumes![0]!.usedBytes!;
+      expect(kept.volumes![1]!.usedBytes).toBe(copyBytes);
       expect(copyBytes).toBeGreaterThanOrEqual(8 * MiB);
-      // The copy is charged with the snapshot.
+      // The copy is charged with the snapshot, once.
       expect(kept.chargedBytes! - plain.chargedBytes!).toBeGreaterThanOrEqual(8 * MiB);
+      expect(kept.chargedBytes! - plain.chargedBytes!).toBeLessThan(2 * copyBytes);
       // Written after the snapshot: not in the copy.
       expect((await sh(source, 'echo now > /data/a')).exitCode).toBe(0);
 
