@@ -43,11 +43,23 @@ describe('capsule snapshots and volumes', () => {
       const badVolume = await runCli(['sandbox', 'create', '--volume', 'cache'], env);
       expect(badVolume.code).not.toBe(0);
       expect(badVolume.stderr).toContain('NAME:/path');
+      // A snapshot that keeps its volume, and a volume made of that copy.
+      const withVolume = (await cli('sandbox', 'snapshot', id, '--include-volumes')).stdout.trim();
+      expect((await cli('volume', 'create', 'cache-then', '--from', `${withVolume}:cache`)).stdout).toBe('cache-then\n');
+      const reader = (await cli('sandbox', 'create', '--volume', 'cache-then:/then:ro', '--timeout', '2m')).stdout.trim();
+      ids.push(reader);
+      expect((await cli('sandbox', 'exec', reader, '--', 'cat', '/then/v')).stdout).toBe('v\n');
+      const noSize = await runCli(['volume', 'create', 'nothing'], env);
+      expect(noSize.code).not.toBe(0);
+      expect(noSize.stderr).toMatch(/--size/);
+      const badFrom = await runCli(['volume', 'create', 'nothing', '--from', withVolume], env);
+      expect(badFrom.code).not.toBe(0);
+      expect(badFrom.stderr).toContain('SNAPSHOT:VOLUME');
     } finally {
       for (const id of ids) await runCli(['sandbox', 'kill', id], env);
       const left = JSON.parse((await runCli(['snapshot', 'ls', '--json'], env)).stdout) as { snapshots: { snapshotId: string }[] };
       for (const s of left.snapshots) await cli('snapshot', 'rm', s.snapshotId);
-      await cli('volume', 'rm', 'cache');
+      for (const name of ['cache', 'cache-then']) await runCli(['volume', 'rm', name], env);
       await t.server.close();
     }
   }, 120_000);
