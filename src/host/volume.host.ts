@@ -120,7 +120,8 @@ export class WorkspaceVolume {
    * usage read learns it; the start-up pass, clearStaleQgroups, reads it first).
    */
   private async keepQuotasHolding(): Promise<void> {
-    if (!this.fsid) return;
+    // Simple quotas keep no backref accounting to lose, and the kernel refuses to rescan them (EINVAL).
+    if (!this.fsid || this.accountingMode === 'simple') return;
     const flag = await readFile(`/sys/fs/btrfs/${this.fsid}/qgroups/inconsistent`, 'utf8').catch(() => '0');
     if (flag.trim() !== '1') return;
     this.rescanning ??= runCommand(['btrfs', 'quota', 'rescan', '-w', this.mountPoint], { check: false, timeoutMs: 300_000 })
