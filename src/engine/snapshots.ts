@@ -212,12 +212,13 @@ export class Snapshots {
    * copy's own referenced bytes; under simple quotas the volume's own count (which cannot fall
    * below what the copy shares of it) plus, for a volume made from an earlier copy, the bytes it
    * started with, which its own group never counted (decision 022). Writes after the copy make
-   * the figure larger, never smaller.
+   * the figure larger, never smaller. Under simple quotas the commit that the sandbox's own figure
+   * was read after (take) came after the copies too: none is made again per volume.
    */
   private async copiedBytes(snapshotId: string, copied: readonly VolumeInfo[], simple: boolean): Promise<Map<string, number>> {
     const bytes = new Map<string, number>();
     for (const volume of copied) {
-      const read = simple ? await this.disks.volumeUsedBytes(volume.volumeId) : await this.disks.snapshotVolumeBytes(snapshotId, volume.volumeId);
+      const read = simple ? await this.disks.volumeUsedBytes(volume.volumeId, { committed: true }) : await this.disks.snapshotVolumeBytes(snapshotId, volume.volumeId);
       // Unreadable: charged as full as it may be.
       bytes.set(volume.volumeId, read === undefined ? volume.sizeBytes : read + (simple ? (volume.origin?.bytes ?? 0) : 0));
     }

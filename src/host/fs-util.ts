@@ -12,10 +12,10 @@ export async function pathExists(path: string): Promise<boolean> {
     return false;
   }
 }
+
 /** The package root: the nearest directory above this file holding package.json (src/ or dist/src/). */
 export function packageRoot(): string {
   let dir = dirname(fileURLToPath(import.meta.url));
   while (!existsSync(join(dir, 'package.json')) && dirname(dir) !== dir) dir = dirname(dir);
   return dir;
 }
-

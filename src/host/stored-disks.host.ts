@@ -86,11 +86,9 @@ export class StoredDisks {
     this.volume.spares.keep(this.snapshotDisk(snapshotId));
   }
 
-  /** Bytes a snapshot's copy of a volume refers to (its quota group's referenced bytes, after a commit), or undefined. */
-  async snapshotVolumeBytes(snapshotId: string, volumeId: string): Promise<number | undefined> {
-    await runCommand(['btrfs', 'filesystem', 'sync', this.volume.mountPoint]);
-    const id = await subvolumeId(this.snapshotVolume(snapshotId, volumeId));
-    return id === undefined ? undefined : (await this.volume.subvolumeUsage(id))?.referencedBytes;
+  /** Bytes a snapshot's copy of a volume refers to (its quota group's referenced bytes), or undefined. */
+  snapshotVolumeBytes(snapshotId: string, volumeId: string): Promise<number | undefined> {
+    return this.referencedBytes(this.snapshotVolume(snapshotId, volumeId));
   }
 
   async snapshotVolumeInto(volumeId: string, snapshotId: string): Promise<string> {
@@ -112,9 +110,16 @@ export class StoredDisks {
   }
 
   /** Bytes the snapshot's disk holds (its quota group's referenced bytes), or undefined. */
-  async snapshotSizeBytes(snapshotId: string): Promise<number | undefined> {
-    // One spawn for the subvolume id; the volume knows its sysfs directory already.
-    const id = await subvolumeId(this.snapshotDisk(snapshotId));
+  snapshotSizeBytes(snapshotId: string): Promise<number | undefined> {
+    return this.referencedBytes(this.snapshotDisk(snapshotId));
+  }
+
+  /**
+   * Referenced bytes of a read-only snapshot's quota group: counted by the commit that made it,
+   * so no commit of its own. One spawn for the subvolume id; the volume knows its sysfs directory.
+   */
+  private async referencedBytes(path: string): Promise<number | undefined> {
+    const id = await subvolumeId(path);
     return id === undefined ? undefined : (await this.volume.subvolumeUsage(id))?.referencedBytes;
   }
 
@@ -199,15 +204,16 @@ export class StoredDisks {
     return readdir(this.at('volumes')).catch(() => [] as string[]);
   }
 
-  /** Bytes a volume holds as its quota counts them, or undefined when not readable. */
-  async volumeUsedBytes(volumeId: string): Promise<number | undefined> {
-    // Quota groups are counted at transaction commit: commit now so recent writes show.
-    await runCommand(['btrfs', 'filesystem', 'sync', this.volume.mountPoint]);
+  /**
+   * Bytes a volume holds as its quota counts them, or undefined when not readable. Quota groups
+   * are counted at transaction commit: commit now so recent writes show, unless the caller just did.
+   */
+  async volumeUsedBytes(volumeId: string, options: { committed?: boolean } = {}): Promise<number | undefined> {
+    if (options.committed !== true) await runCommand(['btrfs', 'filesystem', 'sync', this.volume.mountPoint]);
     const qgroup = await this.qgroupDir(this.volumePath(volumeId));
     if (qgroup === undefined) return undefined;
     return Number((await readFile(join(qgroup, 'referenced'), 'utf8')).trim());
   }
-
 
   // ---- read-only views of live disks
 

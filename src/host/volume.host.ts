@@ -146,18 +146,23 @@ export class WorkspaceVolume {
       await runCommand(['mkfs.btrfs', '-q', '-f', this.image]);
     }
     await runCommand(['mount', '-o', 'loop,nosuid,nodev,noatime', this.image, this.mountPoint]);
+    // Its uuid names its sysfs directory: read again, the image may be a new one.
+    this.fsid = undefined;
     // A volume keeps the mode it was made with: switching one in place would drop every limit
     // on it until the switch is done. One whose quotas are not on (made, then a crash) gets full.
     if (fresh) await this.enableQuotas();
-    else if ((await this.readAccounting()) === undefined) await runCommand(['btrfs', 'quota', 'enable', this.mountPoint]);
-    this.accountingMode = (await this.readAccounting()) ?? 'full';
+    let mode = await this.readAccounting();
+    if (mode === undefined) {
+      await runCommand(['btrfs', 'quota', 'enable', this.mountPoint]);
+      mode = 'full';
+    }
+    this.accountingMode = mode;
     await this.holdMount();
   }
 
-  /** Simple quotas on a new volume when the kernel has them (the helper exits 2 when not), else full quota groups. */
+  /** Simple quotas on a new volume when the kernel has them (the helper exits 2 when not); else quotas stay off for mount() to enable in full. */
   private async enableQuotas(): Promise<void> {
-    const simple = (await pathExists(this.quotaTool)) ? await runCommand([this.quotaTool, 'simple', this.mountPoint], { check: false }) : undefined;
-    if (simple?.exitCode !== 0) await runCommand(['btrfs', 'quota', 'enable', this.mountPoint]);
+    if (await pathExists(this.quotaTool)) await runCommand([this.quotaTool, 'simple', this.mountPoint], { check: false });
   }
 
   /**
@@ -169,9 +174,8 @@ export class WorkspaceVolume {
     return this.accountingMode;
   }
 
-  /** The mode sysfs reports, undefined when quotas are off. The uuid is read again: the image may be a new one. */
+  /** The mode sysfs reports, undefined when quotas are off. */
   private async readAccounting(): Promise<QuotaAccounting | undefined> {
-    this.fsid = undefined;
     await this.readFsid();
     const qgroups = `/sys/fs/btrfs/${this.fsid}/qgroups`;
     if (!(await pathExists(qgroups))) return undefined;

@@ -274,27 +274,25 @@ export class LayerStore {
    */
   async usage(key: string): Promise<{ referencedBytes: number; exclusiveBytes: number } | undefined> {
     const meta = await this.meta(key);
-    if (!meta) return undefined;
-    const chain = new Map<string, LayerMeta>();
-    for (let cursor = meta.parent; cursor !== undefined && !chain.has(cursor); ) {
-      const parent = await this.meta(cursor);
-      if (!parent) break;
-      chain.set(cursor, parent);
-      cursor = parent.parent;
-    }
-    return this.sizeOf(meta, (k) => chain.get(k), this.syncOnce());
+    return meta && this.sizeOf(meta, (parent) => this.meta(parent), this.syncOnce());
   }
 
-  private async sizeOf(meta: LayerMeta, metaOf: (key: string) => LayerMeta | undefined, sync: () => Promise<void>): Promise<{ referencedBytes: number; exclusiveBytes: number } | undefined> {
+  private async sizeOf(
+    meta: LayerMeta,
+    metaOf: (key: string) => LayerMeta | undefined | Promise<LayerMeta | undefined>,
+    sync: () => Promise<void>,
+  ): Promise<{ referencedBytes: number; exclusiveBytes: number } | undefined> {
     let referencedBytes = 0;
     const seen = new Set<string>();
-    for (let layer: LayerMeta | undefined = meta; layer !== undefined && !seen.has(layer.key); layer = layer.parent === undefined ? undefined : metaOf(layer.parent)) {
+    for (let layer: LayerMeta | undefined = meta; layer !== undefined && !seen.has(layer.key); ) {
       seen.add(layer.key);
-      if (layer.addedBytes === undefined || (layer.parent !== undefined && metaOf(layer.parent) === undefined)) {
+      const parent: LayerMeta | undefined = layer.parent === undefined ? undefined : await metaOf(layer.parent);
+      if (layer.addedBytes === undefined || (layer.parent !== undefined && parent === undefined)) {
         await sync();
         return this.volume.subvolumeUsage(meta.subvolumeId);
       }
       referencedBytes += layer.addedBytes;
+      layer = parent;
     }
     return { referencedBytes, exclusiveBytes: meta.addedBytes! };
   }
