@@ -40,12 +40,14 @@ export class StoredTemplates implements TemplateCatalog {
 export function openTemplateHost(options: {
   dataDir: string;
   volumeBytes?: number;
+  /** HostEnvironmentOptions.favorCgroupMigrations. @default true */
+  favorCgroupMigrations?: boolean;
   stepRunner: StepRunner;
   /** Where tenants' builds are charged (TemplateServiceOptions.budget). */
   budget?: TemplateBudget;
   maxConcurrentBuildsPerTenant?: number;
 }): { host: HostEnvironment; service: TemplateService } {
-  const host = new HostEnvironment({ dataDir: options.dataDir, volumeBytes: options.volumeBytes });
+  const host = new HostEnvironment({ dataDir: options.dataDir, volumeBytes: options.volumeBytes, favorCgroupMigrations: options.favorCgroupMigrations });
   const bounds = {
     ...(options.budget ? { budget: options.budget } : {}),
     ...(options.maxConcurrentBuildsPerTenant !== undefined ? { maxConcurrentBuildsPerTenant: options.maxConcurrentBuildsPerTenant } : {}),

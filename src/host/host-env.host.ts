@@ -4,6 +4,7 @@ import { closeSync, constants, openSync } from 'node:fs';
 import { createHash, randomBytes } from 'node:crypto';
 import { join, resolve } from 'node:path';
 import { CGROUP_PREFIX } from './cgroups.host.js';
+import { favorCgroupMigrations, type CgroupMigrations } from './cgroup-migrations.host.js';
 import { SandboxError } from '../errors/index.js';
 import { ETC_ALLOWLIST, SANDBOX_UID, SANDBOX_USER, STAGE_DIR } from './sandbox-layout.js';
 import { WorkspaceVolume } from './volume.host.js';
@@ -19,6 +20,12 @@ export interface HostEnvironmentOptions {
   nativeDir?: string;
   /** Sparse size of the workspace volume. @default 32 GiB */
   volumeBytes?: number;
+  /**
+   * Turn on the cgroup2 mount option `favordynmods` when preparing the host, so that a sandbox
+   * start's cgroup migration does not wait for an RCU grace period (cgroup-migrations.host.ts).
+   * @default true
+   */
+  favorCgroupMigrations?: boolean;
 }
 
 /** Everything a backend needs from a prepared host, resolved to absolute paths. */
@@ -52,10 +59,13 @@ export class HostEnvironment {
    */
   readonly cgroupPrefix: string;
   private preparing: Promise<HostPaths> | undefined;
+  private readonly tuneMigrations: boolean;
+  private migrations: CgroupMigrations | undefined;
 
   constructor(options: HostEnvironmentOptions = {}) {
     this.dataDir = options.dataDir ?? DEFAULT_DATA_DIR;
     this.nativeDir = options.nativeDir ?? join(packageRoot(), 'dist', 'native');
+    this.tuneMigrations = options.favorCgroupMigrations ?? true;
     this.volume = new WorkspaceVolume({ dataDir: this.dataDir, sizeBytes: options.volumeBytes, quotaTool: join(this.nativeDir, 'capsule-quota') });
     this.cgroupPrefix = `${CGROUP_PREFIX}${createHash('sha256').update(resolve(this.dataDir)).digest('hex').slice(0, 6)}-`;
   }
@@ -67,6 +77,11 @@ export class HostEnvironment {
       throw error;
     });
     return this.preparing;
+  }
+
+  /** How processes join cgroups on this host, once it is prepared (undefined before). */
+  cgroupMigrations(): CgroupMigrations | undefined {
+    return this.migrations;
   }
 
   private async prepare(): Promise<HostPaths> {
@@ -99,6 +114,9 @@ export class HostEnvironment {
       })(),
       // Empty on the host; each sandbox launcher mounts its private staging tmpfs there.
       mkdir(STAGE_DIR, { recursive: true, mode: 0o755 }),
+      (async () => {
+        this.migrations = this.tuneMigrations ? await favorCgroupMigrations() : { mode: 'default', reason: 'left as the host has it (favorCgroupMigrations: false)' };
+      })(),
     ]);
     const sandboxEtcDir = await prepareSandboxEtc(this.dataDir, etcDir, etcEntries);
     return {

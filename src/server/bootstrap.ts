@@ -55,6 +55,11 @@ export interface StartServerOptions {
   maxBuildsPerTenant?: number;
   /** Size of the workspace volume's image when it is first made (`capsule serve --volume-size`). @default 32 GiB */
   volumeBytes?: number;
+  /**
+   * Turn on the cgroup2 option `favordynmods` so that a sandbox start's cgroup migration takes
+   * microseconds, not an RCU grace period (`capsule serve --no-cgroup-favordynmods` leaves it). @default true
+   */
+  favorCgroupMigrations?: boolean;
   /** @default false */
   logger?: FastifyServerOptions['logger'];
   /**
@@ -164,6 +169,7 @@ export async function startServer(options: StartServerOptions): Promise<RunningS
     const { host, service: templates } = openTemplateHost({
       dataDir: options.dataDir,
       volumeBytes: options.volumeBytes,
+      favorCgroupMigrations: options.favorCgroupMigrations,
       stepRunner: { run: (step, runOptions) => (steps.runner ?? unstarted()).run(step, runOptions) },
       // A tenant's builds are charged to its disk quota and bounded in number.
       budget: diskQuota,
@@ -236,8 +242,17 @@ export async function startServer(options: StartServerOptions): Promise<RunningS
       await app.close();
       throw error;
     }
-    // How disk limits count on this volume (decision 022): simple on volumes made on a 6.7+ kernel.
-    app.app.log.info({ auditHead: audit.head(), quotaAccounting: await host.volume.accounting().catch(() => 'unknown') }, 'capsule server listening');
+    // How disk limits count on this volume (decision 022): simple on volumes made on a 6.7+ kernel;
+    // how a sandbox start joins its cgroups (favordynmods, or the kernel's default and why).
+    const migrations = host.cgroupMigrations();
+    app.app.log.info(
+      {
+        auditHead: audit.head(),
+        quotaAccounting: await host.volume.accounting().catch(() => 'unknown'),
+        cgroupMigrations: migrations === undefined ? 'unknown' : migrations.mode === 'favordynmods' ? `favordynmods${migrations.changed ? ' (turned on)' : ''}` : `default: ${migrations.reason}`,
+      },
+      'capsule server listening',
+    );
     let closing: Promise<void> | undefined;
     const newConsoleUrl = (): string | undefined => {
       const operator = keys.operatorKey();

@@ -10,6 +10,7 @@ interface ServeFlags {
   dataDir: string;
   maxSandboxes: number;
   warmPool: number;
+  cgroupFavordynmods?: boolean;
   logLevel: string;
   deny?: string[];
   mountRoot?: string[];
@@ -90,6 +91,7 @@ export function serveCommand(context: CliContext): Command {
     .option('--max-builds-per-tenant <n>', 'template builds one tenant may run at once (default 2)', numberOption('--max-builds-per-tenant'))
     .option('--disk-overcommit <ratio>', 'how far the disk limits of live sandboxes may exceed what the workspace volume holds (default 1: never)', numberOption('--disk-overcommit'))
     .option('--volume-size <size>', 'size of the workspace volume image when it is first made (default 32GiB)', bytesOption('--volume-size'))
+    .option('--no-cgroup-favordynmods', "leave the cgroup2 mount's options as they are (by default Capsule turns on favordynmods: a sandbox start then joins its cgroups in microseconds instead of waiting for an RCU grace period)")
     .option('--public-domain <domain>', 'port P of sandbox ID is also served at http://P-ID.DOMAIN/ (point wildcard DNS *.DOMAIN at this server)')
     .option('--supervise', 'sandboxes outlive the server (the default): a supervisor per sandbox holds it, the next start reattaches; a stop leaves them running')
     .option('--no-supervise', 'sandboxes die with the server process (a crash or a stop ends them; the next start recovers their files only)')
@@ -122,6 +124,7 @@ export function serveCommand(context: CliContext): Command {
         diskOvercommit: flags.diskOvercommit,
         maxBuildsPerTenant: flags.maxBuildsPerTenant,
         volumeBytes: flags.volumeSize,
+        favorCgroupMigrations: flags.cgroupFavordynmods !== false,
         operatorDeny: [...(flags.deny ?? []), ...(context.env.CAPSULE_EGRESS_DENY ?? '').split(',').map((e) => e.trim()).filter((e) => e !== '')],
         logger: { level: flags.logLevel, stream: context.stderr },
         mountRoots: parseMountRoots(flags.mountRoot ?? []),
