@@ -1,5 +1,5 @@
 import { closeSync, openSync } from 'node:fs';
-import { chmod, chown, mkdir, open, readFile, readdir, stat, statfs } from 'node:fs/promises';
+import { chmod, chown, mkdir, open, readFile, readdir, rmdir, stat, statfs } from 'node:fs/promises';
 import { dirname, join } from 'node:path';
 import { SandboxError } from '../errors/index.js';
 import { NextRun } from './next-run.js';
@@ -385,6 +385,7 @@ export class WorkspaceVolume {
    * own error.
    */
   private async deleteSubvolume(path: string): Promise<void> {
+    if (await removeIfEmpty(path)) return;
     await this.deletes.join(path);
     if (await pathExists(path)) await runCommand(['btrfs', 'subvolume', 'delete', path]);
   }
@@ -533,3 +534,17 @@ export async function subvolumeId(path: string): Promise<number | undefined> {
   return Number.isInteger(id) && id > 0 ? id : undefined;
 }
 
+/**
+ * rmdir(2) of an empty subvolume deletes it as `btrfs subvolume delete` does (the same kernel
+ * call, Linux 4.18+), without a process: a sandbox that left its workspace empty (a one-shot
+ * `capsule run`, most warm-pool spares) ends with one syscall. False when it holds anything, or
+ * when the kernel refuses: the caller deletes it the full way, and gets that way's error.
+ */
+async function removeIfEmpty(path: string): Promise<boolean> {
+  try {
+    await rmdir(path);
+    return true;
+  } catch (error) {
+    return (error as NodeJS.ErrnoException).code === 'ENOENT';
+  }
+}
