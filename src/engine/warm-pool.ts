@@ -2,6 +2,7 @@ import type { Backend, BackendSandbox } from '../backends/backend.js';
 import type { SandboxSpec } from '../sandbox-spec/index.js';
 import { newSandboxId } from './ids.js';
 import { PIDS_OUTSIDE_LIMIT } from './admission-ledger.js';
+import { baseEnv } from '../host/sandbox-layout.js';
 
 export interface WarmPoolOptions {
   backend: Backend;
@@ -13,7 +14,16 @@ export interface WarmPoolOptions {
   template?: { layerDir: string };
   /** A refill failed (logged by the owner; the pool retries on the next take). */
   onError?: (error: unknown) => void;
+  /**
+   * How long after a take the pool starts the replacement. The taker's first calls (a create
+   * is followed by an exec) then do not share the host with a launch: on 2 cores a refill
+   * started at once tripled the first exec's time (3.0 -> 9.5 ms from a template, 2.4 ms with
+   * the wait). @default 100
+   */
+  refillDelayMs?: number;
 }
+
+const DEFAULT_REFILL_DELAY_MS = 100;
 
 /**
  * Sandboxes started ahead of time, each used once. Taking one costs a few cgroup writes instead of
@@ -26,6 +36,7 @@ export class WarmPool {
   private filling = 0;
   private closed = false;
   private readonly pending = new Set<Promise<void>>();
+  private refillTimer: NodeJS.Timeout | undefined;
 
   constructor(private readonly options: WarmPoolOptions) {
     this.key = options.backend.poolKey?.(options.spec);
@@ -36,7 +47,7 @@ export class WarmPool {
   async take(spec: SandboxSpec): Promise<BackendSandbox | undefined> {
     if (this.closed || this.key === undefined || this.options.backend.poolKey?.(spec) !== this.key) return undefined;
     const sandbox = this.ready.shift();
-    this.refill();
+    this.refillSoon();
     if (!sandbox?.adopt) return undefined;
     try {
       // The pooled spec itself needs no change; anything else is re-limited in place.
@@ -69,8 +80,20 @@ export class WarmPool {
   /** Destroys the warm sandboxes and waits for refills under way. */
   async close(): Promise<void> {
     this.closed = true;
+    clearTimeout(this.refillTimer);
     await Promise.all([...this.pending]);
     await Promise.all(this.ready.splice(0).map((s) => s.destroy().catch((error: unknown) => this.options.onError?.(error))));
+  }
+
+  /** Refills after refillDelayMs; takes meanwhile share the one timer. */
+  private refillSoon(): void {
+    if (this.refillTimer !== undefined || this.closed) return;
+    this.refillTimer = setTimeout(() => {
+      this.refillTimer = undefined;
+      this.refill();
+    }, this.options.refillDelayMs ?? DEFAULT_REFILL_DELAY_MS);
+    // A pending refill never keeps a process alive on its own.
+    this.refillTimer.unref();
   }
 
   private refill(): void {
@@ -81,6 +104,7 @@ export class WarmPool {
         .create(this.options.spec, { id: newSandboxId(), ...(this.options.template ? { template: this.options.template } : {}) })
         .then(
           async (sandbox) => {
+            if (this.options.template && !this.closed) await warmUp(sandbox);
             if (this.closed) return sandbox.destroy();
             this.ready.push(sandbox);
             // A warm sandbox that dies while it waits is dropped, never handed out.
@@ -97,6 +121,21 @@ export class WarmPool {
         });
       this.pending.add(task);
     }
+  }
+}
+
+/**
+ * Runs `true` once in a warm sandbox from a template before it is offered. Its root is a
+ * snapshot of the template, whose files are inodes of their own with nothing in the page cache:
+ * the first program run there reads the loader and libc from the volume, on the time of the
+ * request that took the sandbox (measured: a first exec 11.7 ms against 3.0 in the host
+ * template's warm sandbox). A template without `true` is offered as it is.
+ */
+async function warmUp(sandbox: BackendSandbox): Promise<void> {
+  try {
+    await (await sandbox.exec({ argv: ['true'], env: baseEnv(sandbox.spec.template), cwd: '/' })).exited;
+  } catch {
+    // Nothing to run: the first request pays the cold reads, as a cold create does.
   }
 }
 
