@@ -30,10 +30,16 @@ async function volumeUsed(host: HostEnvironment): Promise<number> {
   return (fs.blocks - fs.bfree) * fs.bsize;
 }
 
-async function createExec(engine: SandboxManager, template: string | undefined): Promise<number> {
+/** The two halves of a create + first exec, each sample's own. */
+interface Parts {
+  create: number[];
+  exec: number[];
+}
+
+async function createExec(engine: SandboxManager, template: string | undefined, parts?: Parts): Promise<number> {
   let id = '';
   try {
-    return await timedCreateExec(engine, template, (made) => (id = made));
+    return await timedCreateExec(engine, template, (made) => (id = made), parts);
   } catch (error) {
     const mounts = (await readFile('/proc/self/mountinfo', 'utf8')).split('\n').filter((line) => line.includes('capsule-bench-templates'));
     console.error(`create + exec from ${template ?? 'host'} failed; the bench's mounts now:\n${mounts.join('\n')}`);
@@ -43,14 +49,24 @@ async function createExec(engine: SandboxManager, template: string | undefined):
   }
 }
 
-async function timedCreateExec(engine: SandboxManager, template: string | undefined, made: (id: string) => void): Promise<number> {
+async function timedCreateExec(engine: SandboxManager, template: string | undefined, made: (id: string) => void, parts?: Parts): Promise<number> {
   let id = '';
   return timeIt(async () => {
+    const started = performance.now();
     id = (await engine.create({ tenantId: TENANT, spec: template ? { template } : {} })).sandboxId;
+    const created = performance.now();
     made(id);
     const result = await (await engine.startProcess(TENANT, id, { argv: ['true'] })).result;
+    parts?.create.push(created - started);
+    parts?.exec.push(performance.now() - created);
     if (result.exitCode !== 0) throw new Error(`true failed in ${template ?? 'host'}: ${result.stderr}`);
   });
+}
+
+/** `create p50 + exec p50` of the samples in `parts`. */
+function split(parts: Parts): string {
+  const p50 = (samples: number[]) => summarize('', samples).p50Ms.toFixed(1);
+  return `create ${p50(parts.create)} + exec ${p50(parts.exec)} ms`;
 }
 
 export async function measureTemplateSandboxes(options: { dataDir: string; host: HostEnvironment; service: TemplateService; template: string; reps: number; sandboxes: number }): Promise<TemplateSandboxFigures> {
@@ -81,22 +97,24 @@ export async function measureTemplateSandboxes(options: { dataDir: string; host:
       creates = warm = 0;
       const fromHost: number[] = [];
       const fromTemplate: number[] = [];
+      const hostParts: Parts = { create: [], exec: [] };
+      const templateParts: Parts = { create: [], exec: [] };
       for (let i = 0; i < options.reps; i++) {
         // The pool refills in the background: give it time, so each create may find one ready.
         if (pool === 'on') await new Promise((resolve) => setTimeout(resolve, 1500));
         if (i % 2 === 0) {
-          fromHost.push(await createExec(engine, undefined));
-          fromTemplate.push(await createExec(engine, template));
+          fromHost.push(await createExec(engine, undefined, hostParts));
+          fromTemplate.push(await createExec(engine, template, templateParts));
         } else {
-          fromTemplate.push(await createExec(engine, template));
-          fromHost.push(await createExec(engine, undefined));
+          fromTemplate.push(await createExec(engine, template, templateParts));
+          fromHost.push(await createExec(engine, undefined, hostParts));
         }
       }
       const h = summarize(`create + first exec, host template, pool ${pool}`, fromHost);
       const t = summarize(`create + first exec, template ${template}, pool ${pool}`, fromTemplate);
       const warmHits = `${warm}/${creates}`;
-      rows.push({ measure: h.name, n: h.n, p50Ms: h.p50Ms, p95Ms: h.p95Ms, note: `warm ${warmHits} (both)` });
-      rows.push({ measure: t.name, n: t.n, p50Ms: t.p50Ms, p95Ms: t.p95Ms, note: `ratio ${(t.p50Ms / h.p50Ms).toFixed(2)} (target <= 1.2)` });
+      rows.push({ measure: h.name, n: h.n, p50Ms: h.p50Ms, p95Ms: h.p95Ms, note: `warm ${warmHits} (both); ${split(hostParts)}` });
+      rows.push({ measure: t.name, n: t.n, p50Ms: t.p50Ms, p95Ms: t.p95Ms, note: `ratio ${(t.p50Ms / h.p50Ms).toFixed(2)} (target <= 1.2); ${split(templateParts)}` });
       createRows.push({ pool, hostP50Ms: h.p50Ms, templateP50Ms: t.p50Ms, ratio: t.p50Ms / h.p50Ms, warmHits });
     } finally {
       await engine.close();

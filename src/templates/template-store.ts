@@ -3,7 +3,7 @@ import { mkdir, readdir, rm } from 'node:fs/promises';
 import { join } from 'node:path';
 import { withLock } from '../host/lock.host.js';
 import { SandboxError } from '../errors/index.js';
-import { jsonNames, jsonPath, readJson, writeJsonAtomic } from './json-files.js';
+import { jsonNames, jsonPath, readJson, readJsonNow, writeJsonAtomic } from './json-files.js';
 import { checkOwner, isTemplateId, parseTemplateRef, PUBLIC_OWNER, templateNotFound } from './names.js';
 import { isOwnerAlive } from './owner.js';
 import type { BuildRecord, TemplateRecord } from './records.js';
@@ -90,15 +90,14 @@ export class TemplateStore {
       }
       return undefined;
     }
-    // On every create from a template: both owners' name indexes are read at once (the tenant's
-    // own still wins), and the index found gives the tags (get would read it again).
+    // On every create from a template: read synchronously (readJsonNow), the tenant's own name
+    // index first, and the index found gives the tags (get would read it again).
     const { name, tag } = parseTemplateRef(ref);
-    const indexes = await Promise.all(owners.map((owner) => readJson<NameIndex>(jsonPath(join(this.ownerDir(owner), 'names'), name))));
-    for (const [i, owner] of owners.entries()) {
-      const index = indexes[i];
+    for (const owner of owners) {
+      const index = readJsonNow<NameIndex>(jsonPath(join(this.ownerDir(owner), 'names'), name));
       const id = index?.tags[tag];
       if (index === undefined || id === undefined || !isTemplateId(id)) continue;
-      const stored = await readJson<StoredTemplate>(jsonPath(join(this.ownerDir(owner), 'templates'), id));
+      const stored = readJsonNow<StoredTemplate>(jsonPath(join(this.ownerDir(owner), 'templates'), id));
       if (stored) return { ...stored, tags: tagsOf(index, id) };
     }
     return undefined;
