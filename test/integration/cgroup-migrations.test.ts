@@ -29,7 +29,7 @@ describe('cgroup migrations', () => {
     const found = host.cgroupMigrations();
     if (!kernelHasOption) {
       // An older kernel refuses the option: the host runs as it was, and the reason is given.
-      expect(found).toMatchObject({ mode: 'default', reason: expect.stringContaining('favordynmods') });
+      expect(found).toMatchObject({ mode: 'default', reason: expect.stringContaining('favordynmods') as unknown });
       return;
     }
     expect(found?.mode).toBe('favordynmods');
@@ -46,7 +46,7 @@ describe('cgroup migrations', () => {
   it('an operator who declines it gets the host as it is, with the reason', async () => {
     const host = new HostEnvironment({ dataDir: testDataDir(), favorCgroupMigrations: false });
     await host.ensure();
-    expect(host.cgroupMigrations()).toEqual({ mode: 'default', reason: expect.stringContaining('favorCgroupMigrations: false') });
+    expect(host.cgroupMigrations()).toEqual({ mode: 'default', reason: expect.stringContaining('favorCgroupMigrations: false') as unknown });
   });
 
   it('no cgroup2 mount at the path: reported, nothing run', async () => {

@@ -22,19 +22,19 @@ function recorder(): Recorder {
       id: `sb-${record.creates}`,
       spec,
       lost: new Promise(() => undefined),
-      adopt: async () => undefined,
-      destroy: async () => undefined,
-      exec: async (request: ExecRequest) => {
+      adopt: () => Promise.resolve(),
+      destroy: () => Promise.resolve(),
+      exec: (request: ExecRequest) => {
         record.execs.push(request);
-        return { exited: Promise.resolve({ exitCode: 0, signal: null, lost: false }) };
+        return Promise.resolve({ exited: Promise.resolve({ exitCode: 0, signal: null, lost: false }) });
       },
     }) as unknown as BackendSandbox;
   record.backend = {
     name: 'namespace',
     poolKey: () => 'key',
-    create: async (spec: ReturnType<typeof parseSpec>) => {
+    create: (spec: ReturnType<typeof parseSpec>) => {
       record.creates++;
-      return sandbox(spec);
+      return Promise.resolve(sandbox(spec));
     },
   } as unknown as Backend;
   return record;
