@@ -23,7 +23,7 @@ export interface HostEnvironmentOptions {
   /**
    * Turn on the cgroup2 mount option `favordynmods` when preparing the host, so that a sandbox
    * start's cgroup migration does not wait for an RCU grace period (cgroup-migrations.host.ts).
-   * @default true
+   * @default true, unless the environment has CAPSULE_CGROUP_FAVORDYNMODS=0
    */
   favorCgroupMigrations?: boolean;
 }
@@ -65,7 +65,8 @@ export class HostEnvironment {
   constructor(options: HostEnvironmentOptions = {}) {
     this.dataDir = options.dataDir ?? DEFAULT_DATA_DIR;
     this.nativeDir = options.nativeDir ?? join(packageRoot(), 'dist', 'native');
-    this.tuneMigrations = options.favorCgroupMigrations ?? true;
+    // CAPSULE_CGROUP_FAVORDYNMODS=0 keeps every command (serve, run, template) off the mount.
+    this.tuneMigrations = options.favorCgroupMigrations ?? process.env.CAPSULE_CGROUP_FAVORDYNMODS !== '0';
     this.volume = new WorkspaceVolume({ dataDir: this.dataDir, sizeBytes: options.volumeBytes, quotaTool: join(this.nativeDir, 'capsule-quota') });
     this.cgroupPrefix = `${CGROUP_PREFIX}${createHash('sha256').update(resolve(this.dataDir)).digest('hex').slice(0, 6)}-`;
   }
@@ -115,7 +116,9 @@ export class HostEnvironment {
       // Empty on the host; each sandbox launcher mounts its private staging tmpfs there.
       mkdir(STAGE_DIR, { recursive: true, mode: 0o755 }),
       (async () => {
-        this.migrations = this.tuneMigrations ? await favorCgroupMigrations() : { mode: 'default', reason: 'left as the host has it (favorCgroupMigrations: false)' };
+        this.migrations = this.tuneMigrations
+          ? await favorCgroupMigrations()
+          : { mode: 'default', reason: 'left as the host has it (favorCgroupMigrations: false, or CAPSULE_CGROUP_FAVORDYNMODS=0)' };
       })(),
     ]);
     const sandboxEtcDir = await prepareSandboxEtc(this.dataDir, etcDir, etcEntries);

@@ -1,7 +1,8 @@
+import { execFileSync } from 'node:child_process';
 import { readFile } from 'node:fs/promises';
 import { release } from 'node:os';
 import { describe, expect, it } from 'vitest';
-import { CGROUP2_MOUNT, favorCgroupMigrations } from '../../src/host/cgroup-migrations.host.js';
+import { CGROUP2_MOUNT, favorCgroupMigrations, missingOptions, parseMountinfo, remountOptions } from '../../src/host/cgroup-migrations.host.js';
 import { HostEnvironment } from '../../src/host/host-env.host.js';
 import { testDataDir } from '../helpers/sandbox.js';
 
@@ -34,7 +35,7 @@ describe('cgroup migrations', () => {
     }
     expect(found?.mode).toBe('favordynmods');
     expect(await cgroup2Options()).toContain('favordynmods');
-    // The mount's other options are kept (util-linux passes them along): still read-write.
+    // The mount's other options are kept: still read-write.
     expect(await cgroup2Options()).toContain('rw');
   });
 
@@ -51,5 +52,29 @@ describe('cgroup migrations', () => {
 
   it('no cgroup2 mount at the path: reported, nothing run', async () => {
     expect(await favorCgroupMigrations('/nonexistent/cgroup2')).toEqual({ mode: 'default', reason: 'no cgroup2 mount at /nonexistent/cgroup2' });
+  });
+
+  it('names every option a mount has when it remounts, so that none is lost (systemd mounts cgroup2 with nsdelegate)', () => {
+    const line = `35 24 0:30 / ${CGROUP2_MOUNT} rw,nosuid,nodev,noexec,relatime shared:9 - cgroup2 cgroup2 rw,nsdelegate,memory_recursiveprot`;
+    const options = parseMountinfo(`${line}\n`, CGROUP2_MOUNT);
+    expect(options).toEqual({ mount: ['rw', 'nosuid', 'nodev', 'noexec', 'relatime'], super: ['rw', 'nsdelegate', 'memory_recursiveprot'] });
+    expect(remountOptions(options!)).toEqual(['rw', 'nosuid', 'nodev', 'noexec', 'relatime', 'nsdelegate', 'memory_recursiveprot']);
+    // A remount that dropped one is told apart (and undone by favorCgroupMigrations).
+    expect(missingOptions(options!, { mount: options!.mount, super: ['rw', 'favordynmods'] })).toEqual(['nsdelegate', 'memory_recursiveprot']);
+    expect(parseMountinfo(line.replace('cgroup2 cgroup2', 'cgroup cgroup'), CGROUP2_MOUNT)).toBeUndefined();
+  });
+
+  it.runIf(kernelHasOption)('turns the option on when the mount lacks it, and keeps every other option', async () => {
+    const mountinfo = async () => parseMountinfo(await readFile('/proc/self/mountinfo', 'utf8'), CGROUP2_MOUNT)!;
+    const start = await mountinfo();
+    // Off first (the host's own options, favordynmods left out), as on a fresh boot.
+    const without = remountOptions(start).filter((option) => option !== 'favordynmods');
+    execFileSync('mount', ['--options-source=disable', '-o', ['remount', ...without].join(','), CGROUP2_MOUNT]);
+    const off = await mountinfo();
+    expect(off.super).not.toContain('favordynmods');
+    expect(await favorCgroupMigrations()).toEqual({ mode: 'favordynmods', changed: true });
+    const on = await mountinfo();
+    expect(on.super).toContain('favordynmods');
+    expect(missingOptions(off, on)).toEqual([]);
   });
 });
