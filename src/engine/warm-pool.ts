@@ -3,6 +3,8 @@ import type { SandboxSpec } from '../sandbox-spec/index.js';
 import { newSandboxId } from './ids.js';
 import { PIDS_OUTSIDE_LIMIT } from './admission-ledger.js';
 import { baseEnv } from '../host/sandbox-layout.js';
+import { SandboxError } from '../errors/index.js';
+import type { AgentProcess } from '../backends/agent/index.js';
 
 export interface WarmPoolOptions {
   backend: Backend;
@@ -24,6 +26,8 @@ export interface WarmPoolOptions {
 }
 
 const DEFAULT_REFILL_DELAY_MS = 100;
+/** How long a warm sandbox's first `true` may take before the sandbox is discarded. */
+const WARM_UP_TIMEOUT_MS = 5_000;
 
 /**
  * Sandboxes started ahead of time, each used once. Taking one costs a few cgroup writes instead of
@@ -37,6 +41,8 @@ export class WarmPool {
   private closed = false;
   private readonly pending = new Set<Promise<void>>();
   private refillTimer: NodeJS.Timeout | undefined;
+  /** Made, running their warm-up: close() ends them rather than wait for it. */
+  private readonly warming = new Set<BackendSandbox>();
 
   constructor(private readonly options: WarmPoolOptions) {
     this.key = options.backend.poolKey?.(options.spec);
@@ -81,8 +87,18 @@ export class WarmPool {
   async close(): Promise<void> {
     this.closed = true;
     clearTimeout(this.refillTimer);
+    await Promise.all([...this.warming].map((s) => s.destroy().catch((error: unknown) => this.options.onError?.(error))));
     await Promise.all([...this.pending]);
     await Promise.all(this.ready.splice(0).map((s) => s.destroy().catch((error: unknown) => this.options.onError?.(error))));
+  }
+
+  private async warm(sandbox: BackendSandbox): Promise<boolean> {
+    this.warming.add(sandbox);
+    try {
+      return await warmUp(sandbox);
+    } finally {
+      this.warming.delete(sandbox);
+    }
   }
 
   /** Refills after refillDelayMs; takes meanwhile share the one timer. */
@@ -104,7 +120,10 @@ export class WarmPool {
         .create(this.options.spec, { id: newSandboxId(), ...(this.options.template ? { template: this.options.template } : {}) })
         .then(
           async (sandbox) => {
-            if (this.options.template && !this.closed) await warmUp(sandbox);
+            if (this.options.template && !this.closed && !(await this.warm(sandbox))) {
+              this.options.onError?.(new SandboxError('INTERNAL', `a warm sandbox's first \`true\` did not end within ${WARM_UP_TIMEOUT_MS} ms; the sandbox was discarded, not offered`));
+              return sandbox.destroy();
+            }
             if (this.closed) return sandbox.destroy();
             this.ready.push(sandbox);
             // A warm sandbox that dies while it waits is dropped, never handed out.
@@ -131,13 +150,28 @@ export class WarmPool {
  * request that took the sandbox (measured: a first exec 11.7 ms against 3.0 in the host
  * template's warm sandbox). A template without `true` is offered as it is.
  */
-async function warmUp(sandbox: BackendSandbox): Promise<void> {
+async function warmUp(sandbox: BackendSandbox): Promise<boolean> {
+  let child: AgentProcess;
   try {
-    await (await sandbox.exec({ argv: ['true'], env: baseEnv(sandbox.spec.template), cwd: '/' })).exited;
+    child = await sandbox.exec({ argv: ['true'], env: baseEnv(sandbox.spec.template), cwd: '/' });
   } catch {
     // Nothing to run: the first request pays the cold reads, as a cold create does.
+    return true;
+  }
+  // A template's `true` is the template's: whatever it prints is dropped, and one that does not
+  // end keeps its sandbox from being offered with it still running.
+  child.onStdout(ignore);
+  child.onStderr(ignore);
+  let timer: NodeJS.Timeout | undefined;
+  const late = new Promise<false>((resolve) => (timer = setTimeout(() => resolve(false), WARM_UP_TIMEOUT_MS)));
+  try {
+    return await Promise.race([child.exited.then(() => true), late]);
+  } finally {
+    clearTimeout(timer);
   }
 }
+
+function ignore(): void {}
 
 /** What warm pools hold together, for admission: slots, memory and pids limits. */
 export function heldByPools(pools: Iterable<WarmPool>): { sandboxes: number; memoryBytes: number; pids: number } {

@@ -13,20 +13,25 @@ interface Recorder {
   backend: Backend;
   creates: number;
   execs: ExecRequest[];
+  destroyed: number;
 }
 
-function recorder(): Recorder {
-  const record: Recorder = { creates: 0, execs: [], backend: undefined as unknown as Backend };
+function recorder(options: { warmUpHangs?: boolean } = {}): Recorder {
+  const record: Recorder = { creates: 0, execs: [], destroyed: 0, backend: undefined as unknown as Backend };
   const sandbox = (spec: ReturnType<typeof parseSpec>): BackendSandbox =>
     ({
       id: `sb-${record.creates}`,
       spec,
       lost: new Promise(() => undefined),
       adopt: () => Promise.resolve(),
-      destroy: () => Promise.resolve(),
+      destroy: () => {
+        record.destroyed++;
+        return Promise.resolve();
+      },
       exec: (request: ExecRequest) => {
         record.execs.push(request);
-        return Promise.resolve({ exited: Promise.resolve({ exitCode: 0, signal: null, lost: false }) });
+        const exited = options.warmUpHangs ? new Promise(() => undefined) : Promise.resolve({ exitCode: 0, signal: null, lost: false });
+        return Promise.resolve({ exited, onStdout: () => undefined, onStderr: () => undefined });
       },
     }) as unknown as BackendSandbox;
   record.backend = {
@@ -101,5 +106,33 @@ describe('warm pool refills', () => {
     expect(hostPool.size).toBe(1);
     expect(fromHost.execs).toEqual([]);
     await hostPool.close();
+  });
+
+  it('a warm-up that does not end discards its sandbox instead of offering it, and says why', async () => {
+    const record = recorder({ warmUpHangs: true });
+    const errors: unknown[] = [];
+    const pool = new WarmPool({ backend: record.backend, spec: parseSpec({ template: 'base' }), size: 1, template: { layerDir: '/layers/base' }, onError: (error) => errors.push(error) });
+    await settle();
+    expect(pool.size).toBe(0);
+    await vi.advanceTimersByTimeAsync(5_000);
+    await settle();
+    expect(pool.size).toBe(0);
+    expect(record.destroyed).toBe(1);
+    expect(String(errors[0])).toContain('did not end within 5000 ms');
+    await pool.close();
+  });
+
+  it('close ends a sandbox still running its warm-up instead of waiting for it', async () => {
+    const record = recorder({ warmUpHangs: true });
+    const pool = new WarmPool({ backend: record.backend, spec: parseSpec({ template: 'base' }), size: 1, template: { layerDir: '/layers/base' } });
+    await settle();
+    let closed = false;
+    void pool.close().then(() => (closed = true));
+    await settle();
+    expect(record.destroyed).toBe(1);
+    // The hanging warm-up still holds the refill until its bound: close waits no longer than that.
+    await vi.advanceTimersByTimeAsync(5_000);
+    await settle();
+    expect(closed).toBe(true);
   });
 });
