@@ -3,7 +3,7 @@ import type { Readable } from 'node:stream';
 import { join } from 'node:path';
 import type { Duplex } from 'node:stream';
 import { SandboxError } from '../errors/index.js';
-import { DEFAULT_MAXIMA, parseSpec, type BackendName, type NetworkPolicyInput, type OperatorMaxima, type SandboxSpec } from '../sandbox-spec/index.js';
+import { DEFAULT_MAXIMA, HOST_TEMPLATE, parseSpec, type BackendName, type NetworkPolicyInput, type OperatorMaxima, type SandboxSpec } from '../sandbox-spec/index.js';
 import type { Backend, BackendSandbox } from '../backends/backend.js';
 import type { HostMount } from '../host/mount-roots.host.js';
 import type { HostEnvironment } from '../host/host-env.host.js';
@@ -243,7 +243,7 @@ export class SandboxManager implements SandboxEngine {
     let warm: BackendSandbox | undefined;
     let volumes: ReturnType<Volumes['resolve']>;
     try {
-      warm = from ? undefined : await this.pools.get(spec.template ?? '')?.take(spec);
+      warm = from ? undefined : await this.pools.get(poolName(image))?.take(spec);
       // Resolved and recorded with no await between: two creates cannot both take a volume's writer slot.
       volumes = spec.volumes.length > 0 ? this.volumes.resolve(command.tenantId, spec, this.liveInfos()) : [];
     } catch (error) {
@@ -655,7 +655,7 @@ export class SandboxManager implements SandboxEngine {
       const spec = parseSpec(withTemplate({}, image), this.maxima);
       const template = image.layerDir !== undefined ? { template: { layerDir: image.layerDir } } : {};
       if (image.layerDir !== undefined) this.host?.volume.keepLayerSpare(image.layerDir);
-      this.pools.set(image.ref, new WarmPool({ backend: namespace, spec, size, ...template }));
+      this.pools.set(poolName(image), new WarmPool({ backend: namespace, spec, size, ...template }));
     }
   }
 
@@ -861,4 +861,12 @@ function once(fn: () => void): () => void {
 /** A lost reason that takes longer than this (a supervisor that does not go) is not waited for. */
 function lostReasonLate(): Promise<string> {
   return new Promise((resolve) => setTimeout(() => resolve('the sandbox stopped on its own (its init or agent exited)'), 6000).unref());
+}
+
+/**
+ * Which warm pool may serve a sandbox of `image`: its template's layer, not its name (a tenant's
+ * own `base:latest` and the public one are different roots), or the host template's.
+ */
+function poolName(image: TemplateImage): string {
+  return image.layerDir ?? HOST_TEMPLATE;
 }

@@ -9,6 +9,10 @@ import { existsSync } from 'node:fs';
 import { readdir, readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { HostEnvironment } from '../../src/host/host-env.host.js';
+import { execFileSync } from 'node:child_process';
+import { writeFile } from 'node:fs/promises';
+import { HOST_IMAGE, type TemplateCatalog } from '../../src/engine/templates.js';
+import { miniTemplateLayer } from '../helpers/mini-template.js';
 
 const T = 'tenant-a';
 let engine: SandboxManager;
@@ -215,6 +219,41 @@ describe('pause and resume (namespace backend: freeze)', () => {
 });
 
 describe('warm pool in the engine', () => {
+  it("serves a template's warm sandbox only to creates whose template has the same layer, not the same name", async () => {
+    // The operator pools the public `mini`; tenant-a has a template of its own named `mini`
+    // (another layer): tenant-a's create must start on its own root, tenant-b's takes the warm one.
+    const volume = new HostEnvironment({ dataDir: testDataDir() }).volume;
+    const publicLayer = await miniTemplateLayer(volume);
+    const ownLayer = join(volume.mountPoint, `layer-test-own-${process.pid}`);
+    const work = `${ownLayer}.tmp`;
+    execFileSync('btrfs', ['subvolume', 'snapshot', publicLayer, work]);
+    await writeFile(join(work, 'etc/template-marker'), 'tenant-a\n');
+    execFileSync('btrfs', ['subvolume', 'snapshot', '-r', work, ownLayer]);
+    execFileSync('btrfs', ['subvolume', 'delete', work]);
+    const catalog: TemplateCatalog = {
+      defaultRef: 'host',
+      resolve: (tenant, ref) =>
+        ref === 'host'
+          ? Promise.resolve(HOST_IMAGE)
+          : Promise.resolve({ ref: 'mini:latest', layerDir: tenant === T ? ownLayer : publicLayer, env: {}, user: 'user', workdir: '/home/user' }),
+    };
+    const seen: EngineEvent[] = [];
+    const pooled = await SandboxManager.open({ dataDir: testDataDir(), templates: catalog, warmPool: { mini: 1 }, onEvent: (e) => seen.push(e) });
+    try {
+      const [pool] = [...(pooled as unknown as { pools: Map<string, { size: number }> }).pools.values()];
+      await waitFor(() => pool!.size === 1, 15_000);
+      const marker = async (tenantId: string, sandboxId: string) => (await (await pooled.startProcess(tenantId, sandboxId, { argv: ['cat', '/etc/template-marker'] })).result).stdout;
+      const own = await pooled.create({ tenantId: T, spec: { template: 'mini' } });
+      expect(await marker(T, own.sandboxId)).toBe('tenant-a\n');
+      const other = await pooled.create({ tenantId: 'tenant-b', spec: { template: 'mini' } });
+      expect(await marker('tenant-b', other.sandboxId)).toBe('mini\n');
+      expect(seen.filter((e) => e.type === 'sandbox.created').map((e) => e.poolWarm)).toEqual([false, true]);
+    } finally {
+      await pooled.close();
+      execFileSync('btrfs', ['subvolume', 'delete', ownLayer]);
+    }
+  });
+
   it('creates from a warm sandbox when the spec allows, says so in the event, and leaves nothing at close', async () => {
     const seen: EngineEvent[] = [];
     const pooled = await SandboxManager.open({ dataDir: testDataDir(), warmPool: 1, onEvent: (e) => seen.push(e) });
