@@ -37,7 +37,7 @@ if (startupSnapshot.isBuildingSnapshot()) {
  * holds their functions compiled (V8 compiles a function on its first call, and keeps the
  * bytecode in the snapshot): the run command is built and parses a command line (its action
  * replaced by one that does nothing), a default spec is parsed against the host template, and
- * its bwrap arguments are built. Measured: a run's argv parse 4–5 → 2–3 ms.
+ * its bwrap arguments are built. Measured: a run's argv parse 4–5 → 1–2 ms.
  */
 async function compileRunPath(): Promise<void> {
   const sink = { write: () => true } as unknown as NodeJS.WritableStream;
