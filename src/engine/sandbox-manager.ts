@@ -225,6 +225,8 @@ export class SandboxManager implements SandboxEngine {
     const input = from ? fromSnapshotInput(command.spec ?? {}, from) : (command.spec ?? {});
     const full = from?.mode === 'full' ? await this.snapshots.full(from) : undefined;
     const image = from ? this.snapshotImage(from) : await this.templates.resolve(command.tenantId, input.template ?? this.templates.defaultRef);
+    // Found before anything is made: a snapshot whose data is gone is refused with no record left.
+    const workspaceFrom = from?.disk === 'workspace' ? { workspaceFrom: this.snapshots.diskOf(from) } : {};
     const spec = parseSpec(withTemplate(input, image), this.maxima);
     const backend = this.backend(spec.backend);
     assertEnforceable(spec, await backend.probe());
@@ -272,7 +274,6 @@ export class SandboxManager implements SandboxEngine {
       const template = image.layerDir !== undefined ? { layerDir: image.layerDir } : undefined;
       // A template's next sandbox finds its root ready (a snapshot's is kept when it is taken).
       if (template && !from) this.host?.volume.keepLayerSpare(template.layerDir);
-      const workspaceFrom = from?.disk === 'workspace' ? { workspaceFrom: this.snapshots.diskOf(from) } : {};
       const restoreFrom = full ? { restoreFrom: full.checkpointDir } : {};
       const create = { id: entry.info.sandboxId, signal: command.signal, mounts, volumes, tenantId: command.tenantId, ...(template ? { template } : {}), ...workspaceFrom, ...restoreFrom };
       this.attach(entry, warm ?? (await backend.create(spec, create)));

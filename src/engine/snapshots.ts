@@ -267,7 +267,7 @@ export class Snapshots {
         hint: kept.length > 0 ? `It kept copies of: ${kept.join(', ')}.` : 'Take the snapshot with "includeVolumes": true (CLI --include-volumes) to keep copies of the volumes the sandbox mounts.',
       });
     }
-    return { dir: this.disks.snapshotVolume(snapshot.snapshotId, volume.volumeId), volume: { ...volume, usedBytes: volume.usedBytes } };
+    return { dir: this.present(snapshot, this.disks.snapshotVolume(snapshot.snapshotId, volume.volumeId)), volume: { ...volume, usedBytes: volume.usedBytes } };
   }
 
   /** What a sandbox made from this full snapshot resumes from. */
@@ -285,7 +285,20 @@ export class Snapshots {
 
   /** Where a sandbox made from the snapshot copies its disk from (a read-only subvolume). */
   diskOf(snapshot: SnapshotInfo): string {
-    return this.disks.snapshotDisk(snapshot.snapshotId);
+    return this.present(snapshot, this.disks.snapshotDisk(snapshot.snapshotId));
+  }
+
+  /**
+   * `path`, which a create or copy from the snapshot reads; SNAPSHOT_NOT_FOUND, saying so, when
+   * it is gone while its record stayed (start-up keeps records whose data is gone, with their
+   * lineage): a clear error instead of btrfs's own about a missing subvolume.
+   */
+  private present(snapshot: SnapshotInfo, path: string): string {
+    if (this.disks.present(path)) return path;
+    throw new SandboxError('SNAPSHOT_NOT_FOUND', `snapshot ${snapshot.snapshotId} is listed, but its data is gone from the volume`, {
+      details: { snapshotId: snapshot.snapshotId },
+      hint: `Delete it (capsule snapshot rm ${snapshot.snapshotId}, DELETE /v1/snapshots/${snapshot.snapshotId}) and take a new snapshot of the sandbox.`,
+    });
   }
 
   /**

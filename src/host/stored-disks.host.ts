@@ -1,4 +1,5 @@
 import { chmod, chown, mkdir, readdir, readFile, rename, rm, stat, writeFile } from 'node:fs/promises';
+import { existsSync } from 'node:fs';
 import { join } from 'node:path';
 import { randomBytes } from 'node:crypto';
 import { runCommand } from './run-command.host.js';
@@ -68,6 +69,11 @@ export class StoredDisks {
 
   snapshotVolume(snapshotId: string, volumeId: string): string {
     return join(this.snapshotDir(snapshotId), 'volumes', volumeId);
+  }
+
+  /** Whether `path` (a snapshot's disk or volume copy) is on the volume: a record can outlive its data. */
+  present(path: string): boolean {
+    return existsSync(path);
   }
 
   /**
