@@ -1,6 +1,7 @@
 import { z } from 'zod';
 import { SandboxError } from '../errors/index.js';
 import { describeIssues, LimitsSchema, NetworkPolicySchema } from '../sandbox-spec/index.js';
+import { DebianSourceSchema, ImageSourceSchema } from '../wire/index.js';
 import type { OnLog } from './build-log.js';
 import type { Instruction } from './dockerfile/parse.js';
 
@@ -21,15 +22,8 @@ const ENV_NAME = /^[A-Za-z_][A-Za-z0-9_]{0,127}$/;
  *   caller prepared (a tenant's upload unpacked by the server, or the CLI's working directory).
  */
 export const TemplateSourceSpecSchema = z.discriminatedUnion('kind', [
-  z.strictObject({
-    kind: z.literal('debian'),
-    suite: z.string().max(32).optional(),
-    packages: z.array(z.string().max(201)).max(500).optional(),
-  }),
-  z.strictObject({
-    kind: z.literal('image'),
-    ref: z.string().min(1).max(1024),
-  }),
+  DebianSourceSchema,
+  ImageSourceSchema,
   z.strictObject({
     kind: z.literal('dockerfile'),
     /** The build context directory (a host path the caller owns; never a tenant's text). */

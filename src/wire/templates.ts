@@ -79,20 +79,26 @@ export const ContextFileSchema = z.strictObject({
   mode: z.number().int().min(0).max(0o7777).optional(),
 });
 
+/** A Debian bootstrap (mmdebstrap) as a template's source, for a tenant and for the host alike. */
+export const DebianSourceSchema = z.strictObject({
+  kind: z.literal('debian'),
+  /** @default the host's suite */
+  suite: z.string().max(32).optional(),
+  /** Packages beyond ca-certificates, curl, iproute2 and procps. */
+  packages: z.array(z.string().max(201)).max(500).optional(),
+});
+
+/** An OCI image as a template's source, for a tenant and for the host alike. */
+export const ImageSourceSchema = z.strictObject({
+  kind: z.literal('image'),
+  /** `registry/name:tag` or `…@sha256:…`, pulled with the operator's stored credentials. */
+  ref: z.string().min(1).max(1024),
+});
+
 /** What a template is made from, as a tenant sends it (no host paths: the context comes inline). */
 export const TemplateSourceSchema = z.discriminatedUnion('kind', [
-  z.strictObject({
-    kind: z.literal('debian'),
-    /** @default the host's suite */
-    suite: z.string().max(32).optional(),
-    /** Packages beyond ca-certificates, curl, iproute2 and procps. */
-    packages: z.array(z.string().max(201)).max(500).optional(),
-  }),
-  z.strictObject({
-    kind: z.literal('image'),
-    /** `registry/name:tag` or `…@sha256:…`, pulled with the operator's stored credentials. */
-    ref: z.string().min(1).max(1024),
-  }),
+  DebianSourceSchema,
+  ImageSourceSchema,
   z.strictObject({
     kind: z.literal('dockerfile'),
     /** The Dockerfile's text. */
