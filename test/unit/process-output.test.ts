@@ -55,7 +55,10 @@ describe('ProcessOutput (the log a process is replayed from)', () => {
     await log.flush();
     // Reopening would take the file's end for this log's start: readers would find nothing, forever.
     expect(log.extent).toEqual(extent);
-    expect(await take(log.read(() => undefined), 13)).toBe('first\nsecond\n');
+    const reader = log.read(() => undefined);
+    expect(await take(reader, 13)).toBe('first\nsecond\n');
+    // Ended as a stream's reader ends it (coalesce calls return): the file it read is closed.
+    await reader.return(undefined);
     const copy = ProcessOutput.ofClosed(path, extent);
     const pieces: string[] = [];
     for await (const piece of copy.read(() => undefined)) pieces.push(`${piece.stream}:${piece.data.toString()}`);
