@@ -272,8 +272,9 @@ export class Snapshots {
 
   /** What a sandbox made from this full snapshot resumes from. */
   async full(snapshot: SnapshotInfo): Promise<FullSnapshot> {
+    const checkpointDir = this.present(snapshot, this.disks.snapshotCheckpoint(snapshot.snapshotId));
     const contexts = await this.disks.readSnapshotFile(snapshot.snapshotId, CONTEXTS_FILE);
-    return { checkpointDir: this.disks.snapshotCheckpoint(snapshot.snapshotId), contexts: Array.isArray(contexts) ? (contexts as ContextSnapshot[]) : [] };
+    return { checkpointDir, contexts: Array.isArray(contexts) ? (contexts as ContextSnapshot[]) : [] };
   }
 
   private async recordSize(record: SnapshotInfo): Promise<void> {
@@ -289,7 +290,7 @@ export class Snapshots {
   }
 
   /**
-   * `path`, which a create or copy from the snapshot reads; SNAPSHOT_NOT_FOUND, saying so, when
+   * `path`, which a create, copy or changes listing from the snapshot reads; SNAPSHOT_NOT_FOUND, saying so, when
    * it is gone while its record stayed (start-up keeps records whose data is gone, with their
    * lineage): a clear error instead of btrfs's own about a missing subvolume.
    */
@@ -297,7 +298,7 @@ export class Snapshots {
     if (this.disks.present(path)) return path;
     throw new SandboxError('SNAPSHOT_NOT_FOUND', `snapshot ${snapshot.snapshotId} is listed, but its data is gone from the volume`, {
       details: { snapshotId: snapshot.snapshotId },
-      hint: `Delete it (capsule snapshot rm ${snapshot.snapshotId}, DELETE /v1/snapshots/${snapshot.snapshotId}) and take a new snapshot of the sandbox.`,
+      hint: `Make the sandbox from another snapshot. To remove this one, kill the live sandboxes made from it (their changes are measured against it), then delete it: capsule snapshot rm ${snapshot.snapshotId} (DELETE /v1/snapshots/${snapshot.snapshotId}).`,
     });
   }
 

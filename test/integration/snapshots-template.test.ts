@@ -62,6 +62,29 @@ describe('snapshots of template sandboxes', () => {
       for (const s of engine.listSnapshots(TENANT)) await engine.deleteSnapshot(TENANT, s.snapshotId);
     }
   }, 120_000);
+
+  it('a listed snapshot whose data is gone is refused with SNAPSHOT_NOT_FOUND saying so, and nothing is made', async () => {
+    // Start-up keeps records whose data is gone (with their lineage); a create from one must not
+    // reach btrfs, and must leave no record. Both disks: a template's root and a bare workspace.
+    const volume = new HostEnvironment({ dataDir: testDataDir() }).volume;
+    for (const template of ['mini', 'host']) {
+      const source = await engine.create({ tenantId: TENANT, spec: { template, ttlMs: 60_000 } });
+      try {
+        const snapshot = await engine.snapshot(TENANT, source.sandboxId);
+        execFileSync('btrfs', ['subvolume', 'delete', join(volume.mountPoint, 'snapshots', snapshot.snapshotId, 'disk')]);
+        const before = engine.list({ tenantId: TENANT }).length;
+        const refused = await engine.create({ tenantId: TENANT, spec: { snapshot: snapshot.snapshotId } }).catch((error: unknown) => error);
+        expect(refused).toMatchObject({ code: 'SNAPSHOT_NOT_FOUND', message: expect.stringContaining('its data is gone') as unknown });
+        expect(engine.list({ tenantId: TENANT })).toHaveLength(before);
+        // Its record can still be deleted.
+        await engine.deleteSnapshot(TENANT, snapshot.snapshotId);
+        expect(engine.listSnapshots(TENANT)).toEqual([]);
+      } finally {
+        await engine.kill(TENANT, source.sandboxId).catch(() => undefined);
+        for (const s of engine.listSnapshots(TENANT)) await engine.deleteSnapshot(TENANT, s.snapshotId).catch(() => undefined);
+      }
+    }
+  }, 120_000);
 });
 
 const gvisorReady = existsSync('/usr/local/bin/runsc') || existsSync('/usr/bin/runsc');
@@ -123,27 +146,4 @@ describe('template sandboxes on gVisor', () => {
       await engine.deleteVolume(TENANT, 'tv').catch(() => undefined);
     }
   }, 180_000);
-
-  it('a listed snapshot whose data is gone is refused with SNAPSHOT_NOT_FOUND saying so, and nothing is made', async () => {
-    // Start-up keeps records whose data is gone (with their lineage); a create from one must not
-    // reach btrfs, and must leave no record. Both disks: a template's root and a bare workspace.
-    const volume = new HostEnvironment({ dataDir: testDataDir() }).volume;
-    for (const template of ['mini', 'host']) {
-      const source = await engine.create({ tenantId: TENANT, spec: { template, ttlMs: 60_000 } });
-      try {
-        const snapshot = await engine.snapshot(TENANT, source.sandboxId);
-        execFileSync('btrfs', ['subvolume', 'delete', join(volume.mountPoint, 'snapshots', snapshot.snapshotId, 'disk')]);
-        const before = engine.list({ tenantId: TENANT }).length;
-        const refused = await engine.create({ tenantId: TENANT, spec: { snapshot: snapshot.snapshotId } }).catch((error: unknown) => error);
-        expect(refused).toMatchObject({ code: 'SNAPSHOT_NOT_FOUND', message: expect.stringContaining('its data is gone') as unknown });
-        expect(engine.list({ tenantId: TENANT })).toHaveLength(before);
-        // Its record can still be deleted.
-        await engine.deleteSnapshot(TENANT, snapshot.snapshotId);
-        expect(engine.listSnapshots(TENANT)).toEqual([]);
-      } finally {
-        await engine.kill(TENANT, source.sandboxId).catch(() => undefined);
-        for (const s of engine.listSnapshots(TENANT)) await engine.deleteSnapshot(TENANT, s.snapshotId).catch(() => undefined);
-      }
-    }
-  }, 120_000);
 });
