@@ -5,7 +5,7 @@ import { specFromFlags } from './spec-flags.js';
 import { parseSpec } from '../sandbox-spec/index.js';
 import { withTemplate } from '../engine/template-start.js';
 import { HOST_IMAGE } from '../engine/templates.js';
-import { buildBwrapArgs } from '../backends/namespace/bwrap-args.js';
+import { buildBwrapArgs, SECCOMP_FD } from '../backends/namespace/bwrap-args.js';
 import { STAGE_DIR } from '../host/sandbox-layout.js';
 // Loaded here, not when the command runs: the snapshot holds the run path evaluated, its zod
 // schemas built, so a `capsule run` started from it compiles and evaluates none of it again.
@@ -46,5 +46,5 @@ async function compileRunPath(): Promise<void> {
   for (const command of program.commands as Command[]) command.action((_argv: string[], flags: object) => void (parsed = flags));
   await program.parseAsync(['node', 'capsule', 'run', '--timeout', '10s', '--', '/bin/true']);
   const spec = parseSpec(withTemplate(specFromFlags(parsed as object, { limits: { wallClockMs: 10_000 } }), HOST_IMAGE));
-  buildBwrapArgs(spec, { stageDir: STAGE_DIR, seccompFd: 3, shareNetwork: false, hasResolvConf: false });
+  buildBwrapArgs(spec, { stageDir: STAGE_DIR, seccompFd: SECCOMP_FD, shareNetwork: false, hasResolvConf: false });
 }

@@ -88,14 +88,10 @@ export class HostEnvironment {
   private async prepare(): Promise<HostPaths> {
     checkPlatform();
     const bwrap = '/usr/bin/bwrap';
-    // Steps that do not depend on each other run together: a one-shot `capsule run` prepares the
-    // host on every run, and each file-system call waits for the thread pool in turn.
-    await Promise.all([
-      requireFile(bwrap, 'bubblewrap is not installed'),
-      requireFile('/sys/fs/cgroup/memory/memory.limit_in_bytes', 'the cgroup v1 memory hierarchy is missing'),
-      requireFile('/sys/fs/cgroup/unified/cgroup.procs', 'the cgroup2 mount at /sys/fs/cgroup/unified is missing'),
-      ...['capsule-launch', 'capsule-agent', 'seccomp-gen'].map((tool) => requireFile(join(this.nativeDir, tool), `${tool} is not built (run npm run build)`)),
-    ]);
+    requireFile(bwrap, 'bubblewrap is not installed');
+    requireFile('/sys/fs/cgroup/memory/memory.limit_in_bytes', 'the cgroup v1 memory hierarchy is missing');
+    requireFile('/sys/fs/cgroup/unified/cgroup.procs', 'the cgroup2 mount at /sys/fs/cgroup/unified is missing');
+    for (const tool of ['capsule-launch', 'capsule-agent', 'seccomp-gen']) requireFile(join(this.nativeDir, tool), `${tool} is not built (run npm run build)`);
 
     // Root's alone (finding: capsule.db was 0644). A sandbox's uid never reaches anything here by
     // path: capsule-launch opens its workspace, the tools and the prepared /etc as root (fds).
@@ -104,8 +100,10 @@ export class HostEnvironment {
     const seccompBpf = join(this.dataDir, 'seccomp.bpf');
     const etcDir = join(this.dataDir, 'etc');
     const binDir = join(this.dataDir, 'bin');
-    const [etcEntries] = await Promise.all([
-      presentEtcEntries(),
+    // Steps that do not depend on each other run together: a one-shot `capsule run` prepares the
+    // host on every run, and each asynchronous file-system call waits for the thread pool in turn.
+    const etcEntries = presentEtcEntries();
+    await Promise.all([
       this.installTools(binDir),
       this.writeSeccomp(seccompBpf),
       writeEtc(etcDir),
@@ -148,7 +146,7 @@ export class HostEnvironment {
 
   private async writeSeccomp(target: string): Promise<void> {
     const generator = join(this.nativeDir, 'seccomp-gen');
-    if (await isNewer(target, generator)) return;
+    if (isNewer(target, generator)) return;
     const temp = `${target}.${process.pid}-${randomBytes(4).toString('hex')}.tmp`;
     const fd = openSync(temp, 'w', 0o600);
     try {
@@ -179,36 +177,33 @@ function checkPlatform(): void {
 // The checks a prepared host repeats on every `capsule run` are synchronous: each is a
 // microsecond syscall on a local file, and a dozen thread-pool round trips in a row cost
 // milliseconds of a one-shot run.
-function requireFile(path: string, problem: string): Promise<void> {
+function requireFile(path: string, problem: string): void {
   try {
     accessSync(path, constants.R_OK);
-    return Promise.resolve();
   } catch {
-    return Promise.reject(
-      new SandboxError('HOST_NOT_READY', `${problem} (${path} not found)`, {
-        details: { path },
-        hint: 'Run scripts/setup.sh once on this machine (installs bubblewrap, libseccomp, btrfs-progs and builds the helpers).',
-      }),
-    );
+    throw new SandboxError('HOST_NOT_READY', `${problem} (${path} not found)`, {
+      details: { path },
+      hint: 'Run scripts/setup.sh once on this machine (installs bubblewrap, libseccomp, btrfs-progs and builds the helpers).',
+    });
   }
 }
 
 
 /** The entries of ETC_ALLOWLIST this host has, in the list's order. */
-function presentEtcEntries(): Promise<string[]> {
-  return Promise.resolve(ETC_ALLOWLIST.filter((entry) => existsSync(`/etc/${entry}`)));
+function presentEtcEntries(): string[] {
+  return ETC_ALLOWLIST.filter((entry) => existsSync(`/etc/${entry}`));
 }
 
-function isNewer(target: string, source: string): Promise<boolean> {
+function isNewer(target: string, source: string): boolean {
   try {
-    return Promise.resolve(statSync(target).mtimeMs >= statSync(source).mtimeMs);
+    return statSync(target).mtimeMs >= statSync(source).mtimeMs;
   } catch {
-    return Promise.resolve(false);
+    return false;
   }
 }
 
 async function copyIfNewer(source: string, target: string, mode: number): Promise<void> {
-  if (await isNewer(target, source)) return;
+  if (isNewer(target, source)) return;
   // Another Capsule process may copy the same file at the same moment: each uses its own temp.
   const temp = `${target}.${process.pid}-${randomBytes(4).toString('hex')}.tmp`;
   await copyFile(source, temp);
