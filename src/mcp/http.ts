@@ -17,11 +17,16 @@ function loopbackUrl(app: FastifyInstance): string {
   return `http://${host.includes(':') ? `[${host}]` : host}:${address.port}`;
 }
 
-/** The request as the SDK's web-standard transport reads it: method, URL and headers (the body is passed parsed). */
+/** The headers the SDK's web-standard transport reads (content negotiation, protocol version, session). */
+const MCP_HEADERS = ['accept', 'content-type', 'mcp-protocol-version', 'mcp-session-id', 'last-event-id'] as const;
+
+/** The request as the SDK's web-standard transport reads it: method, URL and its headers (the body is passed parsed). */
 function webRequest(request: FastifyRequest): Request {
   const headers = new Headers();
-  const raw = request.raw.rawHeaders;
-  for (let i = 0; i + 1 < raw.length; i += 2) headers.append(raw[i]!, raw[i + 1]!);
+  for (const name of MCP_HEADERS) {
+    const value = request.headers[name];
+    if (typeof value === 'string') headers.set(name, value);
+  }
   return new Request(new URL(request.url, 'http://mcp.invalid'), { method: request.method, headers });
 }
 
@@ -66,6 +71,9 @@ export function registerMcpHttp(app: FastifyInstance, services: ServerServices):
   // Stateless HTTP makes a server per request; the sandbox handles and the validator outlive them.
   const handles = new SandboxHandles();
   const validator = new AjvJsonSchemaValidator();
+  // The tools' calls reach the /v1 routes in-process, through the seam (decision 024).
+  const transport = services.calls.transport(app.log);
+  let url: string | undefined;
   for (const method of ['POST', 'GET', 'DELETE'] as const) {
     registerRoute(
       app,
@@ -77,8 +85,8 @@ export function registerMcpHttp(app: FastifyInstance, services: ServerServices):
         summary: 'Model Context Protocol (streamable HTTP, stateless; GET and DELETE answer 405)',
         auth: 'tenant',
         ...(method === 'POST' && { body: z.unknown() }),
-        handler({ request, body }) {
-          const connection = { url: loopbackUrl(app), apiKey: presentedKey(request) ?? '' };
+        handler({ headers, body }) {
+          const connection = { url: (url ??= loopbackUrl(app)), apiKey: presentedKey({ headers }) ?? '', transport };
           return {
             kind: 'stream',
             async write(reply) {
@@ -88,7 +96,7 @@ export function registerMcpHttp(app: FastifyInstance, services: ServerServices):
               const transport = new WebStandardStreamableHTTPServerTransport({ sessionIdGenerator: undefined, enableJsonResponse: true });
               await server.connect(transport);
               try {
-                await writeResponse(reply.raw, await transport.handleRequest(webRequest(request), { parsedBody: body }));
+                await writeResponse(reply.raw, await transport.handleRequest(webRequest(reply.request), { parsedBody: body }));
               } finally {
                 await server.close();
               }

@@ -1,3 +1,5 @@
+import type { Transport } from '../wire/transport.js';
+
 /** Where the server is and who the caller is. Every SDK entry point takes these. */
 export interface ConnectionOptions {
   /** Base URL of `capsule serve`. @default process.env.CAPSULE_URL ?? 'http://127.0.0.1:7070' */
@@ -8,12 +10,18 @@ export interface ConnectionOptions {
   timeoutMs?: number;
   /** Cancels the call. */
   signal?: AbortSignal;
+  /**
+   * What carries the calls instead of HTTP to `url`: the server hands its own tools (MCP) one
+   * that answers them in its process. Not for applications. @default HTTP
+   */
+  transport?: Transport;
 }
 
 export interface ResolvedConfig {
   url: string;
   apiKey: string | undefined;
   timeoutMs: number;
+  transport?: Transport;
 }
 
 export const DEFAULT_URL = 'http://127.0.0.1:7070';
@@ -26,6 +34,7 @@ export function resolveConfig(options: ConnectionOptions = {}, env: NodeJS.Proce
     url: url.replace(/\/+$/, ''),
     apiKey: options.apiKey ?? nonEmpty(env.CAPSULE_API_KEY),
     timeoutMs: options.timeoutMs ?? DEFAULT_REQUEST_TIMEOUT_MS,
+    ...(options.transport && { transport: options.transport }),
   };
 }
 

@@ -3,15 +3,14 @@ import https from 'node:https';
 import { type CapsuleError, ConnectionError } from './errors.js';
 import { aborted, Call, collect, ignore, OpenReply, readError, toCapsuleError, type OpenResponse } from './reply.js';
 import type { ResolvedConfig } from './config.js';
+import type { RequestBody, Transport, TransportReply, TransportRequest } from '../wire/transport.js';
 import type { CallOptions } from './types.js';
 
 export type { OpenResponse } from './reply.js';
+export type { RequestBody, Transport, TransportReply, TransportRequest } from '../wire/transport.js';
 
 export type Method = 'GET' | 'POST' | 'PUT' | 'DELETE';
 export type QueryValue = string | number | boolean | readonly string[] | undefined;
-
-/** A request body: replayable when it is bytes or a string; a stream is sent once, as it is read. */
-export type RequestBody = Uint8Array | string | AsyncIterable<Uint8Array>;
 
 export interface RequestOptions {
   method: Method;
@@ -124,13 +123,17 @@ export class HttpClient {
    * Sends the request (twice at most) and returns a 2xx reply with its headers read; any other
    * reply becomes its typed error. `wholeCall` keeps the deadline running after the headers.
    */
-  private async exchange(options: RequestOptions, wholeCall: boolean): Promise<{ res: IncomingMessage; call: Call }> {
+  private async exchange(options: RequestOptions, wholeCall: boolean): Promise<{ res: TransportReply; call: Call }> {
     const what = `${options.method} ${options.path}`;
     if (options.signal?.aborted) throw aborted(what, options.signal.reason);
-    const target = (this.parsed ??= this.target());
+    const { transport } = this.config;
+    const target = transport ? undefined : (this.parsed ??= this.target());
     const headers: http.OutgoingHttpHeaders = { 'user-agent': USER_AGENT, accept: ACCEPT };
     if (this.config.apiKey !== undefined) headers.authorization = `Bearer ${this.config.apiKey}`;
-    if (options.method !== 'GET') headers['idempotency-key'] = crypto.randomUUID();
+    // Over HTTP a call may be sent twice (below), so the server must know it is the same one. A
+    // transport's calls have no connection to lose and no proxy between: sent once, with no key.
+    const retries = transport === undefined;
+    if (options.method !== 'GET' && retries) headers['idempotency-key'] = crypto.randomUUID();
     let body: RequestBody | undefined;
     if (options.json !== undefined) {
       headers['content-type'] = 'application/json';
@@ -143,17 +146,17 @@ export class HttpClient {
     // A known length spares the server chunked decoding; a stream goes chunked.
     if (typeof body === 'string') headers['content-length'] = Buffer.byteLength(body);
     else if (body instanceof Uint8Array) headers['content-length'] = body.byteLength;
-    const path = target.prefix + withQuery(options.path, options.query);
+    const path = (target?.prefix ?? '') + withQuery(options.path, options.query);
     const timeoutMs = options.timeoutMs ?? this.config.timeoutMs;
     for (let attempt = 1; ; attempt++) {
       const call = new Call(options.signal, timeoutMs);
-      let res: IncomingMessage;
+      let res: TransportReply;
       try {
-        res = await send(target, options.method, path, headers, body, call);
+        res = target ? await send(target, options.method, path, headers, body, call) : await sendBy(transport!, { method: options.method, origin: this.origin(), path, headers, body }, call);
       } catch (error) {
         call.release();
         const typed = toCapsuleError(error, what, this.config.url, call);
-        if (attempt === 1 && replayable && typed instanceof ConnectionError) continue;
+        if (attempt === 1 && retries && replayable && typed instanceof ConnectionError) continue;
         throw typed;
       }
       const status = res.statusCode ?? 0;
@@ -172,9 +175,16 @@ export class HttpClient {
       // CAPACITY_EXHAUSTED is the server's answer about the moment, not a proxy's hiccup: the
       // caller decides (Retry-After in `details.retryAfterS`, or waitForCapacityMs).
       const retryable = (RETRY_STATUSES.has(status) && error.code !== 'CAPACITY_EXHAUSTED') || error instanceof ConnectionError;
-      if (attempt === 1 && replayable && retryable) continue;
+      if (attempt === 1 && retries && replayable && retryable) continue;
       throw error;
     }
+  }
+
+  private originOf: string | undefined;
+
+  /** The server's origin as configured (what an in-process call says it reached). */
+  private origin(): string {
+    return (this.originOf ??= new URL(this.config.url).origin);
   }
 
   private target(): Target {
@@ -224,6 +234,30 @@ function send(target: Target, method: Method, path: string, headers: http.Outgoi
     else if (typeof body === 'string' || body instanceof Uint8Array) req.end(body);
     else void writeStream(req, body);
   });
+}
+
+/** Sends one request by a transport other than HTTP; cancelling the call aborts it. */
+async function sendBy(transport: Transport, request: Omit<TransportRequest, 'signal'>, call: Call): Promise<TransportReply> {
+  const controller = new AbortController();
+  call.req = { destroy: (error?: Error) => controller.abort(error) };
+  let onAbort: (() => void) | undefined;
+  const cancelled = new Promise<never>((_resolve, reject) => {
+    onAbort = () => reject(controller.signal.reason as Error);
+    controller.signal.addEventListener('abort', onAbort, { once: true });
+  });
+  const sent = transport.send({ ...request, signal: controller.signal });
+  try {
+    const res = await Promise.race([sent, cancelled]);
+    call.res = res;
+    res.on('error', ignore);
+    return res;
+  } catch (error) {
+    // Cancelled before the headers: a reply that comes later is dropped unread.
+    sent.then((late) => late.destroy(), ignore);
+    throw error;
+  } finally {
+    if (onAbort) controller.signal.removeEventListener('abort', onAbort);
+  }
 }
 
 /** Writes a streamed body with backpressure; a failing source fails the request with its error. */

@@ -1,4 +1,5 @@
-import type { ClientRequest, IncomingHttpHeaders, IncomingMessage } from 'node:http';
+import type { IncomingHttpHeaders } from 'node:http';
+import type { TransportReply } from '../wire/transport.js';
 import { AbortedError, CapsuleError, ConnectionError, TimeoutError, errorFromResponse } from './errors.js';
 
 /*
@@ -35,8 +36,9 @@ const FINISH_GRACE_MS = 1_000;
 
 /** One attempt's request and reply, its deadline and the caller's signal; `release()` unhooks both. */
 export class Call {
-  req: ClientRequest | undefined;
-  res: IncomingMessage | undefined;
+  /** The request in flight (a ClientRequest, or a transport's cancel). */
+  req: { destroy(error?: Error): unknown } | undefined;
+  res: TransportReply | undefined;
   timedOut = false;
   private timer: NodeJS.Timeout | undefined;
   private readonly onAbort: (() => void) | undefined;
@@ -79,7 +81,7 @@ export class Call {
 export function ignore(): void {}
 
 /** Reads a whole reply body as Buffer chunks, joined once at the end. */
-export function collect(res: IncomingMessage, call: Call): Promise<Buffer> {
+export function collect(res: TransportReply, call: Call): Promise<Buffer> {
   return new Promise((resolve, reject) => {
     if (res.destroyed) return reject(res.errored ?? prematureClose(call));
     const chunks: Buffer[] = [];
@@ -95,7 +97,7 @@ function prematureClose(call: Call): Error {
   return Object.assign(new Error(call.timedOut || call.outer?.aborted ? 'cancelled' : 'the reply ended early'), { code: 'ECONNRESET' });
 }
 
-export async function readError(res: IncomingMessage, call: Call): Promise<CapsuleError> {
+export async function readError(res: TransportReply, call: Call): Promise<CapsuleError> {
   const text = (await collect(res, call)).toString('utf8');
   let parsed: unknown;
   try {
@@ -112,7 +114,7 @@ export class OpenReply implements OpenResponse {
   private closed = false;
 
   constructor(
-    private readonly res: IncomingMessage,
+    private readonly res: TransportReply,
     private readonly call: Call,
     private readonly baseUrl: string,
   ) {}

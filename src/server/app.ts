@@ -1,4 +1,4 @@
-import { createHmac, randomBytes } from 'node:crypto';
+import { createHmac } from 'node:crypto';
 import type { Duplex, Readable } from 'node:stream';
 import Fastify, { type FastifyInstance, type FastifyServerOptions } from 'fastify';
 import { z } from 'zod';
@@ -14,6 +14,7 @@ import { sendError } from './errors.js';
 import { buildOpenApi } from './openapi.js';
 import { FairTurns } from './fair-turns.js';
 import { defineRoute, registerRoute, type AnyRoute } from './route.js';
+import { newRequestId, SeamCalls } from './in-process.js';
 import { fileRoutes } from './routes/files.js';
 import { networkRoutes } from './routes/network.js';
 import { pauseRoutes } from './routes/pause.js';
@@ -103,7 +104,7 @@ function rejectMalformedRequest(error: Error & { code?: string }, socket: Duplex
     code: tooLarge ? 'PAYLOAD_TOO_LARGE' : 'INVALID_ARGUMENT',
     message: tooLarge ? 'the request headers are too large' : 'the HTTP request is malformed',
     details: { field: 'request' },
-    requestId: `req_${randomBytes(8).toString('hex')}`,
+    requestId: newRequestId(),
   });
   const status = tooLarge ? '431 Request Header Fields Too Large' : '400 Bad Request';
   socket.end(`HTTP/1.1 ${status}\r\nContent-Type: application/json\r\nContent-Length: ${Buffer.byteLength(body)}\r\nConnection: close\r\n\r\n${body}`);
@@ -137,6 +138,7 @@ export class CapsuleApp {
       closeSignal: this.closeController.signal,
       atomically: atomically(options.db),
       wake: (tenantId, sandboxId) => options.engine.wake(tenantId, sandboxId),
+      calls: new SeamCalls(),
       accessTokens: new EnvdTokens(options.tokenKey && derivedKey(options.tokenKey, 'envd-access-token')),
       portUrls: new PortUrlSigner(options.tokenKey && derivedKey(options.tokenKey, 'port-url')),
       portPool: new PortConnectionPool((tenantId, sandboxId, port) => options.engine.connectPort(tenantId, sandboxId, port)),
@@ -154,7 +156,7 @@ export class CapsuleApp {
       bodyLimit: JSON_BODY_LIMIT_BYTES,
       // Request ids are ours: a client-sent X-Request-Id is not trusted into the logs.
       requestIdHeader: false,
-      genReqId: () => `req_${randomBytes(8).toString('hex')}`,
+      genReqId: newRequestId,
       return503OnClosing: true,
       // A HEAD of a file or a watch would open the stream only to drop it.
       exposeHeadRoutes: false,

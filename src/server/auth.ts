@@ -1,4 +1,4 @@
-import type { FastifyRequest } from 'fastify';
+import type { IncomingHttpHeaders } from 'node:http';
 import { SandboxError } from '../errors/index.js';
 import type { ApiKeyRecord, KeyGrants } from '../store/index.js';
 import { TENANT_ID_PATTERN } from '../wire/index.js';
@@ -38,7 +38,7 @@ export interface KeyVerifier {
 export const ACT_AS_TENANT_HEADER = 'x-capsule-tenant';
 
 /** The API key a request presents (Authorization: Bearer, or X-API-Key), unverified. */
-export function presentedKey(request: FastifyRequest): string | undefined {
+export function presentedKey(request: { headers: IncomingHttpHeaders }): string | undefined {
   const header = request.headers.authorization;
   if (typeof header === 'string') {
     const match = /^Bearer\s+(\S+)\s*$/i.exec(header);
@@ -49,7 +49,7 @@ export function presentedKey(request: FastifyRequest): string | undefined {
 }
 
 /** Checks the request's API key; throws UNAUTHENTICATED or PERMISSION_DENIED. */
-export function authenticate(request: FastifyRequest, keys: KeyVerifier, level: Exclude<AuthLevel, 'none'>, sessions?: KeyVerifier): Principal {
+export function authenticate(request: { headers: IncomingHttpHeaders }, keys: KeyVerifier, level: Exclude<AuthLevel, 'none'>, sessions?: KeyVerifier): Principal {
   const apiKey = presentedKey(request);
   if (apiKey === undefined) {
     throw new SandboxError('UNAUTHENTICATED', 'no API key was sent', {
@@ -74,7 +74,7 @@ export function authenticate(request: FastifyRequest, keys: KeyVerifier, level: 
  * An admin key may act in any tenant (it could mint a key of that tenant anyway): with
  * `X-Capsule-Tenant: T` the call sees T's sandboxes. Any other key sending it is refused.
  */
-function actingTenant(request: FastifyRequest, principal: Principal): Principal {
+function actingTenant(request: { headers: IncomingHttpHeaders }, principal: Principal): Principal {
   const header = request.headers[ACT_AS_TENANT_HEADER];
   if (header === undefined) return principal;
   if (!principal.isAdmin) {

@@ -1,6 +1,6 @@
-import type { FastifyError, FastifyReply, FastifyRequest } from 'fastify';
+import type { FastifyBaseLogger, FastifyError, FastifyReply, FastifyRequest } from 'fastify';
 import type { z } from 'zod';
-import { SandboxError, isSandboxError, type ErrorCode } from '../errors/index.js';
+import { SandboxError, isSandboxError, type ErrorBody, type ErrorCode } from '../errors/index.js';
 
 /** A zod failure on one part of a request, as a 400 naming the field. */
 export function invalidRequest(part: 'body' | 'query' | 'params', error: z.ZodError, code: ErrorCode = 'INVALID_ARGUMENT'): SandboxError {
@@ -68,13 +68,18 @@ function isDiskFull(error: unknown): boolean {
 
 /** Sends `error` as `{ code, message, details?, hint?, requestId }` with its status (and Retry-After when it has one). */
 export function sendError(request: FastifyRequest, reply: FastifyReply, error: unknown): FastifyReply {
+  const { status, headers, body } = errorAnswer(request.log, request.id, error);
+  return reply.code(status).headers(headers).type('application/json').send(body);
+}
+
+/** What a call that failed with `error` answers (status, headers, wire body), logged by its class. */
+export function errorAnswer(log: FastifyBaseLogger, requestId: string, error: unknown): { status: number; headers: Record<string, string>; body: ErrorBody } {
   const wire = toSandboxError(error);
-  if (wire.code === 'CAPACITY_EXHAUSTED') request.log.warn({ code: wire.code, details: wire.details }, 'request refused: no capacity');
-  else if (wire.status >= 500) request.log.error({ err: error, code: wire.code }, 'request failed');
-  else request.log.info({ code: wire.code }, 'request rejected');
+  if (wire.code === 'CAPACITY_EXHAUSTED') log.warn({ code: wire.code, details: wire.details }, 'request refused: no capacity');
+  else if (wire.status >= 500) log.error({ err: error, code: wire.code }, 'request failed');
+  else log.info({ code: wire.code }, 'request rejected');
   const retryAfter = retryAfterSeconds(wire);
-  if (retryAfter !== undefined) reply.header('retry-after', String(retryAfter));
-  return reply.code(wire.status).type('application/json').send(wire.toJSON(request.id));
+  return { status: wire.status, headers: retryAfter === undefined ? {} : { 'retry-after': String(retryAfter) }, body: wire.toJSON(requestId) };
 }
 
 const DEFAULT_RETRY_AFTER_S = 30;

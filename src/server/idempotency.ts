@@ -1,4 +1,4 @@
-import type { FastifyReply, FastifyRequest } from 'fastify';
+import type { IncomingHttpHeaders } from 'node:http';
 import { ERROR_CODES, SandboxError, type ErrorBody } from '../errors/index.js';
 import { canonicalJson, sha256Hex, type OperationStore, type StoredResponse } from '../store/index.js';
 import type { Principal } from './auth.js';
@@ -16,13 +16,16 @@ export interface Idempotency {
 
 export type BeginIdempotent =
   | { kind: 'started'; idempotency: Idempotency }
-  | {
-      kind: 'replay';
-      /** The stored failure, rethrown so each API surface answers it in its own error shape. */
-      error?: SandboxError;
-      send(reply: FastifyReply): FastifyReply;
-    }
+  | Replay
   | undefined;
+
+/** The first call's stored response, for a call that repeats its Idempotency-Key. */
+export interface Replay {
+  kind: 'replay';
+  stored: StoredResponse;
+  /** The stored failure, rethrown so each API surface answers it in its own error shape. */
+  error?: SandboxError;
+}
 
 /** A stored response that is one of Capsule's errors, as the error. */
 function storedError(stored: StoredResponse): SandboxError | undefined {
@@ -45,7 +48,7 @@ function isRetryable(status: number): boolean {
  */
 export function beginIdempotent(
   operations: OperationStore,
-  request: FastifyRequest,
+  request: { method: string; url: string; headers: IncomingHttpHeaders },
   principal: Principal,
   body: unknown,
   isRawBody: boolean,
@@ -64,16 +67,7 @@ export function beginIdempotent(
   const fingerprint = `${request.method} ${request.url} ${bodyDigest}`;
   const begun = operations.begin(principal.tenantId, key, fingerprint);
   if (begun.kind === 'replay') {
-    const stored = begun.response;
-    return {
-      kind: 'replay',
-      error: storedError(stored),
-      send: (reply) => {
-        reply.code(stored.status).header('idempotent-replayed', 'true').type(stored.contentType);
-        if (stored.contentType === 'application/x-ndjson') return reply.send(`${JSON.stringify(stored.body)}\n`);
-        return stored.body === null ? reply.send() : reply.send(stored.body);
-      },
-    };
+    return { kind: 'replay', stored: begun.response, error: storedError(begun.response) };
   }
   return {
     kind: 'started',

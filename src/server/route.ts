@@ -1,3 +1,4 @@
+import type { IncomingHttpHeaders } from 'node:http';
 import { PassThrough, Readable } from 'node:stream';
 import type { FastifyBaseLogger, FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import type { z } from 'zod';
@@ -5,7 +6,7 @@ import { SandboxError } from '../errors/index.js';
 import type { ApiKeyStore, AuditLog, OperationStore, StoredResponse } from '../store/index.js';
 import { authenticate, type AuthLevel, type KeyVerifier, type Principal } from './auth.js';
 import { invalidRequest, toSandboxError } from './errors.js';
-import { beginIdempotent, type Idempotency } from './idempotency.js';
+import { beginIdempotent, type Idempotency, type Replay } from './idempotency.js';
 import { AuditTrail, type AuditSubject } from './audit-trail.js';
 import { linkedSignal } from './linked-signal.js';
 
@@ -51,7 +52,11 @@ export interface RouteContext<P, Q, B> {
   requestId: string;
   /** Aborted when the client goes away or the server closes. */
   signal: AbortSignal;
-  request: FastifyRequest;
+  headers: IncomingHttpHeaders;
+  /** Where the caller reached the server (`http://host:port`): the base of URLs handed back. */
+  origin: string;
+  /** The HTTP request; absent for a call made in-process (`SeamCalls`), which only routes HTTP does not need get. */
+  request?: FastifyRequest;
   log: FastifyBaseLogger;
 }
 
@@ -104,6 +109,15 @@ export interface RouteDefinition<P = unknown, Q = unknown, B = unknown> {
 
 export type AnyRoute = RouteDefinition<unknown, unknown, unknown>;
 
+/**
+ * The HTTP request of a route that needs it (it authenticates its own way, forwards a body,
+ * reads the Host). Such routes are never called in-process, so its absence is a bug.
+ */
+export function httpOnly(request: FastifyRequest | undefined): FastifyRequest {
+  if (!request) throw new SandboxError('INTERNAL', 'this call answers over HTTP only, and came in-process');
+  return request;
+}
+
 /** Keeps a route's types while letting routes of different shapes share one list. */
 export function defineRoute<P, Q, B>(route: RouteDefinition<P, Q, B>): AnyRoute {
   return route;
@@ -120,6 +134,49 @@ export interface SeamServices {
   atomically<T>(fn: () => T): T;
   /** Resumes a paused sandbox created with `autoResume` (SandboxEngine.wake); routes with `wakes` call it. */
   wake?(tenantId: string, sandboxId: string): Promise<void>;
+  /** Where the routes that need no HTTP are also kept, for calls made in-process (`in-process.ts`). */
+  calls?: { add(route: AnyRoute, services: SeamServices): void };
+}
+
+/**
+ * One call as the seam sees it, whichever way it came (HTTP, or in-process): its method, URL and
+ * headers, its parts as parsed (still unvalidated), its id, log and signal.
+ */
+export interface SeamRequest {
+  method: string;
+  url: string;
+  headers: IncomingHttpHeaders;
+  params: unknown;
+  query: unknown;
+  body: unknown;
+  id: string;
+  log: FastifyBaseLogger;
+  signal: AbortSignal;
+  /** Where the caller reached the server (`http://host:port`). */
+  origin: string;
+  http?: FastifyRequest;
+}
+
+/**
+ * What a call answers, before a transport writes it: a JSON value, NDJSON lines, a byte stream,
+ * or a write of the route's own on the HTTP reply (`stream` results; those answer over HTTP only).
+ */
+export type Answer = { status: number; headers: Record<string, string> } & (
+  | { kind: 'json'; body: unknown }
+  | { kind: 'empty' }
+  | { kind: 'lines'; contentType: string; lines: AsyncIterable<string> }
+  | { kind: 'bytes'; contentType: string; stream: Readable }
+  | { kind: 'write'; write(reply: FastifyReply): Promise<void> }
+);
+
+/** A call that ends in an error, with headers of its own (an idempotent replay's). */
+export class AnswerError extends Error {
+  constructor(
+    readonly error: unknown,
+    readonly headers: Record<string, string>,
+  ) {
+    super('answered with an error');
+  }
 }
 
 const ANONYMOUS: Principal = { tenantId: '', keyId: '', isAdmin: false, grants: { mountRoots: [] } };
@@ -136,41 +193,109 @@ export function registerRoute(app: FastifyInstance, services: SeamServices, rout
     ...(route.bodyLimitBytes ? { bodyLimit: route.bodyLimitBytes } : {}),
     handler: (request, reply) => serve(services, route, request, reply),
   });
+  if (needsNoHttp(route)) services.calls?.add(route, services);
 }
 
-function principalOf(route: AnyRoute, request: FastifyRequest, services: SeamServices): Principal {
-  if (typeof route.auth === 'function') return route.auth(request);
-  return route.auth === 'none' ? ANONYMOUS : authenticate(request, services.keys, route.auth, services.sessions);
+/**
+ * A route that a call made in-process (the SDK's, in the server) can reach: one of the API's
+ * (`/v1`) that authenticates by API key, reads no request of another server (a sandbox's port)
+ * and is not routed by a header. The other surfaces (E2B's, MCP itself) answer over HTTP only.
+ */
+function needsNoHttp(route: AnyRoute): boolean {
+  return route.url.startsWith('/v1/') && typeof route.auth !== 'function' && route.passThrough !== true && route.constraints === undefined;
+}
+
+function principalOf(route: AnyRoute, call: SeamRequest, services: SeamServices): Principal {
+  if (typeof route.auth === 'function') {
+    if (!call.http) throw new SandboxError('INTERNAL', `${route.name} authenticates its own way and answers over HTTP only`);
+    return route.auth(call.http);
+  }
+  return route.auth === 'none' ? ANONYMOUS : authenticate(call, services.keys, route.auth, services.sessions);
 }
 
 async function serve(services: SeamServices, route: AnyRoute, request: FastifyRequest, reply: FastifyReply): Promise<FastifyReply> {
-  const principal = principalOf(route, request, services);
-  const context: RouteContext<unknown, unknown, unknown> = {
-    params: parsePart('params', route.params, request.params),
-    query: parsePart('query', route.query, request.query ?? {}),
-    body: route.passThrough ? undefined : route.rawBody ? rawBody(request.body) : parsePart('body', route.body, jsonBody(request.body, route.body !== undefined)),
-    principal,
-    requestId: request.id,
-    signal: requestSignal(reply, services.closeSignal),
-    request,
+  const signal = requestSignal(reply, services.closeSignal);
+  const call: SeamRequest = {
+    method: request.method,
+    url: request.url,
+    headers: request.headers,
+    params: request.params,
+    query: request.query ?? {},
+    body: request.body,
+    id: request.id,
     log: request.log,
+    signal,
+    origin: `${request.protocol}://${request.host}`,
+    http: request,
+  };
+  let answer: Answer;
+  try {
+    answer = await answerCall(services, route, call);
+  } catch (error) {
+    if (!(error instanceof AnswerError)) throw error;
+    reply.headers(error.headers);
+    throw error.error;
+  } finally {
+    if (route.rawBody) drainUnread(request.body, reply);
+  }
+  return writeAnswer(reply, answer);
+}
+
+/** Writes an answer on the HTTP reply. */
+function writeAnswer(reply: FastifyReply, answer: Answer): FastifyReply | Promise<FastifyReply> {
+  reply.code(answer.status);
+  reply.headers(answer.headers);
+  switch (answer.kind) {
+    case 'json':
+      return reply.type('application/json').send(answer.body);
+    case 'empty':
+      return reply.send();
+    case 'bytes':
+      return reply.type(answer.contentType).send(answer.stream);
+    case 'lines': {
+      // Headers go out with the first lines when those are ready at once (an exec's start), else
+      // as soon as the stream has to wait: a client of a quiet watch knows it is established.
+      const stream = coalesce(answer.lines, () => {
+        if (!reply.raw.headersSent) reply.raw.flushHeaders();
+      });
+      return reply.type(answer.contentType).send(stream);
+    }
+    case 'write':
+      return answer.write(reply).then(() => reply);
+  }
+}
+
+/**
+ * The seam's work for one call, whichever transport brought it: who it is from, its validated
+ * parts, its idempotency key and audit attempt (committed together), the handler, and the
+ * outcome recorded as the answer is settled. Throws what the call fails with.
+ */
+export async function answerCall(services: SeamServices, route: AnyRoute, call: SeamRequest): Promise<Answer> {
+  const principal = principalOf(route, call, services);
+  const context: RouteContext<unknown, unknown, unknown> = {
+    params: parsePart('params', route.params, call.params),
+    query: parsePart('query', route.query, call.query),
+    body: route.passThrough ? undefined : route.rawBody ? rawBody(call.body) : parsePart('body', route.body, jsonBody(call.body, route.body !== undefined)),
+    principal,
+    requestId: call.id,
+    signal: call.signal,
+    headers: call.headers,
+    origin: call.origin,
+    ...(call.http && { request: call.http }),
+    log: call.log,
   };
 
   // The key's claim and the audit attempt commit together: if the attempt cannot be written,
   // the key is not claimed either and a retry runs the call. A call with neither writes nothing.
-  const trail = new AuditTrail(services.audit, route.name, principal, request.id);
-  const keyed = route.method !== 'GET' && route.passThrough !== true && request.headers['idempotency-key'] !== undefined;
+  const trail = new AuditTrail(services.audit, route.name, principal, call.id);
+  const keyed = route.method !== 'GET' && route.passThrough !== true && call.headers['idempotency-key'] !== undefined;
   const claim = () => {
-    const claimed = keyed ? beginIdempotent(services.operations, request, principal, context.body, route.rawBody === true) : undefined;
+    const claimed = keyed ? beginIdempotent(services.operations, call, principal, context.body, route.rawBody === true) : undefined;
     if (claimed?.kind !== 'replay' && route.audit) trail.attempt(route.audit(context));
     return claimed;
   };
   const begun = keyed || route.audit ? services.atomically(claim) : undefined;
-  if (begun?.kind === 'replay') {
-    if (!begun.error) return begun.send(reply);
-    reply.header('idempotent-replayed', 'true');
-    throw begun.error;
-  }
+  if (begun?.kind === 'replay') return replayed(begun);
   const idempotency = begun?.idempotency;
 
   let result: RouteResult;
@@ -179,12 +304,21 @@ async function serve(services: SeamServices, route: AnyRoute, request: FastifyRe
     result = await route.handler(context);
   } catch (error) {
     trail.failed(error);
-    idempotency?.fail(error, request.id);
+    idempotency?.fail(error, call.id);
     throw error;
-  } finally {
-    if (route.rawBody) drainUnread(request.body, reply);
   }
-  return sendResult(services, reply, result, trail, idempotency, request.id, request.log, route);
+  return settleResult(services, result, trail, idempotency, call, route);
+}
+
+/** The stored answer of an idempotent replay (its error rethrown, so each surface renders it its own way). */
+function replayed(replay: Replay): Answer {
+  const headers = { 'idempotent-replayed': 'true' };
+  if (replay.error) throw new AnswerError(replay.error, headers);
+  const { stored } = replay;
+  if (stored.contentType === 'application/x-ndjson') {
+    return { status: stored.status, headers, kind: 'lines', contentType: stored.contentType, lines: Readable.from([`${JSON.stringify(stored.body)}\n`]) };
+  }
+  return stored.body === null ? { status: stored.status, headers, kind: 'empty' } : { status: stored.status, headers, kind: 'json', body: stored.body };
 }
 
 /** The sandbox a `wakes` route acts in, resumed first when it was paused with `autoResume`. */
@@ -194,16 +328,15 @@ async function wakeSandbox(services: SeamServices, context: RouteContext<unknown
   if (sandboxId !== undefined) await services.wake?.(context.principal.tenantId, sandboxId);
 }
 
-function sendResult(
+function settleResult(
   services: SeamServices,
-  reply: FastifyReply,
   result: RouteResult,
   trail: AuditTrail,
   idempotency: Idempotency | undefined,
-  requestId: string,
-  log: FastifyBaseLogger,
+  call: SeamRequest,
   route: AnyRoute,
-): FastifyReply | Promise<FastifyReply> {
+): Answer {
+  const requestId = call.id;
   switch (result.kind) {
     case 'json':
     case 'empty': {
@@ -213,13 +346,12 @@ function sendResult(
         body: route.replayBody ? route.replayBody(body) : body,
         contentType: 'application/json',
       });
-      reply.code(result.status);
-      if (result.headers) reply.headers(result.headers);
-      return result.kind === 'json' ? reply.type('application/json').send(body) : reply.send();
+      const headers = result.headers ?? {};
+      return result.kind === 'json' ? { status: result.status, headers, kind: 'json', body } : { status: result.status, headers, kind: 'empty' };
     }
     case 'raw':
       settle(services, trail, idempotency, requestId, () => trail.succeeded(), { status: result.status, body: null, contentType: result.contentType });
-      return reply.code(result.status).type(result.contentType).send(result.stream);
+      return { status: result.status, headers: {}, kind: 'bytes', contentType: result.contentType, stream: result.stream };
     case 'ndjson': {
       // A stream without a final event (watch, reattach) succeeded once it is open.
       if (!result.final) settle(services, trail, idempotency, requestId, () => trail.succeeded());
@@ -231,13 +363,8 @@ function sendResult(
         idempotency?.fail(error, requestId);
         throw error;
       });
-      settled?.catch((error: unknown) => log.warn({ err: error }, 'stream ended without its final event'));
-      // Headers go out with the first lines when those are ready at once (an exec's start), else
-      // as soon as the stream has to wait: a client of a quiet watch knows it is established.
-      const stream = coalesce(ndjson(result.events, settled, requestId, log), () => {
-        if (!reply.raw.headersSent) reply.raw.flushHeaders();
-      });
-      return reply.code(result.status).type('application/x-ndjson').send(stream);
+      settled?.catch((error: unknown) => call.log.warn({ err: error }, 'stream ended without its final event'));
+      return { status: result.status, headers: {}, kind: 'lines', contentType: 'application/x-ndjson', lines: ndjson(result.events, settled, requestId, call.log) };
     }
     case 'stream': {
       if (!result.final) settle(services, trail, idempotency, requestId, () => trail.succeeded());
@@ -247,8 +374,8 @@ function sendResult(
           trail.failed(error);
           idempotency?.fail(error, requestId);
         },
-      ).catch((error: unknown) => log.warn({ err: error }, 'stream ended without its outcome recorded'));
-      return result.write(reply).then(() => reply);
+      ).catch((error: unknown) => call.log.warn({ err: error }, 'stream ended without its outcome recorded'));
+      return { status: 200, headers: {}, kind: 'write', write: (reply) => result.write(reply) };
     }
   }
 }

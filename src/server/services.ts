@@ -11,6 +11,7 @@ import type { ConsoleSessions } from './console/sessions.js';
 import type { EnvdTokens } from './e2b/access.js';
 import type { PortUrlSigner } from './ports/port-access.js';
 import type { PortConnectionPool } from './ports/port-pool.js';
+import type { SeamCalls } from './in-process.js';
 
 /** What the routes are built on: one object, passed in (no module state). */
 export interface ServerServices {
@@ -24,6 +25,8 @@ export interface ServerServices {
   wake(tenantId: string, sandboxId: string): Promise<void>;
   /** Runs `fn` in one SQLite transaction (nested calls join it): the writes of a call commit together. */
   atomically<T>(fn: () => T): T;
+  /** The `/v1` routes for calls made in this process (MCP's tools, through the SDK): in-process.ts. */
+  calls: SeamCalls;
   /** Sandbox access tokens (E2B's envd and traffic tokens); the port proxy accepts them too. */
   accessTokens: EnvdTokens;
   /** Signs and checks port URLs (`capsule sandbox url`). */

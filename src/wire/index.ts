@@ -13,3 +13,4 @@ export * from './templates.js';
 export * from './console.js';
 export * from './snapshots.js';
 export * from './capacity.js';
+export * from './transport.js';

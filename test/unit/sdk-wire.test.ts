@@ -1,5 +1,6 @@
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
+import { Readable } from 'node:stream';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import {
   AbortedError,
@@ -11,6 +12,7 @@ import {
   TimeoutError,
   type WatchEvent,
 } from '../../src/sdk/index.js';
+import type { Transport, TransportRequest } from '../../src/sdk/http.js';
 
 /**
  * Wire-format tests against a scripted HTTP server on loopback: what the SDK sends, how it reads
@@ -570,3 +572,51 @@ describe('SDK transport', () => {
     expect(seen[0]?.url.searchParams.get('state')).toBe('running');
   });
 });
+
+describe('SDK over a transport other than HTTP', () => {
+  /** A transport answering from a script, recording what it was asked: the layer below the SDK's client. */
+  function scripted(...replies: { status: number; body: unknown }[]): { transport: Transport; asked: TransportRequest[] } {
+    const asked: TransportRequest[] = [];
+    const transport: Transport = {
+      send: (request) => {
+        asked.push(request);
+        const reply = replies.shift();
+        if (!reply) throw new Error('no scripted reply left');
+        const body = Object.assign(Readable.from([Buffer.from(JSON.stringify(reply.body))], { objectMode: false }), {
+          statusCode: reply.status,
+          headers: { 'content-type': 'application/json' },
+          complete: true,
+        });
+        return Promise.resolve(body);
+      },
+    };
+    return { transport, asked };
+  }
+
+  it('sends each call once, with no idempotency key, and nothing to the URL (the scripted server there sees nothing)', async () => {
+    const { transport, asked } = scripted({ status: 503, body: { code: 'BACKEND_UNAVAILABLE', message: 'busy', requestId: 'r' } });
+    const error = await thrown(Sandbox.create(undefined, { url, apiKey: 'k1', transport }));
+    expect(error).toMatchObject({ code: 'BACKEND_UNAVAILABLE', status: 503 });
+    expect(asked).toHaveLength(1);
+    expect(asked[0]).toMatchObject({ method: 'POST', origin: new URL(url).origin, path: '/v1/sandboxes' });
+    expect(asked[0]?.headers.authorization).toBe('Bearer k1');
+    expect(asked[0]?.headers['idempotency-key']).toBeUndefined();
+    expect(seen).toHaveLength(0);
+  });
+
+  it('cancels a call whose reply has not come: the transport sees its signal aborted', async () => {
+    const asked: TransportRequest[] = [];
+    const transport: Transport = { send: (request) => (asked.push(request), new Promise(() => undefined)) };
+    const stop = new AbortController();
+    const pending = thrown(Sandbox.connect('x', { url, transport, signal: stop.signal }));
+    await waitUntil(() => asked.length === 1);
+    stop.abort();
+    expect(await pending).toBeInstanceOf(AbortedError);
+    expect(asked[0]?.signal.aborted).toBe(true);
+  });
+});
+
+async function waitUntil(check: () => boolean): Promise<void> {
+  for (let i = 0; i < 1000 && !check(); i++) await new Promise((resolve) => setImmediate(resolve));
+  expect(check()).toBe(true);
+}

@@ -5,7 +5,7 @@ import { SandboxError, isSandboxError } from '../../errors/index.js';
 import type { InterpreterService } from '../../engine/interpreter/index.js';
 import type { CodeResult, ContextInfo, InterpreterLanguage } from '../../wire/index.js';
 import type { Principal } from '../auth.js';
-import { defineRoute, registerRoute, type AnyRoute, type Authenticate } from '../route.js';
+import { defineRoute, registerRoute, type AnyRoute, httpOnly, type Authenticate } from '../route.js';
 import { envdPrincipal, sandboxOf } from './access.js';
 import { plainError } from './connect-protocol.js';
 import { envdTraffic, lenientJson, type E2bContext, type PortConstraint } from './deps.js';
@@ -105,7 +105,8 @@ function codeInterpreterRoutes(ctx: E2bContext, constraints: PortConstraint): An
       constraints,
       body: ExecuteBody,
       audit: ({ body, principal }) => ({ sandboxId: principal.sandboxId, subject: body.code }),
-      handler({ body, principal, request }) {
+      handler({ body, principal, request: maybeHttp }) {
+        const request = httpOnly(maybeHttp);
         const service = interpreter(principal);
         if (body.context_id && body.language) throw new SandboxError('INVALID_ARGUMENT', 'pass context_id or language, not both');
         const lang = language(body.language);

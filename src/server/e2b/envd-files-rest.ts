@@ -5,7 +5,7 @@ import { z } from 'zod';
 import { SandboxError } from '../../errors/index.js';
 import type { FileEntry } from '../../wire/index.js';
 import { sendError } from '../errors.js';
-import { defineRoute, registerRoute, type AnyRoute, type RouteContext } from '../route.js';
+import { defineRoute, registerRoute, type AnyRoute, httpOnly, type RouteContext } from '../route.js';
 import { envdPrincipal, sandboxOf, type SignedQuery } from './access.js';
 import { ConnectError, plainError } from './connect-protocol.js';
 import { envdTraffic, type E2bContext, type PortConstraint } from './deps.js';
@@ -93,7 +93,8 @@ function filesRestRoutes(ctx: E2bContext, constraints: PortConstraint): AnyRoute
       query: FilesQuery,
       rawBody: true,
       audit: ({ principal, query }: RouteContext<unknown, z.infer<typeof FilesQuery>, Readable>) => ({ sandboxId: principal.sandboxId, subject: query.path ?? '(multipart)' }),
-      async handler({ principal, query, body, request }) {
+      async handler({ principal, query, body, request: maybeHttp }) {
+        const request = httpOnly(maybeHttp);
         const access = sandboxOf(principal);
         const files = engine.files(access.tenantId, access.sandboxId);
         const entries: object[] = [];
@@ -129,7 +130,8 @@ function filesRestRoutes(ctx: E2bContext, constraints: PortConstraint): AnyRoute
       summary: 'envd: 204 while the sandbox runs; 502 (what E2B\'s proxy answers) when it is paused or gone',
       auth: 'none',
       constraints,
-      handler({ request }) {
+      handler({ request: maybeHttp }) {
+        const request = httpOnly(maybeHttp);
         let running = false;
         try {
           const access = tokens.verify(request);

@@ -1,6 +1,6 @@
 import type { FastifyRequest } from 'fastify';
 import { z } from 'zod';
-import { defineRoute, type AnyRoute, type Authenticate, type RouteResult } from '../route.js';
+import { defineRoute, type AnyRoute, type Authenticate, httpOnly, type RouteResult } from '../route.js';
 import { sandboxOf, type SandboxAccess } from './access.js';
 import { ConnectError } from './connect-protocol.js';
 import type { PortConstraint } from './deps.js';
@@ -27,7 +27,7 @@ export function envdService(service: string, auth: Authenticate, constraints: Po
       constraints,
       body: ConnectMessage,
       ...(subject ? { audit: ({ body, principal }: { body: Message; principal: { sandboxId?: string } }) => ({ sandboxId: principal.sandboxId, subject: subject(body) }) } : {}),
-      handler: ({ principal, body, request }) => handler(sandboxOf(principal), body, request),
+      handler: ({ principal, body, request }) => handler(sandboxOf(principal), body, httpOnly(request)),
     });
 }
 

@@ -6,7 +6,7 @@ import { z } from 'zod';
 import { SandboxError, isSandboxError } from '../../errors/index.js';
 import { parseTemplateRef, PUBLIC_OWNER, type LogEntry, type TemplateService } from '../../templates/index.js';
 import type { Principal } from '../auth.js';
-import { defineRoute, type AnyRoute, type Authenticate } from '../route.js';
+import { defineRoute, type AnyRoute, httpOnly, type Authenticate } from '../route.js';
 import type { E2bContext } from './deps.js';
 import { E2bTemplateBuilds, type E2bBuild } from './template-jobs.js';
 import { TemplateFiles } from './template-files.js';
@@ -137,7 +137,8 @@ export function e2bTemplateRoutes(ctx: E2bContext, state: E2bTemplateState, auth
       summary: "E2B: whether a COPY step's files are cached, and a signed URL to upload them",
       auth,
       params: FileParams,
-      async handler({ params, principal, request }) {
+      async handler({ params, principal, request: maybeHttp }) {
+        const request = httpOnly(maybeHttp);
         if (!HASH.test(params.hash)) throw new SandboxError('INVALID_ARGUMENT', `"${params.hash}" is not a files hash (64 hex digits)`, { details: { field: 'hash' } });
         if (!builds.hasOpen(principal.tenantId, params.templateID)) {
           throw new SandboxError('NOT_FOUND', `no requested build of template ${params.templateID}`, { details: { templateID: params.templateID }, hint: 'Request the build first (POST /v3/templates); Template.build does.' });
@@ -157,7 +158,8 @@ export function e2bTemplateRoutes(ctx: E2bContext, state: E2bTemplateState, auth
       query: z.object({ expires: z.string().max(20).optional(), signature: z.string().max(100).optional() }),
       rawBody: true,
       audit: ({ params }) => ({ subject: params.hash }),
-      async handler({ body, request }) {
+      async handler({ body, request: maybeHttp }) {
+        const request = httpOnly(maybeHttp);
         const grant = grantOf(request);
         const declared = Number(request.headers['content-length']);
         const saved = await files.save(grant, body as Readable, Number.isFinite(declared) ? declared : undefined);

@@ -1,10 +1,10 @@
 import { ServerResponse, type IncomingMessage } from 'node:http';
 import type { Socket } from 'node:net';
 import type { Duplex, Readable } from 'node:stream';
-import type { FastifyInstance, FastifyRequest } from 'fastify';
+import type { FastifyInstance } from 'fastify';
 import { z } from 'zod';
 import { ErrorBodySchema, SANDBOX_ID_PATTERN } from '../../wire/index.js';
-import { defineRoute, registerRoute, type AnyRoute, type RouteDefinition } from '../route.js';
+import { defineRoute, registerRoute, type AnyRoute, httpOnly, type RouteDefinition } from '../route.js';
 import { requireSandbox, type ServerServices } from '../services.js';
 import { DEFAULT_PORT_URL_TTL_MS, MAX_PORT_URL_TTL_MS, PORT_TOKEN_COOKIE, PORT_TOKEN_PARAM, parsePortHost, portPath, withoutToken } from './port-access.js';
 import { portPrincipal, type PortPrincipal } from './port-auth.js';
@@ -26,10 +26,6 @@ const PortUrlAnswer = z.object({
 });
 
 /** The base URL a client reached this server at, from its request. */
-function baseUrlOf(request: FastifyRequest): string {
-  return `${request.protocol}://${request.host}`;
-}
-
 /**
  * `POST /v1/sandboxes/{id}/port-urls`: a signed URL to one port of the tenant's sandbox, for
  * a browser or curl that cannot send headers. It is audited: it hands out access.
@@ -49,15 +45,15 @@ export function portUrlRoutes(services: ServerServices, now: () => number): AnyR
         404: { description: 'No such sandbox', schema: ErrorBodySchema },
       },
       audit: ({ params, body }) => ({ sandboxId: params.sandboxId, port: body.port, expiresInMs: body.expiresInMs ?? DEFAULT_PORT_URL_TTL_MS }),
-      handler({ params, body, principal, request }) {
+      handler({ params, body, principal, origin }) {
         requireSandbox(services, principal.tenantId, params.sandboxId);
         const expiresAtMs = now() + (body.expiresInMs ?? DEFAULT_PORT_URL_TTL_MS);
         const token = services.portUrls.sign({ tenantId: principal.tenantId, sandboxId: params.sandboxId, port: body.port }, expiresAtMs);
         const query = `?${PORT_TOKEN_PARAM}=${encodeURIComponent(token)}`;
         const answer = {
           sandboxId: params.sandboxId,
-          url: `${baseUrlOf(request)}${portPath(params.sandboxId, body.port)}${query}`,
-          ...(services.publicDomain !== undefined && { hostUrl: `${request.protocol}://${body.port}-${params.sandboxId}.${services.publicDomain}/${query}` }),
+          url: `${origin}${portPath(params.sandboxId, body.port)}${query}`,
+          ...(services.publicDomain !== undefined && { hostUrl: `${origin.slice(0, origin.indexOf(':'))}://${body.port}-${params.sandboxId}.${services.publicDomain}/${query}` }),
           token,
           expiresAt: new Date(Math.floor(expiresAtMs / 1000) * 1000).toISOString(),
         };
@@ -79,7 +75,8 @@ function proxyRoutes(services: ServerServices, now: () => number): AnyRoute[] {
       auth: (request) => portPrincipal(services, request, now()),
       passThrough: true,
       params: PortParams,
-      async handler({ params, principal, request, signal }: Parameters<RouteDefinition<z.output<typeof PortParams>>['handler']>[0]) {
+      async handler({ params, principal, request: maybeHttp, signal }: Parameters<RouteDefinition<z.output<typeof PortParams>>['handler']>[0]) {
+        const request = httpOnly(maybeHttp);
         const port = principal as PortPrincipal;
         requireSandbox(services, port.tenantId, params.sandboxId);
         const prefix = portPath(params.sandboxId, params.port, '');

@@ -44,10 +44,10 @@ export function sessionRoutes(services: ServerServices): AnyRoute[] {
     summary: 'Who the presented key is: its tenant, key id, whether it is an admin key, and when a session key ends',
     auth: 'tenant',
     responses: { 200: { description: 'The principal', schema: WhoAmISchema }, 401: error('No key, or not a valid one') },
-    handler: ({ principal, request }) => ({
+    handler: ({ principal, headers }) => ({
       kind: 'json',
       status: 200,
-      body: { tenantId: principal.tenantId, keyId: principal.keyId, admin: principal.isAdmin, sessionExpiresAt: sessions?.expiresAt(presentedKey(request) ?? '') ?? null },
+      body: { tenantId: principal.tenantId, keyId: principal.keyId, admin: principal.isAdmin, sessionExpiresAt: sessions?.expiresAt(presentedKey({ headers }) ?? '') ?? null },
     }),
   });
   if (!sessions) return [whoami];
@@ -86,8 +86,8 @@ export function sessionRoutes(services: ServerServices): AnyRoute[] {
       auth: 'tenant',
       responses: { 204: { description: 'Ended' }, 400: error('The presented key is not a session key') },
       audit: () => ({}),
-      handler({ request }) {
-        if (!sessions.revoke(presentedKey(request) ?? '')) {
+      handler({ headers }) {
+        if (!sessions.revoke(presentedKey({ headers }) ?? '')) {
           throw new SandboxError('INVALID_ARGUMENT', 'the presented key is not a session key', {
             details: { field: 'authorization' },
             hint: 'Only a session key (from POST /v1/sessions) can be ended; API keys stay valid.',

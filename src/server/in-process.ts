@@ -1,0 +1,179 @@
+import { randomBytes } from 'node:crypto';
+import type { IncomingHttpHeaders, OutgoingHttpHeaders } from 'node:http';
+import { Readable } from 'node:stream';
+import type { FastifyBaseLogger } from 'fastify';
+import FindMyWay from 'find-my-way';
+import { SandboxError } from '../errors/index.js';
+import type { Transport, TransportReply, TransportRequest } from '../wire/index.js';
+import { errorAnswer } from './errors.js';
+import { linkedSignal } from './linked-signal.js';
+import { AnswerError, answerCall, type AnyRoute, type Answer, type SeamServices } from './route.js';
+
+/** A JSON body may be this large in-process too (as `JSON_BODY_LIMIT_BYTES` over HTTP). */
+const DEFAULT_BODY_LIMIT_BYTES = 1024 * 1024;
+
+interface Entry {
+  route: AnyRoute;
+  services: SeamServices;
+}
+
+/** Random bytes drawn ahead for request ids: one `randomBytes` call per 512 ids, not one each (~40 µs). */
+const idBytes = { pool: Buffer.alloc(0), offset: 0 };
+
+/** A request id as the server gives one to every request (Fastify's `genReqId`), in-process calls too: 64 random bits. */
+export function newRequestId(): string {
+  if (idBytes.offset + 8 > idBytes.pool.length) {
+    idBytes.pool = randomBytes(4096);
+    idBytes.offset = 0;
+  }
+  const id = idBytes.pool.toString('hex', idBytes.offset, idBytes.offset + 8);
+  idBytes.offset += 8;
+  return `req_${id}`;
+}
+
+/**
+ * The seam's routes for calls made in the server's own process (MCP's tools, through the SDK):
+ * the same routes with the same authentication, validation, idempotency and audit as over HTTP,
+ * without the loopback connection, HTTP's parsing and Fastify's request cycle, which cost a tool
+ * call a second request's worth of work (docs/decisions/024-in-process-calls.md). `registerRoute`
+ * adds every route that needs no HTTP; the SDK reaches them through `transport()`.
+ */
+export class SeamCalls {
+  private readonly router = FindMyWay({ maxParamLength: 100 });
+
+  add(route: AnyRoute, services: SeamServices): void {
+    const entry: Entry = { route, services };
+    this.router.on(route.method, route.url, () => undefined, entry);
+  }
+
+  /** An SDK transport whose calls are answered here, each with a request id of its own; `log` is where they log. */
+  transport(log: FastifyBaseLogger): Transport {
+    return { send: (request) => this.send(log, request) };
+  }
+
+  private async send(log: FastifyBaseLogger, request: TransportRequest): Promise<TransportReply> {
+    const id = newRequestId();
+    const found = this.router.find(request.method, request.path);
+    if (!found) {
+      return errorReply(id, log, new SandboxError('NOT_FOUND', `no route ${request.method} ${request.path.split('?')[0] ?? ''} for a call made in-process`, { details: { method: request.method } }));
+    }
+    const { route, services } = found.store as Entry;
+    const reply = new InProcessReply(request.signal, services.closeSignal);
+    try {
+      const answer = await answerCall(services, route, {
+        method: request.method,
+        url: request.path,
+        headers: lowerCased(request.headers),
+        params: found.params,
+        query: found.searchParams,
+        body: requestBody(request, route),
+        id,
+        log,
+        signal: reply.signal,
+        origin: request.origin,
+      });
+      return reply.answer(id, answer);
+    } catch (error) {
+      reply.release();
+      return errorReply(id, log, error instanceof AnswerError ? error.error : error, error instanceof AnswerError ? error.headers : {});
+    }
+  }
+}
+
+/**
+ * A reply read by the SDK as it reads an HTTP one. Its signal is the call's: it aborts when the
+ * caller cancels, when the server closes, or when the caller stops reading before the end (as a
+ * closed connection does).
+ */
+class InProcessReply {
+  private readonly stopped = new AbortController();
+  private readonly outer: { signal: AbortSignal; release: () => void };
+  private readonly call: { signal: AbortSignal; release: () => void };
+
+  constructor(cancel: AbortSignal, closeSignal: AbortSignal) {
+    this.outer = linkedSignal(cancel, closeSignal);
+    this.call = linkedSignal(this.stopped.signal, this.outer.signal);
+  }
+
+  get signal(): AbortSignal {
+    return this.call.signal;
+  }
+
+  release(): void {
+    this.call.release();
+    this.outer.release();
+  }
+
+  answer(id: string, answer: Answer): TransportReply {
+    const headers: IncomingHttpHeaders = { 'x-request-id': id, ...answer.headers };
+    switch (answer.kind) {
+      case 'json':
+        return this.reply(answer.status, { ...headers, 'content-type': 'application/json' }, [Buffer.from(JSON.stringify(answer.body))]);
+      case 'empty':
+        return this.reply(answer.status, headers, []);
+      case 'bytes':
+        return this.reply(answer.status, { ...headers, 'content-type': answer.contentType }, answer.stream);
+      case 'lines':
+        // Each line a chunk of its own: HTTP's coalescing saves packets and wakeups, here there are none to save.
+        return this.reply(answer.status, { ...headers, 'content-type': answer.contentType }, answer.lines);
+      case 'write':
+        // Only /v1 routes are kept here, and none answers in a protocol of its own.
+        this.release();
+        throw new SandboxError('INTERNAL', 'this call answers in a protocol of its own, over HTTP only');
+    }
+  }
+
+  /** The body as a byte stream read straight from `source`; destroying it ends the source too. */
+  private reply(status: number, headers: IncomingHttpHeaders, source: Iterable<Buffer> | AsyncIterable<Buffer | string>): TransportReply {
+    const body = Object.assign(Readable.from(source, { objectMode: false }), { statusCode: status, headers, complete: false });
+    body.once('end', () => (body.complete = true));
+    body.once('close', () => {
+      // The caller stopped reading before the end: the call goes, as with a closed connection.
+      if (!body.complete) this.stopped.abort(new Error('the caller stopped reading the reply'));
+      this.release();
+    });
+    return body;
+  }
+}
+
+/** An error as the HTTP seam answers it: its status, `Retry-After`, the wire body with the call's id. */
+function errorReply(id: string, log: FastifyBaseLogger, error: unknown, extra: Record<string, string> = {}): TransportReply {
+  const { status, headers, body } = errorAnswer(log, id, error);
+  return Object.assign(Readable.from([Buffer.from(JSON.stringify(body))], { objectMode: false }), {
+    statusCode: status,
+    headers: { 'x-request-id': id, 'content-type': 'application/json', ...headers, ...extra },
+    complete: true,
+  });
+}
+
+function lowerCased(headers: OutgoingHttpHeaders): IncomingHttpHeaders {
+  const out: IncomingHttpHeaders = {};
+  for (const [name, value] of Object.entries(headers)) {
+    if (value !== undefined) out[name.toLowerCase()] = typeof value === 'number' ? String(value) : value;
+  }
+  return out;
+}
+
+/**
+ * The body as Fastify would hand it to the seam: JSON parsed (within the route's limit), raw
+ * bytes as a stream, nothing as undefined.
+ */
+function requestBody(request: TransportRequest, route: AnyRoute): unknown {
+  const { body } = request;
+  if (body === undefined) return undefined;
+  const type = String(request.headers['content-type'] ?? '');
+  if (!type.startsWith('application/json')) {
+    return typeof body === 'string' || body instanceof Uint8Array ? Readable.from([Buffer.from(body)]) : Readable.from(body);
+  }
+  const text = typeof body === 'string' ? body : body instanceof Uint8Array ? Buffer.from(body).toString('utf8') : undefined;
+  if (text === undefined) throw new SandboxError('INVALID_ARGUMENT', 'a JSON body must be sent whole', { details: { field: 'body' } });
+  const limit = route.bodyLimitBytes ?? DEFAULT_BODY_LIMIT_BYTES;
+  if (Buffer.byteLength(text) > limit) {
+    throw new SandboxError('PAYLOAD_TOO_LARGE', `the request body is larger than the ${limit} bytes a JSON body may be`, { details: { field: 'body', limitBytes: limit } });
+  }
+  try {
+    return JSON.parse(text) as unknown;
+  } catch (error) {
+    throw new SandboxError('INVALID_ARGUMENT', `the request is malformed: ${(error as Error).message}`, { details: { field: 'body' } });
+  }
+}
