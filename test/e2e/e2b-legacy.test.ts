@@ -30,7 +30,8 @@ describe('e2b SDK 2.45 against Capsule', () => {
       const again = await Sandbox.connect(sbx.sandboxId, server.opts);
       expect(await again.isRunning()).toBe(true);
       expect((await again.commands.run('cat a.txt')).stdout).toBe('from 2.45');
-      expect((await again.getInfo()).metadata).toEqual({ sdk: '2.45' });
+      // 2.45 sent allow_internet_access: true without being asked: it opens nothing, and says so.
+      expect(await again.getInfo()).toMatchObject({ metadata: { sdk: '2.45' }, allowInternetAccess: false, network: { denyOut: ['0.0.0.0/0'] } });
     } finally {
       expect(await sbx.kill()).toBe(true);
     }

@@ -58,15 +58,33 @@ it('getHost(port) names the sandbox port the proxy serves, with the traffic acce
   }
 }, 120_000);
 
-it("maps E2B's network options onto Capsule's policy and refuses what it cannot honour", async () => {
+it("maps E2B's network options onto Capsule's policy, reports them, updates them, and refuses what it cannot honour", async () => {
   await expect(Sandbox.create({ ...opts, network: { denyOut: ['10.0.0.0/8'] } })).rejects.toThrow(/network\.denyOut cannot be honoured/);
   await expect(Sandbox.create({ ...opts, network: { allowPublicTraffic: true } })).rejects.toThrow(/allowPublicTraffic/);
-  // No packet is sent: the sandbox only gets the policy, read back through /v1.
-  const sandbox = await Sandbox.create({ ...opts, network: { allowOut: ['pypi.org', '8.8.8.8'], denyOut: ['0.0.0.0/0'] } });
+  const policyOf = async (id: string) => (await t.json<{ spec: { network: { mode: string; allow: string[] } } }>('GET', `/v1/sandboxes/${id}`)).body.spec.network;
+  // No packet is sent: the sandboxes only get their policies, read back through /v1 and getInfo().
+  const listed = await Sandbox.create({ ...opts, network: { allowOut: ['pypi.org', '8.8.8.8'], denyOut: ['0.0.0.0/0'] } });
+  const open = await Sandbox.create({ ...opts, allowInternetAccess: true });
+  const closed = await Sandbox.create(opts);
   try {
-    const info = await t.json<{ spec: { network: { mode: string; allow: string[] } } }>('GET', `/v1/sandboxes/${sandbox.sandboxId}`);
-    expect(info.body.spec.network).toMatchObject({ mode: 'allowlist', allow: ['pypi.org', '8.8.8.8/32'] });
+    expect(await policyOf(listed.sandboxId)).toMatchObject({ mode: 'allowlist', allow: ['pypi.org', '8.8.8.8/32'] });
+    expect(await listed.getInfo()).toMatchObject({ allowInternetAccess: false, network: { allowOut: ['pypi.org', '8.8.8.8/32'], denyOut: ['0.0.0.0/0'] } });
+    expect(await policyOf(open.sandboxId)).toMatchObject({ mode: 'internet' });
+    expect((await open.getInfo()).allowInternetAccess).toBe(true);
+    expect(await closed.getInfo()).toMatchObject({ allowInternetAccess: false, network: { denyOut: ['0.0.0.0/0'] } });
+
+    // PUT /sandboxes/{id}/network: replaces the policy; what the update omits is cleared.
+    await listed.updateNetwork({ allowOut: ['example.com'] });
+    expect(await policyOf(listed.sandboxId)).toMatchObject({ mode: 'allowlist', allow: ['example.com'] });
+    await listed.updateNetwork({ allowInternetAccess: true });
+    expect((await listed.getInfo()).allowInternetAccess).toBe(true);
+    await open.updateNetwork({ denyOut: ['0.0.0.0/0'] });
+    expect(await open.getInfo()).toMatchObject({ allowInternetAccess: false, network: { denyOut: ['0.0.0.0/0'] } });
+    await expect(listed.updateNetwork({ denyOut: ['10.0.0.0/8'] })).rejects.toThrow(/network\.denyOut cannot be honoured/);
+    // A sandbox made with no network has no namespace to open: said so, not ignored.
+    await expect(closed.updateNetwork({ allowOut: ['example.com'] })).rejects.toThrow(/created without a network/);
+    expect(await policyOf(closed.sandboxId)).toMatchObject({ mode: 'none' });
   } finally {
-    await sandbox.kill();
+    await Promise.all([listed.kill(), open.kill(), closed.kill()]);
   }
 }, 120_000);

@@ -1,7 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import { isSandboxError } from '../../src/errors/index.js';
 import { NetworkPolicySchema } from '../../src/sandbox-spec/index.js';
-import { e2bNetworkPolicy } from '../../src/server/e2b/network.js';
+import { e2bNetworkInfo, e2bNetworkPolicy, e2bNetworkUpdate } from '../../src/server/e2b/network.js';
 
 function refusal(network: unknown): string {
   try {
@@ -31,5 +31,29 @@ describe("E2B's network options as Capsule policy", () => {
     expect(refusal({ rules: {} })).toBe('INVALID_ARGUMENT network.rules');
     expect(refusal('everything')).toBe('INVALID_ARGUMENT network');
     expect(refusal({ allowOut: 'pypi.org' })).toBe('INVALID_ARGUMENT network.allowOut');
+  });
+
+  it('maps allow_internet_access as E2B defines it, where the caller said it', () => {
+    expect(e2bNetworkPolicy(undefined, true)).toEqual({ mode: 'internet' });
+    expect(e2bNetworkPolicy({ allowOut: ['pypi.org'] }, true)).toEqual({ mode: 'internet' });
+    // Deny-all wins over internet access; allowOut entries pass it.
+    expect(e2bNetworkPolicy({ denyOut: ['0.0.0.0/0'] }, true)).toBeUndefined();
+    expect(e2bNetworkPolicy({ allowOut: ['pypi.org'], denyOut: ['0.0.0.0/0'] }, true)).toEqual({ mode: 'allowlist', allow: ['pypi.org'] });
+    expect(e2bNetworkPolicy({ allowOut: ['pypi.org'] }, false)).toEqual({ mode: 'allowlist', allow: ['pypi.org'] });
+    expect(e2bNetworkPolicy(undefined, false)).toBeUndefined();
+  });
+
+  it('clears in an update what the update omits, leaving an empty allow list', () => {
+    expect(e2bNetworkUpdate({})).toEqual({ mode: 'allowlist', allow: [] });
+    expect(e2bNetworkUpdate({ allow_internet_access: true })).toEqual({ mode: 'internet' });
+    expect(e2bNetworkUpdate({ allowOut: ['8.8.8.8'] })).toEqual({ mode: 'allowlist', allow: ['8.8.8.8/32'] });
+    expect(() => e2bNetworkUpdate({ allow_internet_access: 'yes' })).toThrow(/allow_internet_access/);
+    expect(() => e2bNetworkUpdate({ egressProxy: { address: 'proxy:3128' } })).toThrow(/egressProxy/);
+  });
+
+  it("reports a sandbox's policy as E2B's getInfo reads it", () => {
+    expect(e2bNetworkInfo({ mode: 'internet', allow: [] })).toEqual({ allowInternetAccess: true });
+    expect(e2bNetworkInfo({ mode: 'allowlist', allow: ['pypi.org'] })).toEqual({ allowInternetAccess: false, network: { allowOut: ['pypi.org'], denyOut: ['0.0.0.0/0'] } });
+    expect(e2bNetworkInfo({ mode: 'none', allow: [] })).toEqual({ allowInternetAccess: false, network: { denyOut: ['0.0.0.0/0'] } });
   });
 });

@@ -13,7 +13,8 @@ import { liveSandbox, sandboxBody as e2bSandboxBody, TEMPLATE_KEY, unsupported }
 import { StateFields, withState } from './lifecycle.js';
 import { stateRoutes, volumeContentRoutes } from './state-routes.js';
 import { E2B_HOME, E2B_USER } from './paths.js';
-import { e2bNetworkPolicy } from './network.js';
+import { e2bNetworkInfo, e2bNetworkPolicy, e2bNetworkUpdate } from './network.js';
+import { networkPolicyOf } from '../routes/network.js';
 import { E2B_DEFAULT_TEMPLATES, e2bTemplateRoutes, e2bTemplateState } from './templates.js';
 
 /** E2B's own template names, served by the server's default template; any other is a Capsule template. */
@@ -29,8 +30,11 @@ const CreateBody = z
     ...StateFields,
     mcp: z.unknown().optional(),
     network: z.unknown().optional(),
+    allow_internet_access: z.boolean().optional(),
   })
   .loose();
+/** E2B's network update: its options are checked by `e2bNetworkUpdate`, which names a bad field. */
+const NetworkUpdateBody = z.record(z.string(), z.unknown());
 const ConnectBody = z.object({ timeout: z.number().int().positive().optional(), memory: z.boolean().optional() }).loose().optional();
 /** `keepMemory` of `pause()`: E2B's `memory`. */
 const PauseBody = z.object({ memory: z.boolean().optional() }).loose().optional();
@@ -56,18 +60,19 @@ function sendE2bError(request: FastifyRequest, reply: FastifyReply, error: unkno
  * operator's maxima are lower, the sandbox gets the maximum. The user's timeout is never cut (a
  * timeout over the maximum is refused).
  */
-function specFor(body: z.infer<typeof CreateBody>, ctx: E2bContext): SandboxSpecInput {
+function specFor(body: z.infer<typeof CreateBody>, ctx: E2bContext, internetSaid: boolean): SandboxSpecInput {
   const e2bLimits = { cpus: 2, memoryBytes: 512 * MiB, diskBytes: 1024 * MiB, wallClockMs: 3_600_000, pids: 1024, stdoutBytes: 64 * MiB, stderrBytes: 64 * MiB };
+  const network = withNetwork(e2bNetworkPolicy(body.network, internetSaid ? body.allow_internet_access : undefined));
   if (!TEMPLATES.has(body.templateID)) {
     // A Capsule template: its own user, home, env and workdir, under E2B's sizes.
-    return { template: body.templateID, limits: clampLimits(e2bLimits, ctx.engine.maxima), env: { ...(body.envVars ?? {}) }, ttlMs: (body.timeout ?? 300) * 1000 };
+    return { template: body.templateID, limits: clampLimits(e2bLimits, ctx.engine.maxima), env: { ...(body.envVars ?? {}) }, ttlMs: (body.timeout ?? 300) * 1000, ...network };
   }
   return {
     limits: clampLimits(e2bLimits, ctx.engine.maxima),
     env: { HOME: E2B_HOME, USER: E2B_USER, LOGNAME: E2B_USER, ...(body.envVars ?? {}) },
     cwd: E2B_HOME,
     ttlMs: (body.timeout ?? 300) * 1000,
-    ...withNetwork(e2bNetworkPolicy(body.network)),
+    ...network,
   };
 }
 
@@ -126,7 +131,8 @@ function controlPlaneRoutes(ctx: E2bContext): AnyRoute[] {
     };
   };
 
-  const create = (url: string) =>
+  // E2B's SDK 2.45 (/sandboxes) sends allow_internet_access: true when the caller said nothing; 2.51 (/v2) only when set.
+  const create = (url: string, internetSaid = url.startsWith('/v2/')) =>
     defineRoute({
       name: 'e2b.sandboxes.create',
       method: 'POST',
@@ -134,10 +140,10 @@ function controlPlaneRoutes(ctx: E2bContext): AnyRoute[] {
       summary: 'E2B: create a sandbox',
       auth,
       body: CreateBody,
-      audit: ({ body, principal }) => ({ subject: body.templateID, policy: policyOf(withState(specFor(body, ctx), body, ctx, principal.tenantId)) }),
+      audit: ({ body, principal }) => ({ subject: body.templateID, policy: policyOf(withState(specFor(body, ctx, internetSaid), body, ctx, principal.tenantId)) }),
       async handler({ body, principal, signal }) {
         if (body.mcp !== undefined) throw unsupported('mcp', 'there is no MCP gateway in Capsule sandboxes');
-        const spec = withState(specFor(body, ctx), body, ctx, principal.tenantId);
+        const spec = withState(specFor(body, ctx, internetSaid), body, ctx, principal.tenantId);
         const metadata = { ...(body.metadata ?? {}), [TEMPLATE_KEY]: body.templateID };
         const info = await engine.create({ tenantId: principal.tenantId, spec, metadata, signal, grants: { mountRoots: mountGrantOf(principal), diskQuotaBytes: principal.grants.diskQuotaBytes } });
         return { kind: 'json', status: 201, body: sandboxBody(info) };
@@ -223,7 +229,7 @@ function controlPlaneRoutes(ctx: E2bContext): AnyRoute[] {
         const body = {
           ...listed(info),
           envdAccessToken: ctx.tokens.issue(info.tenantId, info.sandboxId),
-          allowInternetAccess: false,
+          ...e2bNetworkInfo(info.spec.network),
           domain: ctx.publicDomain ?? null,
           lifecycle: { onTimeout: info.spec.onTimeout, autoResume: info.spec.autoResume },
         };
@@ -243,6 +249,21 @@ function controlPlaneRoutes(ctx: E2bContext): AnyRoute[] {
         // An ended sandbox is a 404, once its clean-up is over (kill waits for it).
         await engine.kill(principal.tenantId, params.id);
         if (!isLiveState(before.state)) live(principal.tenantId, params.id);
+        return { kind: 'empty', status: 204 };
+      },
+    }),
+    defineRoute({
+      name: 'e2b.sandboxes.setNetwork',
+      method: 'PUT',
+      url: '/sandboxes/:id/network',
+      summary: "E2B: replace a running sandbox's network policy (what the update omits is cleared)",
+      auth,
+      params: IdParams,
+      body: NetworkUpdateBody,
+      audit: ({ params, body }) => ({ sandboxId: params.id, policy: networkPolicyOf(e2bNetworkUpdate(body)) }),
+      async handler({ params, body, principal }) {
+        live(principal.tenantId, params.id);
+        await engine.setNetworkPolicy(principal.tenantId, params.id, e2bNetworkUpdate(body));
         return { kind: 'empty', status: 204 };
       },
     }),

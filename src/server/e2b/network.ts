@@ -10,15 +10,20 @@ function refused(field: string, why: string, hint: string): SandboxError {
 }
 
 /**
- * Capsule's network policy for E2B's `network` create option, or undefined for none (Capsule's
- * default: loopback only). What Capsule cannot enforce exactly is refused, never approximated: a
- * per-sandbox deny list other than "everything", transform rules, public traffic without a
- * token. The operator's maxima and deny list still apply at create. Pure.
+ * Capsule's network policy for E2B's `network` option and `allow_internet_access`, or undefined
+ * for none (Capsule's default: loopback only). What Capsule cannot enforce exactly is refused,
+ * never approximated: a per-sandbox deny list other than "everything", transform rules, an egress
+ * proxy, public traffic without a token. The operator's maxima and deny list still apply. Pure.
  *
- * `allow_internet_access` is not mapped: E2B's SDK 2.45 sends `true` when the caller said
- * nothing, so it cannot open the internet; `getInfo()` reports `allowInternetAccess: false`.
+ * `internet` is `allow_internet_access` where the caller said it: E2B's SDK 2.51 sends it only
+ * when set (`/v2/sandboxes`, and every network update); 2.45 (`/sandboxes`) sends `true` when the
+ * caller said nothing, so there it is not passed and opens nothing. As in E2B: `false` is
+ * `denyOut: ["0.0.0.0/0"]`; `allowOut` entries pass a deny-all; with internet access and no
+ * deny-all, everything is reachable (Capsule's `internet` mode: public addresses only).
  */
-export function e2bNetworkPolicy(network: unknown): NetworkPolicyInput | undefined {
+export function e2bNetworkPolicy(network: unknown, internet?: boolean): NetworkPolicyInput | undefined {
+  let allow: string[] = [];
+  let denyAll = false;
   if (network !== undefined && network !== null) {
     if (typeof network !== 'object' || Array.isArray(network)) throw refused('network', 'it must be an object', 'Pass network: { allowOut, denyOut }.');
     const { allowOut, denyOut, allowPublicTraffic, ...rest } = network as Record<string, unknown>;
@@ -29,15 +34,34 @@ export function e2bNetworkPolicy(network: unknown): NetworkPolicyInput | undefin
     if (allowPublicTraffic === true) {
       throw refused('network.allowPublicTraffic', 'ports are reached with the sandbox\'s traffic access token (E2b-Traffic-Access-Token)', 'Omit it (or set false) and send the token; or create the sandbox through /v1 with network.publicPorts.');
     }
-    const allow = strings('network.allowOut', allowOut);
+    allow = strings('network.allowOut', allowOut);
     const deny = strings('network.denyOut', denyOut);
-    const denyAll = deny.length > 0 && deny.every((entry) => ALL_TRAFFIC.has(entry));
+    denyAll = deny.length > 0 && deny.every((entry) => ALL_TRAFFIC.has(entry));
     if (deny.length > 0 && !denyAll) {
       throw refused('network.denyOut', 'a sandbox has an allow list, not a deny list of its own (the operator\'s deny list applies to all)', 'List what the sandbox may reach in allowOut with denyOut: ["0.0.0.0/0"].');
     }
-    if (allow.length > 0) return { mode: 'allowlist', allow: allow.map(asAllowEntry) };
   }
+  if (internet === true && !denyAll) return { mode: 'internet' };
+  if (allow.length > 0) return { mode: 'allowlist', allow: allow.map(asAllowEntry) };
   return undefined;
+}
+
+/**
+ * The policy of an E2B network update (`PUT /sandboxes/{id}/network`): as at create, with what it
+ * omits cleared (E2B's rule), so an update that opens nothing leaves a sandbox that reaches
+ * nothing. That is an empty allow list, not `none`, so that a later update can open it again.
+ */
+export function e2bNetworkUpdate(body: Record<string, unknown>): NetworkPolicyInput {
+  const { allow_internet_access: internet, ...network } = body;
+  if (internet !== undefined && typeof internet !== 'boolean') throw refused('allow_internet_access', 'it must be true or false', 'Pass allowInternetAccess: true or false.');
+  return e2bNetworkPolicy(network, internet) ?? { mode: 'allowlist', allow: [] };
+}
+
+/** A sandbox's policy as E2B's `getInfo()` reads it: `allowInternetAccess` and `network`. */
+export function e2bNetworkInfo(policy: { mode: string; allow: readonly string[] }): { allowInternetAccess: boolean; network?: { allowOut?: string[]; denyOut?: string[] } } {
+  if (policy.mode === 'internet') return { allowInternetAccess: true };
+  if (policy.mode === 'allowlist' && policy.allow.length > 0) return { allowInternetAccess: false, network: { allowOut: [...policy.allow], denyOut: ['0.0.0.0/0'] } };
+  return { allowInternetAccess: false, network: { denyOut: ['0.0.0.0/0'] } };
 }
 
 function strings(field: string, value: unknown): string[] {
