@@ -118,7 +118,8 @@ async function main(): Promise<void> {
     const wsProxied = await wsRoundTrips(`${proxied.replace('http:', 'ws:')}ws`, auth, N);
 
     await mcp.connect(new StreamableHTTPClientTransport(new URL(`${server.url}/mcp`), { requestInit: { headers: auth } }));
-    const execN = Math.max(10, Math.floor(N / 5));
+    // As many exec pairs as HTTP requests: an exec's p50 from 80 pairs moved by ±3% between runs.
+    const execN = Math.max(10, N);
     const sdkExec: number[] = [];
     const mcpExec: number[] = [];
     for (let i = 0; i < execN; i++) {

@@ -1,6 +1,6 @@
 import { randomBytes } from 'node:crypto';
 import type { IncomingHttpHeaders, OutgoingHttpHeaders } from 'node:http';
-import { Readable } from 'node:stream';
+import { addAbortSignal, Readable } from 'node:stream';
 import type { FastifyBaseLogger } from 'fastify';
 import FindMyWay from 'find-my-way';
 import { SandboxError } from '../errors/index.js';
@@ -53,29 +53,37 @@ export class SeamCalls {
 
   private async send(log: FastifyBaseLogger, request: TransportRequest): Promise<TransportReply> {
     const id = newRequestId();
+    // As Fastify binds each request's log: what a call logs names its id, which its error tells the caller.
+    const callLog = log.child({ reqId: id });
     const found = this.router.find(request.method, request.path);
     if (!found) {
-      return errorReply(id, log, new SandboxError('NOT_FOUND', `no route ${request.method} ${request.path.split('?')[0] ?? ''} for a call made in-process`, { details: { method: request.method } }));
+      return errorReply(id, callLog, new SandboxError('NOT_FOUND', `no route ${request.method} ${request.path.split('?')[0] ?? ''} for a call made in-process`, { details: { method: request.method } }));
     }
     const { route, services } = found.store as Entry;
     const reply = new InProcessReply(request.signal, services.closeSignal);
+    let body: unknown;
     try {
+      body = requestBody(request, route, reply.signal);
       const answer = await answerCall(services, route, {
         method: request.method,
         url: request.path,
         headers: lowerCased(request.headers),
         params: found.params,
         query: found.searchParams,
-        body: requestBody(request, route),
+        body,
         id,
-        log,
+        log: callLog,
         signal: reply.signal,
         origin: request.origin,
       });
       return reply.answer(id, answer);
     } catch (error) {
       reply.release();
-      return errorReply(id, log, error instanceof AnswerError ? error.error : error, error instanceof AnswerError ? error.headers : {});
+      return errorReply(id, callLog, error instanceof AnswerError ? error.error : error, error instanceof AnswerError ? error.headers : {});
+    } finally {
+      // A streamed body the route did not read to its end (it failed first, or gave up) is ended
+      // here, and with it the caller's source: over HTTP the closed request does that.
+      if (body instanceof Readable && !body.readableEnded) body.destroy();
     }
   }
 }
@@ -117,23 +125,48 @@ class InProcessReply {
         // Each line a chunk of its own: HTTP's coalescing saves packets and wakeups, here there are none to save.
         return this.reply(answer.status, { ...headers, 'content-type': answer.contentType }, answer.lines);
       case 'write':
-        // Only /v1 routes are kept here, and none answers in a protocol of its own.
+        // Only /v1 routes are kept here, and none answers in a protocol of its own (were one to,
+        // its outcome would already be recorded as a success: the seam settles before this).
         this.release();
         throw new SandboxError('INTERNAL', 'this call answers in a protocol of its own, over HTTP only');
     }
   }
 
-  /** The body as a byte stream read straight from `source`; destroying it ends the source too. */
+  /**
+   * The body, read straight from `source`. Destroying it before its end (the caller stopped
+   * reading) aborts the call at once, as a closed connection does: the route's stream ends on its
+   * signal, not at its next event, which on a quiet stream may never come.
+   */
   private reply(status: number, headers: IncomingHttpHeaders, source: Iterable<Buffer> | AsyncIterable<Buffer | string>): TransportReply {
-    const body = Object.assign(Readable.from(source, { objectMode: false }), { statusCode: status, headers, complete: false });
-    body.once('end', () => (body.complete = true));
-    body.once('close', () => {
-      // The caller stopped reading before the end: the call goes, as with a closed connection.
-      if (!body.complete) this.stopped.abort(new Error('the caller stopped reading the reply'));
+    return byteReply(status, headers, source, (complete) => {
+      if (!complete) this.stopped.abort(new Error('the caller stopped reading the reply'));
       this.release();
     });
-    return body;
   }
+}
+
+/** A reply whose body is `source` as bytes; `stopped` runs once when it is destroyed, saying whether it had come whole. */
+function byteReply(status: number, headers: IncomingHttpHeaders, source: Iterable<Buffer> | AsyncIterable<Buffer | string>, stopped: (complete: boolean) => void): TransportReply {
+  const iterator = Symbol.asyncIterator in source ? source[Symbol.asyncIterator]() : source[Symbol.iterator]();
+  const stream = new Readable({
+    read() {
+      Promise.resolve(iterator.next()).then(
+        (next) => {
+          if (!next.done) return void this.push(next.value);
+          reply.complete = true;
+          this.push(null);
+        },
+        (error: unknown) => this.destroy(error as Error),
+      );
+    },
+    destroy(error, callback) {
+      stopped(reply.complete);
+      void Promise.resolve(iterator.return?.()).catch(() => undefined);
+      callback(error);
+    },
+  });
+  const reply = Object.assign(stream, { statusCode: status, headers, complete: false });
+  return reply;
 }
 
 /** An error as the HTTP seam answers it: its status, `Retry-After`, the wire body with the call's id. */
@@ -158,12 +191,13 @@ function lowerCased(headers: OutgoingHttpHeaders): IncomingHttpHeaders {
  * The body as Fastify would hand it to the seam: JSON parsed (within the route's limit), raw
  * bytes as a stream, nothing as undefined.
  */
-function requestBody(request: TransportRequest, route: AnyRoute): unknown {
+function requestBody(request: TransportRequest, route: AnyRoute, signal: AbortSignal): unknown {
   const { body } = request;
   if (body === undefined) return undefined;
   const type = String(request.headers['content-type'] ?? '');
   if (!type.startsWith('application/json')) {
-    return typeof body === 'string' || body instanceof Uint8Array ? Readable.from([Buffer.from(body)]) : Readable.from(body);
+    // Ended with the call (a cancel, a server close), as the request stream of a closed connection is.
+    return addAbortSignal(signal, typeof body === 'string' || body instanceof Uint8Array ? Readable.from([Buffer.from(body)]) : Readable.from(body));
   }
   const text = typeof body === 'string' ? body : body instanceof Uint8Array ? Buffer.from(body).toString('utf8') : undefined;
   if (text === undefined) throw new SandboxError('INVALID_ARGUMENT', 'a JSON body must be sent whole', { details: { field: 'body' } });

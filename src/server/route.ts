@@ -541,6 +541,9 @@ const DRAIN_LIMIT_BYTES = 64 * 1024 * 1024;
 function rawBody(body: unknown): Readable {
   if (body instanceof Readable) {
     const copy = new PassThrough();
+    // A route that gave up before reading (it refused the call) leaves the copy unread: its error
+    // when the upload is then cut off concerns nobody, and must not be an uncaught one.
+    copy.on('error', () => undefined);
     body.pipe(copy);
     // pipe() does not pass on a client that went away mid-upload: the reader must see it.
     body.once('error', (error) => copy.destroy(error));

@@ -61,7 +61,9 @@ describe('the SDK over the in-process transport', () => {
       const records = t.server.app.services.audit.list({ limit: 1000 }).filter((record) => record.sandboxId === sandbox.sandboxId);
       const starts = records.filter((record) => record.operation === 'processes.start');
       expect(starts.map((record) => record.phase)).toEqual(expect.arrayContaining(['attempt', 'outcome']));
-      expect(starts.every((record) => record.tenantId === 'default' && record.requestId?.startsWith('req_'))).toBe(true);
+      const keyId = t.server.app.services.keys.verify(t.apiKey)?.keyId;
+      expect(keyId).toBeDefined();
+      expect(starts.every((record) => record.tenantId === 'default' && record.keyId === keyId && record.requestId?.startsWith('req_'))).toBe(true);
       expect(records.map((record) => record.operation)).toEqual(expect.arrayContaining(['sandboxes.create', 'files.write', 'processes.start']));
     } finally {
       await sandbox.kill();
@@ -115,7 +117,8 @@ describe('the SDK over the in-process transport', () => {
       const started = await waitFor(async () => (await sandbox.commands.list()).find((process) => process.running && process.argv[0] === 'sleep'), { what: 'the sleep to start' });
       cancel.abort();
       await expect(running).rejects.toBeInstanceOf(AbortedError);
-      // The SDK ends an aborted run's process (a kill, in-process too) before it rejects.
+      // The SDK ends an aborted run's process (a kill, in-process too) before it rejects. That the
+      // server's side of a cancelled or abandoned call ends: test/unit/in-process-calls.test.ts.
       expect((await sandbox.commands.list()).find((process) => process.pid === started.pid)?.running).toBe(false);
     } finally {
       await sandbox.kill();

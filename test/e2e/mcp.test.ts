@@ -164,6 +164,18 @@ describe('MCP over streamable HTTP at /mcp', () => {
     expect(batch.body.map((answer) => answer.id).sort()).toEqual([7, 8]);
   });
 
+  it('answers a call of an unknown tool or with bad arguments as an error result with the code and hint', async () => {
+    const client = await connect(httpTransport(t.apiKey));
+    const unknown = await call(client, 'no_such_tool', {});
+    expect(unknown.isError).toBe(true);
+    expect(unknown.data).toMatchObject({ code: 'NOT_FOUND', hint: expect.stringContaining('exec') as unknown });
+    const bad = await call(client, 'exec', { sandboxId: 'x' });
+    expect(bad.isError).toBe(true);
+    expect(bad.data).toMatchObject({ code: 'INVALID_ARGUMENT', message: expect.stringContaining('command') as unknown });
+    // Unknown arguments are refused too (the catalog's schemas are strict).
+    expect((await call(client, 'list_sandboxes', { everything: true })).data).toMatchObject({ code: 'INVALID_ARGUMENT' });
+  });
+
   it('refuses a client without a key', async () => {
     await expect(connect(httpTransport(undefined))).rejects.toThrow(/401|UNAUTHENTICATED/);
     await expect(connect(httpTransport('cap_0000000000000000000000000000000000000000'))).rejects.toThrow(/401|UNAUTHENTICATED/);

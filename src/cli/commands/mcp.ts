@@ -42,7 +42,7 @@ export function mcpCommand(context: CliContext): Command {
         url = started.url;
       }
       const server = createMcpServer({ url, ...(apiKey !== undefined && { apiKey }) });
-      const closed = new Promise<void>((resolve) => (server.server.onclose = resolve));
+      const closed = new Promise<void>((resolve) => (server.onclose = resolve));
       await server.connect(new StdioServerTransport());
       await closed;
       await local?.close();
