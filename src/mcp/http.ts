@@ -9,14 +9,6 @@ import type { ServerServices } from '../server/services.js';
 import { createMcpServer } from './server.js';
 import { SandboxHandles } from '../agent-tools/index.js';
 
-/** Where this server answers on loopback: the MCP tools call the API there, with the caller's key. */
-function loopbackUrl(app: FastifyInstance): string {
-  const address = app.server.address();
-  if (address === null || typeof address === 'string') throw new Error('the server is not listening on TCP');
-  const host = address.address === '0.0.0.0' ? '127.0.0.1' : address.address === '::' ? '::1' : address.address;
-  return `http://${host.includes(':') ? `[${host}]` : host}:${address.port}`;
-}
-
 /** The headers the SDK's web-standard transport reads (content negotiation, protocol version, session). */
 const MCP_HEADERS = ['accept', 'content-type', 'mcp-protocol-version', 'mcp-session-id', 'last-event-id'] as const;
 
@@ -73,7 +65,6 @@ export function registerMcpHttp(app: FastifyInstance, services: ServerServices):
   const validator = new AjvJsonSchemaValidator();
   // The tools' calls reach the /v1 routes in-process, through the seam (decision 024).
   const transport = services.calls.transport(app.log);
-  let url: string | undefined;
   for (const method of ['POST', 'GET', 'DELETE'] as const) {
     registerRoute(
       app,
@@ -85,8 +76,9 @@ export function registerMcpHttp(app: FastifyInstance, services: ServerServices):
         summary: 'Model Context Protocol (streamable HTTP, stateless; GET and DELETE answer 405)',
         auth: 'tenant',
         ...(method === 'POST' && { body: z.unknown() }),
-        handler({ headers, body }) {
-          const connection = { url: (url ??= loopbackUrl(app)), apiKey: presentedKey({ headers }) ?? '', transport };
+        handler({ headers, body, origin }) {
+          // The origin the MCP client reached: what URLs handed back to it (port_url) are built on.
+          const connection = { url: origin, apiKey: presentedKey({ headers }) ?? '', transport };
           return {
             kind: 'stream',
             async write(reply) {

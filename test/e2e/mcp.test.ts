@@ -4,6 +4,7 @@
  * sandboxes; the flow an agent runs (test/e2e/agent-flow.ts): create, write a script, run it, read
  * its output, fork, see the fork's changes, kill.
  */
+import { request as httpRequest } from 'node:http';
 import { join } from 'node:path';
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StdioClientTransport } from '@modelcontextprotocol/sdk/client/stdio.js';
@@ -47,6 +48,26 @@ function stdioTransport(): Transport {
     args: [BIN, 'mcp'],
     env: { PATH: process.env.PATH ?? '/usr/bin:/bin', CAPSULE_URL: t.url, CAPSULE_API_KEY: t.apiKey },
     stderr: 'pipe',
+  });
+}
+
+/** A JSON POST with headers fetch cannot send (Host), over node:http to the test server. */
+function rawPost(path: string, body: unknown, headers: Record<string, string>): Promise<unknown> {
+  return new Promise((resolve, reject) => {
+    const text = JSON.stringify(body);
+    const request = httpRequest(`${t.url}${path}`, { method: 'POST', headers: { ...headers, 'content-type': 'application/json', 'content-length': String(Buffer.byteLength(text)) } }, (response) => {
+      const chunks: Buffer[] = [];
+      response.on('data', (chunk: Buffer) => chunks.push(chunk));
+      response.on('end', () => {
+        try {
+          resolve(JSON.parse(Buffer.concat(chunks).toString()) as unknown);
+        } catch (error) {
+          reject(error instanceof Error ? error : new Error(String(error)));
+        }
+      });
+    });
+    request.once('error', reject);
+    request.end(text);
   });
 }
 
@@ -163,6 +184,25 @@ describe('MCP over streamable HTTP at /mcp', () => {
     expect(batch.headers.get('content-type')).toMatch(/^application\/json/);
     expect(batch.body.map((answer) => answer.id).sort()).toEqual([7, 8]);
   });
+
+  it('hands back port URLs on the origin the MCP client reached (its Host), not the server\'s loopback', async () => {
+    const client = await connect(httpTransport(t.apiKey));
+    const sandboxId = String((await call(client, 'create_sandbox', {})).data.sandboxId);
+    try {
+      // The connection goes to loopback; only the Host names another origin, as for a client
+      // behind a proxy or on another machine (fetch cannot set Host, so this is one raw POST).
+      const answer = await rawPost('/mcp', { jsonrpc: '2.0', id: 1, method: 'tools/call', params: { name: 'port_url', arguments: { sandboxId, port: 8080 } } }, {
+        authorization: `Bearer ${t.apiKey}`,
+        host: 'capsule.test:7443',
+        accept: 'application/json, text/event-stream',
+        'mcp-protocol-version': '2025-06-18',
+      });
+      const url = (answer as { result: { structuredContent: { url: string } } }).result.structuredContent.url;
+      expect(url).toMatch(new RegExp(`^http://capsule\\.test:7443/v1/sandboxes/${sandboxId}/ports/8080/\\?`));
+    } finally {
+      await call(client, 'kill_sandbox', { sandboxId, confirm: true });
+    }
+  }, 60_000);
 
   it('answers a call of an unknown tool or with bad arguments as an error result with the code and hint', async () => {
     const client = await connect(httpTransport(t.apiKey));
