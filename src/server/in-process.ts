@@ -4,7 +4,7 @@ import { addAbortSignal, Readable } from 'node:stream';
 import type { FastifyBaseLogger } from 'fastify';
 import FindMyWay from 'find-my-way';
 import { SandboxError } from '../errors/index.js';
-import type { Transport, TransportReply, TransportRequest } from '../wire/index.js';
+import type { Transport, TransportReply, TransportRequest } from '../wire/transport.js';
 import { errorAnswer } from './errors.js';
 import { linkedSignal } from './linked-signal.js';
 import { AnswerError, answerCall, type AnyRoute, type Answer, type SeamServices } from './route.js';
@@ -196,8 +196,13 @@ function requestBody(request: TransportRequest, route: AnyRoute, signal: AbortSi
   if (body === undefined) return undefined;
   const type = String(request.headers['content-type'] ?? '');
   if (!type.startsWith('application/json')) {
-    // Ended with the call (a cancel, a server close), as the request stream of a closed connection is.
-    return addAbortSignal(signal, typeof body === 'string' || body instanceof Uint8Array ? Readable.from([Buffer.from(body)]) : Readable.from(body));
+    if (signal.aborted) throw new SandboxError('ABORTED', 'the call was cancelled, or the server is closing, before its body was read');
+    const stream = typeof body === 'string' || body instanceof Uint8Array ? Readable.from([Buffer.from(body)]) : Readable.from(body);
+    // Until the route reads it (after authentication and validation) nobody listens: a cut then
+    // is the route's to see, never an uncaught error. Ended with the call (a cancel, a server
+    // close), as the request stream of a closed connection is.
+    stream.on('error', () => undefined);
+    return addAbortSignal(signal, stream);
   }
   const text = typeof body === 'string' ? body : body instanceof Uint8Array ? Buffer.from(body).toString('utf8') : undefined;
   if (text === undefined) throw new SandboxError('INVALID_ARGUMENT', 'a JSON body must be sent whole', { details: { field: 'body' } });

@@ -13,4 +13,3 @@ export * from './templates.js';
 export * from './console.js';
 export * from './snapshots.js';
 export * from './capacity.js';
-export * from './transport.js';

@@ -25,7 +25,8 @@ export type TransportReply = Readable & { statusCode?: number; headers: Incoming
 /**
  * What carries the SDK's calls when it is not HTTP to the server's URL: the server gives its
  * own tools one that answers in its process (src/server/in-process.ts). Here in the wire
- * contract because both sides implement it: the SDK sends on it, the server answers.
+ * contract because both sides implement it: the SDK sends on it, the server answers. Not in the
+ * wire's index: it names Node's stream types, and the web console compiles the index for the browser.
  */
 export interface Transport {
   /** Resolves once the reply's headers are there; a reply other than 2xx is read as an error by the SDK. */

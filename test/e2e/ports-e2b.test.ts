@@ -81,9 +81,23 @@ it("maps E2B's network options onto Capsule's policy, reports them, updates them
     await open.updateNetwork({ denyOut: ['0.0.0.0/0'] });
     expect(await open.getInfo()).toMatchObject({ allowInternetAccess: false, network: { denyOut: ['0.0.0.0/0'] } });
     await expect(listed.updateNetwork({ denyOut: ['10.0.0.0/8'] })).rejects.toThrow(/network\.denyOut cannot be honoured/);
+    // A refused update is in the audit log too: its attempt, and the failure.
+    const audit = await t.json<{ records: { operation: string; phase: string; sandboxId: string | null; outcome: string | null }[] }>('GET', '/v1/audit?limit=1000');
+    const updates = audit.body.records.filter((record) => record.operation === 'e2b.sandboxes.setNetwork' && record.sandboxId === listed.sandboxId);
+    expect(updates.filter((record) => record.phase === 'attempt')).toHaveLength(3);
+    expect(updates.some((record) => record.phase === 'outcome' && record.outcome !== 'ok')).toBe(true);
     // A sandbox made with no network has no namespace to open: said so, not ignored.
     await expect(closed.updateNetwork({ allowOut: ['example.com'] })).rejects.toThrow(/created without a network/);
     expect(await policyOf(closed.sandboxId)).toMatchObject({ mode: 'none' });
+    // Closed on purpose at create (E2B's way to open it later): a network that reaches nothing, which an update opens.
+    const later = await Sandbox.create({ ...opts, allowInternetAccess: false });
+    try {
+      expect(await later.getInfo()).toMatchObject({ allowInternetAccess: false, network: { denyOut: ['0.0.0.0/0'] } });
+      await later.updateNetwork({ allowOut: ['example.com'] });
+      expect(await policyOf(later.sandboxId)).toMatchObject({ mode: 'allowlist', allow: ['example.com'] });
+    } finally {
+      await later.kill();
+    }
   } finally {
     await Promise.all([listed.kill(), open.kill(), closed.kill()]);
   }

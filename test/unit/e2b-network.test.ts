@@ -17,7 +17,8 @@ describe("E2B's network options as Capsule policy", () => {
   it('maps what Capsule enforces exactly', () => {
     expect(e2bNetworkPolicy(undefined)).toBeUndefined();
     expect(e2bNetworkPolicy({})).toBeUndefined();
-    expect(e2bNetworkPolicy({ denyOut: ['0.0.0.0/0'] })).toBeUndefined();
+    // Closed on purpose: a network reaching nothing, which a later updateNetwork can open.
+    expect(e2bNetworkPolicy({ denyOut: ['0.0.0.0/0'] })).toEqual({ mode: 'allowlist', allow: [] });
     const allowlist = e2bNetworkPolicy({ allowOut: ['pypi.org', '*.pythonhosted.org', '8.8.8.8', '10.1.0.0/16'], denyOut: ['0.0.0.0/0'] });
     expect(allowlist).toEqual({ mode: 'allowlist', allow: ['pypi.org', '*.pythonhosted.org', '8.8.8.8/32', '10.1.0.0/16'] });
     // What it maps to is a valid Capsule policy (the engine still applies the operator's maxima).
@@ -37,10 +38,10 @@ describe("E2B's network options as Capsule policy", () => {
     expect(e2bNetworkPolicy(undefined, true)).toEqual({ mode: 'internet' });
     expect(e2bNetworkPolicy({ allowOut: ['pypi.org'] }, true)).toEqual({ mode: 'internet' });
     // Deny-all wins over internet access; allowOut entries pass it.
-    expect(e2bNetworkPolicy({ denyOut: ['0.0.0.0/0'] }, true)).toBeUndefined();
+    expect(e2bNetworkPolicy({ denyOut: ['0.0.0.0/0'] }, true)).toEqual({ mode: 'allowlist', allow: [] });
     expect(e2bNetworkPolicy({ allowOut: ['pypi.org'], denyOut: ['0.0.0.0/0'] }, true)).toEqual({ mode: 'allowlist', allow: ['pypi.org'] });
     expect(e2bNetworkPolicy({ allowOut: ['pypi.org'] }, false)).toEqual({ mode: 'allowlist', allow: ['pypi.org'] });
-    expect(e2bNetworkPolicy(undefined, false)).toBeUndefined();
+    expect(e2bNetworkPolicy(undefined, false)).toEqual({ mode: 'allowlist', allow: [] });
   });
 
   it('clears in an update what the update omits, leaving an empty allow list', () => {

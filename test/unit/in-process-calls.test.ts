@@ -4,7 +4,7 @@ import Fastify from 'fastify';
 import { describe, expect, it } from 'vitest';
 import { SeamCalls } from '../../src/server/in-process.js';
 import { defineRoute, type SeamServices } from '../../src/server/route.js';
-import type { TransportRequest } from '../../src/wire/index.js';
+import type { TransportRequest } from '../../src/wire/transport.js';
 
 /**
  * The in-process transport's own duties (decision 024), on routes of the test's: a call ends on

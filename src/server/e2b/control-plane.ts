@@ -62,7 +62,9 @@ function sendE2bError(request: FastifyRequest, reply: FastifyReply, error: unkno
  */
 function specFor(body: z.infer<typeof CreateBody>, ctx: E2bContext, internetSaid: boolean): SandboxSpecInput {
   const e2bLimits = { cpus: 2, memoryBytes: 512 * MiB, diskBytes: 1024 * MiB, wallClockMs: 3_600_000, pids: 1024, stdoutBytes: 64 * MiB, stderrBytes: 64 * MiB };
-  const network = withNetwork(e2bNetworkPolicy(body.network, internetSaid ? body.allow_internet_access : undefined));
+  // `false` is always the caller's (2.45's default is `true`); `true` only where it is never a default.
+  const internet = body.allow_internet_access === false || internetSaid ? body.allow_internet_access : undefined;
+  const network = withNetwork(e2bNetworkPolicy(body.network, internet));
   if (!TEMPLATES.has(body.templateID)) {
     // A Capsule template: its own user, home, env and workdir, under E2B's sizes.
     return { template: body.templateID, limits: clampLimits(e2bLimits, ctx.engine.maxima), env: { ...(body.envVars ?? {}) }, ttlMs: (body.timeout ?? 300) * 1000, ...network };
@@ -74,6 +76,15 @@ function specFor(body: z.infer<typeof CreateBody>, ctx: E2bContext, internetSaid
     ttlMs: (body.timeout ?? 300) * 1000,
     ...network,
   };
+}
+
+/** What the audit log records of an E2B network update: the policy it maps to, or null for one refused (the attempt is still recorded, as on /v1). */
+function auditedUpdate(body: Record<string, unknown>): Record<string, unknown> | null {
+  try {
+    return networkPolicyOf(e2bNetworkUpdate(body));
+  } catch {
+    return null;
+  }
 }
 
 function withNetwork(network: NetworkPolicyInput | undefined): { network?: NetworkPolicyInput } {
@@ -260,7 +271,7 @@ function controlPlaneRoutes(ctx: E2bContext): AnyRoute[] {
       auth,
       params: IdParams,
       body: NetworkUpdateBody,
-      audit: ({ params, body }) => ({ sandboxId: params.id, policy: networkPolicyOf(e2bNetworkUpdate(body)) }),
+      audit: ({ params, body }) => ({ sandboxId: params.id, policy: auditedUpdate(body) }),
       async handler({ params, body, principal }) {
         live(principal.tenantId, params.id);
         await engine.setNetworkPolicy(principal.tenantId, params.id, e2bNetworkUpdate(body));

@@ -17,9 +17,9 @@ function refused(field: string, why: string, hint: string): SandboxError {
  *
  * `internet` is `allow_internet_access` where the caller said it: E2B's SDK 2.51 sends it only
  * when set (`/v2/sandboxes`, and every network update); 2.45 (`/sandboxes`) sends `true` when the
- * caller said nothing, so there it is not passed and opens nothing. As in E2B: `false` is
- * `denyOut: ["0.0.0.0/0"]`; `allowOut` entries pass a deny-all; with internet access and no
- * deny-all, everything is reachable (Capsule's `internet` mode: public addresses only).
+ * caller said nothing, so there only `false` is passed and `true` opens nothing. As in E2B:
+ * `false` is `denyOut: ["0.0.0.0/0"]`; `allowOut` entries pass a deny-all; with internet access
+ * and no deny-all, everything is reachable (Capsule's `internet` mode: public addresses only).
  */
 export function e2bNetworkPolicy(network: unknown, internet?: boolean): NetworkPolicyInput | undefined {
   let allow: string[] = [];
@@ -43,6 +43,9 @@ export function e2bNetworkPolicy(network: unknown, internet?: boolean): NetworkP
   }
   if (internet === true && !denyAll) return { mode: 'internet' };
   if (allow.length > 0) return { mode: 'allowlist', allow: allow.map(asAllowEntry) };
+  // Closed on purpose (E2B's way to open a sandbox later with updateNetwork): a network that
+  // reaches nothing, which an update can open; nothing said is Capsule's default, no network.
+  if (internet === false || denyAll) return { mode: 'allowlist', allow: [] };
   return undefined;
 }
 
