@@ -12,7 +12,10 @@ mkdirSync(out, { recursive: true });
 const programs = [
   // Static: it runs inside sandboxes whose root is any template (musl, another glibc, no libc).
   { name: 'capsule-agent', libs: ['-lutil', '-static'], extra: ['agent-users.c', 'agent-relay.c'], headers: ['agent-users.h', 'agent-relay.h'] },
-  { name: 'capsule-launch', libs: [], extra: ['launch-mounts.c', 'launch-subvolume.c', 'launch-supervise.c'], headers: ['launch-mounts.h', 'launch-subvolume.h', 'launch-supervise.h'] },
+  // Static too: it stays beside every sandbox as its supervisor, and a static binary keeps no
+  // private relocated pages of libc and ld.so: 60 KiB private dirty against 108 (2,000 idle
+  // sandboxes: processes' PSS 0.32 -> 0.27 MiB each).
+  { name: 'capsule-launch', libs: ['-static'], extra: ['launch-mounts.c', 'launch-subvolume.c', 'launch-supervise.c'], headers: ['launch-mounts.h', 'launch-subvolume.h', 'launch-supervise.h'] },
   { name: 'seccomp-gen', libs: ['-lseccomp'] },
   { name: 'capsule-quota', libs: [] },
 ];
