@@ -13,7 +13,7 @@ import { hostRouting, portUrlRoutes, registerPortRoutes } from './ports/port-rou
 import { sendError } from './errors.js';
 import { buildOpenApi } from './openapi.js';
 import { FairTurns } from './fair-turns.js';
-import { defineRoute, registerRoute, type AnyRoute } from './route.js';
+import { defineRoute, JSON_BODY_LIMIT_BYTES, registerRoute, type AnyRoute } from './route.js';
 import { newRequestId, SeamCalls } from './in-process.js';
 import { fileRoutes } from './routes/files.js';
 import { networkRoutes } from './routes/network.js';
@@ -38,8 +38,6 @@ import { registerConsoleUi } from './console/static-ui.js';
 import type { ServerServices } from './services.js';
 
 export const API_VERSION = '0.1.0';
-/** JSON bodies; file contents and stdin are streamed and bounded by the sandbox's limits. */
-export const JSON_BODY_LIMIT_BYTES = 1024 * 1024;
 
 export interface CapsuleAppOptions {
   engine: SandboxEngine;

@@ -7,10 +7,7 @@ import { SandboxError } from '../errors/index.js';
 import type { Transport, TransportReply, TransportRequest } from '../wire/transport.js';
 import { errorAnswer } from './errors.js';
 import { linkedSignal } from './linked-signal.js';
-import { AnswerError, answerCall, type AnyRoute, type Answer, type SeamServices } from './route.js';
-
-/** A JSON body may be this large in-process too (as `JSON_BODY_LIMIT_BYTES` over HTTP). */
-const DEFAULT_BODY_LIMIT_BYTES = 1024 * 1024;
+import { AnswerError, answerCall, JSON_BODY_LIMIT_BYTES, type AnyRoute, type Answer, type SeamServices } from './route.js';
 
 interface Entry {
   route: AnyRoute;
@@ -206,7 +203,7 @@ function requestBody(request: TransportRequest, route: AnyRoute, signal: AbortSi
   }
   const text = typeof body === 'string' ? body : body instanceof Uint8Array ? Buffer.from(body).toString('utf8') : undefined;
   if (text === undefined) throw new SandboxError('INVALID_ARGUMENT', 'a JSON body must be sent whole', { details: { field: 'body' } });
-  const limit = route.bodyLimitBytes ?? DEFAULT_BODY_LIMIT_BYTES;
+  const limit = route.bodyLimitBytes ?? JSON_BODY_LIMIT_BYTES;
   if (Buffer.byteLength(text) > limit) {
     throw new SandboxError('PAYLOAD_TOO_LARGE', `the request body is larger than the ${limit} bytes a JSON body may be`, { details: { field: 'body', limitBytes: limit } });
   }

@@ -10,6 +10,9 @@ import { beginIdempotent, type Idempotency, type Replay } from './idempotency.js
 import { AuditTrail, type AuditSubject } from './audit-trail.js';
 import { linkedSignal } from './linked-signal.js';
 
+/** JSON bodies, over HTTP and in-process; file contents and stdin are streamed and bounded by the sandbox's limits. */
+export const JSON_BODY_LIMIT_BYTES = 1024 * 1024;
+
 /** What a handler returns; the seam turns it into the HTTP response. */
 export type RouteResult =
   | { kind: 'json'; status: number; body: unknown; headers?: Record<string, string> }
@@ -206,10 +209,7 @@ function needsNoHttp(route: AnyRoute): boolean {
 }
 
 function principalOf(route: AnyRoute, call: SeamRequest, services: SeamServices): Principal {
-  if (typeof route.auth === 'function') {
-    if (!call.http) throw new SandboxError('INTERNAL', `${route.name} authenticates its own way and answers over HTTP only`);
-    return route.auth(call.http);
-  }
+  if (typeof route.auth === 'function') return route.auth(httpOnly(call.http));
   return route.auth === 'none' ? ANONYMOUS : authenticate(call, services.keys, route.auth, services.sessions);
 }
 
@@ -243,6 +243,8 @@ async function serve(services: SeamServices, route: AnyRoute, request: FastifyRe
 
 /** Writes an answer on the HTTP reply. */
 function writeAnswer(reply: FastifyReply, answer: Answer): FastifyReply | Promise<FastifyReply> {
+  // A route's own protocol writes its own status and headers on the hijacked reply.
+  if (answer.kind === 'write') return answer.write(reply).then(() => reply);
   reply.code(answer.status);
   reply.headers(answer.headers);
   switch (answer.kind) {
@@ -260,8 +262,6 @@ function writeAnswer(reply: FastifyReply, answer: Answer): FastifyReply | Promis
       });
       return reply.type(answer.contentType).send(stream);
     }
-    case 'write':
-      return answer.write(reply).then(() => reply);
   }
 }
 
