@@ -18,7 +18,9 @@
  * subvolume, owned by UID, mode 0700, its quota limit set (a sandbox's new workspace); with
  * --subvolume-from SOURCE, a writable snapshot of SOURCE whose files become UID's; with
  * --subvolume-spare SPARE as well, the ready snapshot of SOURCE at SPARE is renamed to PATH when
- * there is one (the host keeps one per snapshot; see src/host/spare-clones.host.ts).
+ * there is one (the host keeps one per snapshot; see src/host/spare-clones.host.ts). With
+ * --root-limit LIMIT_BYTES:PATH, the exclusive-bytes quota limit of the existing subvolume PATH
+ * (a sandbox's root from a template) is set the same way, by ioctl, before anything starts.
  *
  * In the child:
  *   1. write our pid to each --cgroup-procs file (the v1 memory, pids, cpu groups);
@@ -41,7 +43,7 @@
  *   an `:idmap` attach (the sandbox's root snapshot) is seen through it, so ids 0..COUNT-1 on
  *   disk are the sandbox's own 0..COUNT-1; FD keeps the namespace for bwrap --userns.
  *
- * Usage: capsule-launch [--subvolume UID:LIMIT_BYTES:PATH [--subvolume-from SOURCE [--subvolume-spare SPARE]]] [--cgroup2-dir DIR] [--cgroup-procs FILE]... [--netns FILE] [--rlimit NAME=SOFT[:HARD]]...
+ * Usage: capsule-launch [--subvolume UID:LIMIT_BYTES:PATH [--subvolume-from SOURCE [--subvolume-spare SPARE]]] [--root-limit LIMIT_BYTES:PATH] [--cgroup2-dir DIR] [--cgroup-procs FILE]... [--netns FILE] [--rlimit NAME=SOFT[:HARD]]...
  *                       [--fd N:PATH]... [--forbid DIR] [--mount I:FD:KIND ROOT SUBPATH]...
  *                       [--userns BASE:COUNT[:FD]] [--stage DIR] [--attach FD:ro|rw[:idmap] TARGET]...
  *                       [--uid N --gid N] [--supervise SOCKET --spool FILE [--spool-bytes N] [--pidfile FILE]]
@@ -238,7 +240,7 @@ int main(int argc, char **argv) {
     int nmounts = 0, nattaches = 0;
     if (cgroups == NULL || rlimits == NULL || fds == NULL || mounts == NULL || attaches == NULL) die("calloc", NULL);
     const char *netns = NULL, *cgroup2 = NULL, *forbid = NULL, *stage = NULL;
-    char *subvolume = NULL;
+    char *subvolume = NULL, *root_limit = NULL;
     const char *subvolume_from = NULL, *subvolume_spare = NULL;
     long uid = -1, gid = -1;
     struct supervise_options supervise_opts = {.spool_bytes = 16ull * 1024 * 1024};
@@ -291,6 +293,7 @@ int main(int argc, char **argv) {
         else if (strcmp(opt, "--subvolume") == 0) subvolume = value;
         else if (strcmp(opt, "--subvolume-from") == 0) subvolume_from = value;
         else if (strcmp(opt, "--subvolume-spare") == 0) subvolume_spare = value;
+        else if (strcmp(opt, "--root-limit") == 0) root_limit = value;
         else if (strcmp(opt, "--userns") == 0) {
             /* --userns BASE:COUNT[:FD]: a user namespace mapping 0..COUNT-1 to BASE..; FD keeps it for bwrap --userns. */
             int n = sscanf(value, "%lu:%lu:%d", &userns_base, &userns_count, &userns_keep);
@@ -312,6 +315,7 @@ int main(int argc, char **argv) {
     if (subvolume_from != NULL && subvolume == NULL) usage("--subvolume-from wants --subvolume");
     if (subvolume_spare != NULL && subvolume_from == NULL) usage("--subvolume-spare wants --subvolume-from");
     if (subvolume != NULL) subvolume_create(subvolume, subvolume_from, subvolume_spare);
+    if (root_limit != NULL) subvolume_limit_exclusive(root_limit);
     int supervising = supervise_opts.socket_path != NULL;
     int listen_fd = -1, sigfd = -1, agent_in[2] = {-1, -1}, agent_out[2] = {-1, -1};
     sigset_t chld;

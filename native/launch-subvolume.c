@@ -17,12 +17,12 @@ static void fail(const char *path, const char *what) {
     exit(125);
 }
 
-static unsigned long long parse_number(const char *text, const char *what) {
+static unsigned long long parse_number(const char *text, const char *what, const char *usage) {
     char *end = NULL;
     errno = 0;
     unsigned long long value = strtoull(text, &end, 10);
     if (errno != 0 || end == text || *end != '\0' || text[0] == '-') {
-        fprintf(stderr, "capsule-launch: --subvolume wants UID:LIMIT_BYTES:PATH (bad %s)\n", what);
+        fprintf(stderr, "capsule-launch: %s (bad %s)\n", usage, what);
         exit(125);
     }
     return value;
@@ -46,8 +46,8 @@ void subvolume_create(char *spec, const char *source, const char *spare) {
     }
     *first = '\0';
     *second = '\0';
-    unsigned long long owner = parse_number(spec, "uid");
-    unsigned long long limit = parse_number(first + 1, "limit");
+    unsigned long long owner = parse_number(spec, "uid", "--subvolume wants UID:LIMIT_BYTES:PATH");
+    unsigned long long limit = parse_number(first + 1, "limit", "--subvolume wants UID:LIMIT_BYTES:PATH");
     char *path = second + 1;
     char *slash = strrchr(path, '/');
     if (path[0] != '/' || slash == NULL || slash[1] == '\0' || strlen(slash + 1) >= BTRFS_PATH_NAME_MAX || owner > 0xfffffffeULL) {
@@ -99,5 +99,23 @@ void subvolume_create(char *spec, const char *source, const char *spare) {
         struct btrfs_ioctl_qgroup_limit_args quota = {.qgroupid = 0, .lim = {.flags = BTRFS_QGROUP_LIMIT_MAX_RFER, .max_rfer = limit}};
         if (ioctl(fd, BTRFS_IOC_QGROUP_LIMIT, &quota) != 0) fail(path, "set its quota limit");
     }
+    close(fd);
+}
+
+void subvolume_limit_exclusive(char *spec) {
+    char *colon = strchr(spec, ':');
+    if (colon == NULL || colon[1] != '/') {
+        fprintf(stderr, "capsule-launch: --root-limit wants LIMIT_BYTES:PATH (an absolute path)\n");
+        exit(125);
+    }
+    *colon = '\0';
+    unsigned long long limit = parse_number(spec, "limit", "--root-limit wants LIMIT_BYTES:PATH");
+    const char *path = colon + 1;
+    int fd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) fail(path, "open");
+    /* What `btrfs qgroup limit -e SIZE PATH` sets: a root shares its template's extents, and only
+     * what the sandbox itself writes is exclusive to it. */
+    struct btrfs_ioctl_qgroup_limit_args quota = {.qgroupid = 0, .lim = {.flags = BTRFS_QGROUP_LIMIT_MAX_EXCL, .max_excl = limit}};
+    if (ioctl(fd, BTRFS_IOC_QGROUP_LIMIT, &quota) != 0) fail(path, "set its quota limit");
     close(fd);
 }

@@ -175,4 +175,20 @@ describe('capsule-launch --subvolume', () => {
     expect(malformed.status).toBe(125);
     expect(malformed.stderr).toContain('--subvolume wants UID:LIMIT_BYTES:PATH (bad uid)');
   });
+
+  it("--root-limit sets an existing root's exclusive limit, as `btrfs qgroup limit -e` does, before the program runs", () => {
+    // A template root shares its layer's extents: only what the sandbox writes is exclusive.
+    const path = host.volume.rootPath(id);
+    execFileSync('btrfs', ['subvolume', 'create', path]);
+    const limited = spawnSync(launcher, ['--root-limit', `${6 * 1024 * 1024}:${path}`, '--', '/bin/sh', '-c', `btrfs qgroup show -e --raw -f ${path}`], { encoding: 'utf8', timeout: 10_000 });
+    expect(limited.status, limited.stderr).toBe(0);
+    // qgroupid rfer excl max_excl: set when the program ran.
+    expect(limited.stdout.trim().split('\n').at(-1)?.split(/\s+/)[3]).toBe(String(6 * 1024 * 1024));
+    const relative = spawnSync(launcher, ['--root-limit', '1024:some/root', '--', '/bin/true'], { encoding: 'utf8', timeout: 10_000 });
+    expect(relative.status).toBe(125);
+    expect(relative.stderr).toContain('--root-limit wants LIMIT_BYTES:PATH (an absolute path)');
+    const missing = spawnSync(launcher, ['--root-limit', `1024:${path}-missing`, '--', '/bin/true'], { encoding: 'utf8', timeout: 10_000 });
+    expect(missing.status).toBe(125);
+    expect(missing.stderr).toContain(`capsule-launch: subvolume ${path}-missing: open: No such file or directory`);
+  });
 });
