@@ -15,6 +15,7 @@ import { isLiveState, type ForkResult, type ProcessInfo, type SandboxInfo, type 
 import { collectArtifacts, type Collection } from './artifacts.js';
 import { SandboxStepRunner } from './build-step-runner.js';
 import type { StepRunner } from '../templates/index.js';
+import { warmFirstCommand } from '../templates/rootfs/first-command-cache.host.js';
 import { assertEnforceable } from './capabilities.js';
 import { openEngineHost, type EngineHostOptions } from './engine-host.js';
 import type { EngineEvent, ProcessObserver } from './events.js';
@@ -273,7 +274,7 @@ export class SandboxManager implements SandboxEngine {
     try {
       const template = image.layerDir !== undefined ? { layerDir: image.layerDir } : undefined;
       // A template's next sandbox finds its root ready (a snapshot's is kept when it is taken).
-      if (template && !from) this.host?.volume.keepLayerSpare(template.layerDir);
+      if (template && !from) this.host?.volume.keepLayerSpare(template.layerDir, warmFirstCommand);
       const restoreFrom = full ? { restoreFrom: full.checkpointDir } : {};
       const create = { id: entry.info.sandboxId, signal: command.signal, mounts, volumes, tenantId: command.tenantId, ...(template ? { template } : {}), ...workspaceFrom, ...restoreFrom };
       this.attach(entry, warm ?? (await backend.create(spec, create)));
@@ -655,7 +656,7 @@ export class SandboxManager implements SandboxEngine {
       const image = await this.templates.resolve('default', ref);
       const spec = parseSpec(withTemplate({}, image), this.maxima);
       const template = image.layerDir !== undefined ? { template: { layerDir: image.layerDir } } : {};
-      if (image.layerDir !== undefined) this.host?.volume.keepLayerSpare(image.layerDir);
+      if (image.layerDir !== undefined) this.host?.volume.keepLayerSpare(image.layerDir, warmFirstCommand);
       this.pools.set(poolName(image), new WarmPool({ backend: namespace, spec, size, ...template }));
     }
   }

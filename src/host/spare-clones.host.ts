@@ -66,21 +66,28 @@ export class SpareClones {
 
   /**
    * Makes `target` a writable clone of `source`: its spare when one is ready, else a snapshot of
-   * it here; then the next spare is made when the source is kept.
+   * it here; then the next spare is made when the source is kept, unless `replenishLater`: the
+   * caller calls `replenish` once its create can share the host (a spare's making spawns `btrfs`,
+   * ~3 ms of this process's event loop on 2 cores, and waits for a commit).
    */
-  async clone(source: string, target: string): Promise<void> {
+  async clone(source: string, target: string, options: { replenishLater?: boolean } = {}): Promise<void> {
     if (!(await this.take(source, target))) await runCommand(['btrfs', 'subvolume', 'snapshot', source, target]);
-    this.replenish(source);
+    if (options.replenishLater !== true) this.replenish(source);
   }
 
   /**
    * From now on a spare of `source` is kept ready: one is made now (in the background) unless one
    * is. `prepare` does to each new spare, before a create may take it, what every create from it
-   * would otherwise do first (a template root's /workspace), off the create's path.
+   * would otherwise do first (a template root's /workspace, its page cache), off the create's path.
    */
   keep(source: string, prepare?: Prepare): void {
+    const kept = this.wanted.has(source) && this.kept.has(source);
     this.wanted.set(source, prepare);
-    this.replenish(source);
+    // Kept already (each create from a template asks again, before it takes the spare): a make
+    // begun now would find that spare and be the one in flight when the create's own replenish
+    // comes, so nothing would replace the spare the create takes.
+    if (kept) this.touch(source);
+    else this.replenish(source);
   }
 
   /**

@@ -1,5 +1,5 @@
 import { closeSync, openSync } from 'node:fs';
-import { chmod, chown, mkdir, open, readFile, readdir, rmdir, stat, statfs } from 'node:fs/promises';
+import { chmod, chown, lstat, mkdir, open, readFile, readdir, rmdir, stat, statfs } from 'node:fs/promises';
 import { dirname, join } from 'node:path';
 import { SandboxError } from '../errors/index.js';
 import { NextRun } from './next-run.js';
@@ -7,6 +7,7 @@ import { runCommand } from './run-command.host.js';
 import { SpareClones } from './spare-clones.host.js';
 import { withLock } from './lock.host.js';
 import { packageRoot, pathExists } from './fs-util.js';
+import { TOOLS_DIR } from './sandbox-layout.js';
 
 /** How often a process holding the volume checks that its quota accounting is consistent (a sysfs read). */
 const QUOTA_WATCH_MS = 2000;
@@ -242,9 +243,9 @@ export class WorkspaceVolume {
    * one quota counts both. Ids stay the template's raw 0..65535 (the sandbox sees them through an
    * idmapped mount); the workspace is the template user's. NO quota yet: the caller sets it (`setLimit`) before anything writes.
    */
-  async createRoot(id: string, layerDir: string): Promise<{ root: string; workspace: string }> {
+  async createRoot(id: string, layerDir: string, options: { replenishLater?: boolean } = {}): Promise<{ root: string; workspace: string }> {
     const root = this.rootPath(id);
-    await this.spares.clone(layerDir, root);
+    await this.spares.clone(layerDir, root, options);
     try {
       await readyRoot(root);
     } catch (error) {
@@ -258,9 +259,14 @@ export class WorkspaceVolume {
    * Keeps a ready clone of a template layer for the sandboxes made from it, its root readied as
    * createRoot would (mode, /workspace): a create that takes it writes no metadata of its own
    * first, which on this volume waits for a commit under way (the next spare's, another's delete).
+   * `warm` then readies what the sandbox's first command would otherwise wait for (the page cache
+   * of the root's own loader and libc: warmFirstCommand).
    */
-  keepLayerSpare(layerDir: string): void {
-    this.spares.keep(layerDir, readyRoot);
+  keepLayerSpare(layerDir: string, warm?: (root: string) => Promise<void>): void {
+    this.spares.keep(layerDir, warm === undefined ? readyRoot : async (root) => {
+      await readyRoot(root);
+      await warm(root);
+    });
   }
 
   /** Whether the sandbox's disk is a root from a template (else a bare workspace). */
@@ -508,9 +514,11 @@ export class WorkspaceVolume {
 }
 
 /**
- * A sandbox root as it starts: mode 0755 and a /workspace of the template user's. A snapshot of a
- * sandbox has its /workspace already, with the owner the sandbox gave it; a spare readied before
- * (keepLayerSpare) has both, and then nothing is written.
+ * A sandbox root as it starts: mode 0755, a /workspace of the template user's, and the empty
+ * directory the sandbox's tools are mounted on (TOOLS_DIR: bwrap would make it, a metadata write
+ * that waits for any commit under way on the volume, such as the next spare's snapshot). A
+ * snapshot of a sandbox has them already, with the owner the sandbox gave its /workspace; a spare
+ * readied before (keepLayerSpare) has them, and then nothing is written.
  */
 async function readyRoot(root: string): Promise<void> {
   const workspace = join(root, 'workspace');
@@ -519,6 +527,9 @@ async function readyRoot(root: string): Promise<void> {
     await mkdir(workspace, { recursive: true, mode: 0o755 });
     await chown(workspace, TEMPLATE_USER_ID, TEMPLATE_USER_ID);
   }
+  // Not followed: a template's own /.capsule (a link, a file) is left for bwrap to refuse or use inside the sandbox.
+  const tools = join(root, TOOLS_DIR);
+  if ((await lstat(tools).catch(() => undefined)) === undefined) await mkdir(tools, { mode: 0o755 });
 }
 
 /** A workspace is its sandbox's alone: owned by its host uid, 0700 (btrfs makes it 0755). */

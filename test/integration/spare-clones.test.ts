@@ -1,5 +1,5 @@
 import { execFileSync, spawnSync } from 'node:child_process';
-import { mkdir, readdir, readFile, stat, writeFile } from 'node:fs/promises';
+import { lstat, mkdir, readdir, readFile, stat, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { HostEnvironment } from '../../src/host/host-env.host.js';
@@ -59,7 +59,7 @@ describe('SpareClones', () => {
     expect(subvolumeId(spare)).not.toBe(spareId);
   });
 
-  it("a layer's spare is readied as a root before a create takes it: mode 0755 and the template user's /workspace, the source untouched", async () => {
+  it("a layer's spare is readied as a root before a create takes it: mode 0755, the template user's /workspace, the tools' mount point, the source untouched", async () => {
     const volume = host.volume;
     await volume.spares.discard(source); // the spare an earlier test left was made unreadied
     volume.keepLayerSpare(source);
@@ -68,6 +68,8 @@ describe('SpareClones', () => {
     // Readied before it is offered: a create writes nothing to it first.
     expect((await stat(spare)).mode & 0o7777).toBe(0o755);
     expect(await stat(join(spare, 'workspace'))).toMatchObject({ uid: 1000, gid: 1000 });
+    // The tools' mount point too: bwrap making it in the sandbox's root would wait for a commit.
+    expect((await lstat(join(spare, '.capsule'))).isDirectory()).toBe(true);
     const { root, workspace } = await volume.createRoot('spared', source);
     expect(subvolumeId(root)).not.toBe(subvolumeId(source));
     expect(await stat(workspace)).toMatchObject({ uid: 1000 });
