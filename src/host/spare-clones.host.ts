@@ -9,6 +9,8 @@ export type Prepare = (dir: string) => Promise<void>;
 
 /** Sources with a spare at once, server-wide (each spare is a subvolume of a few KiB, uncharged). */
 export const DEFAULT_MAX_SPARES = 64;
+/** Spares one source may ask for (`keep`'s depth). */
+export const MAX_SPARE_DEPTH = 2;
 
 /**
  * One ready writable clone of each read-only subvolume that sandboxes start from (a snapshot's
@@ -25,15 +27,22 @@ export const DEFAULT_MAX_SPARES = 64;
  * once and share one commit, nor a one-shot run's template), is deleted before its source is
  * (`discard`), at close, and at the next start after a crash (`clear`).
  *
- * At most `maxSpares` sources have one at a time, the ones kept or created from most recently:
+ * A source kept with depth 2 (a template's layer) has two, so that a create right behind another
+ * (create, run one command, kill, create again) finds one too while the replacement of the first
+ * waits for the sandbox's first command (decision 025).
+ *
+ * At most `maxSpares` sources have spares at a time, the ones kept or created from most recently:
  * a spare is uncharged (no tenant's quota sees it), so a tenant that takes many snapshots must
  * not make as many subvolumes on the volume. A source past the bound loses its spare (its
  * creates snapshot it themselves) until a create from it brings it back among the recent ones.
  */
 export class SpareClones {
   private readonly dir: string;
-  /** Sources someone asked to `keep` (until discarded), with what readies each spare before it is offered. */
-  private readonly wanted = new Map<string, Prepare | undefined>();
+  /**
+   * Sources someone asked to `keep` (until discarded), with what readies each spare before it is
+   * offered and how many are kept ready.
+   */
+  private readonly wanted = new Map<string, { prepare: Prepare | undefined; depth: number }>();
   /** The kept sources that have a spare, least recently used first; at most `maxSpares`. */
   private readonly kept = new Set<string>();
   private readonly making = new Map<string, Promise<void>>();
@@ -48,20 +57,28 @@ export class SpareClones {
     this.dir = join(volumeRoot, 'spares');
   }
 
-  /** Where the spare of `source` is when it is ready: named by the source's path on the volume. */
+  /** Where the (first) spare of `source` is when it is ready: named by the source's path on the volume. */
   pathOf(source: string): string {
     return join(this.dir, createHash('sha256').update(relative(this.volumeRoot, source)).digest('hex').slice(0, 32));
   }
 
-  /** Moves the ready spare of `source` to `target` (which must not exist): false when none is ready. */
+  /** Where each spare of `source` is, the first first: `depth` of them (at most MAX_SPARE_DEPTH). */
+  private slotsOf(source: string, depth = this.wanted.get(source)?.depth ?? 1): string[] {
+    const first = this.pathOf(source);
+    return Array.from({ length: Math.min(depth, MAX_SPARE_DEPTH) }, (_, index) => (index === 0 ? first : `${first}-${index + 1}`));
+  }
+
+  /** Moves a ready spare of `source` to `target` (which must not exist): false when none is ready. */
   async take(source: string, target: string): Promise<boolean> {
-    try {
-      await rename(this.pathOf(source), target);
-      return true;
-    } catch (error) {
-      if ((error as NodeJS.ErrnoException).code === 'ENOENT') return false;
-      throw error;
+    for (const slot of this.slotsOf(source)) {
+      try {
+        await rename(slot, target);
+        return true;
+      } catch (error) {
+        if ((error as NodeJS.ErrnoException).code !== 'ENOENT') throw error;
+      }
     }
+    return false;
   }
 
   /**
@@ -80,9 +97,9 @@ export class SpareClones {
    * is. `prepare` does to each new spare, before a create may take it, what every create from it
    * would otherwise do first (a template root's /workspace, its page cache), off the create's path.
    */
-  keep(source: string, prepare?: Prepare): void {
+  keep(source: string, prepare?: Prepare, depth = 1): void {
     const kept = this.wanted.has(source) && this.kept.has(source);
-    this.wanted.set(source, prepare);
+    this.wanted.set(source, { prepare, depth: Math.max(1, Math.min(depth, MAX_SPARE_DEPTH)) });
     // Kept already (each create from a template asks again, before it takes the spare): a make
     // begun now would find that spare and be the one in flight when the create's own replenish
     // comes, so nothing would replace the spare the create takes.
@@ -147,23 +164,27 @@ export class SpareClones {
   private async drop(source: string): Promise<void> {
     this.kept.delete(source);
     await this.making.get(source);
-    const spare = this.pathOf(source);
-    if (await pathExists(spare)) await this.deleteSubvolumes([spare]);
+    const present: string[] = [];
+    for (const slot of this.slotsOf(source, MAX_SPARE_DEPTH)) if (await pathExists(slot)) present.push(slot);
+    if (present.length > 0) await this.deleteSubvolumes(present);
   }
 
+  /** Makes each missing spare of `source`, one after another, while it stays kept. */
   private async make(source: string): Promise<void> {
-    const spare = this.pathOf(source);
-    if (await pathExists(spare)) return;
-    await mkdir(this.dir, { recursive: true, mode: 0o700 });
-    // Made under a name of its own and renamed when whole: a create never takes a partial one.
-    const partial = `${spare}.${randomBytes(4).toString('hex')}.making`;
-    await runCommand(['btrfs', 'subvolume', 'snapshot', source, partial]);
-    try {
-      await this.wanted.get(source)?.(partial);
-      await rename(partial, spare);
-    } catch (error) {
-      await this.deleteSubvolumes([partial]);
-      throw error;
+    for (const spare of this.slotsOf(source)) {
+      if (!this.kept.has(source)) return;
+      if (await pathExists(spare)) continue;
+      await mkdir(this.dir, { recursive: true, mode: 0o700 });
+      // Made under a name of its own and renamed when whole: a create never takes a partial one.
+      const partial = `${spare}.${randomBytes(4).toString('hex')}.making`;
+      await runCommand(['btrfs', 'subvolume', 'snapshot', source, partial]);
+      try {
+        await this.wanted.get(source)?.prepare?.(partial);
+        await rename(partial, spare);
+      } catch (error) {
+        await this.deleteSubvolumes([partial]);
+        throw error;
+      }
     }
   }
 }

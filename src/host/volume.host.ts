@@ -263,10 +263,13 @@ export class WorkspaceVolume {
    * of the root's own loader and libc: warmFirstCommand).
    */
   keepLayerSpare(layerDir: string, warm?: (root: string) => Promise<void>): void {
-    this.spares.keep(layerDir, warm === undefined ? readyRoot : async (root) => {
+    const prepare = warm === undefined ? readyRoot : async (root: string) => {
       await readyRoot(root);
       await warm(root);
-    });
+    };
+    // Two: a create right behind another finds one while the first's replacement waits for that
+    // sandbox's first command (decision 025).
+    this.spares.keep(layerDir, prepare, 2);
   }
 
   /** Whether the sandbox's disk is a root from a template (else a bare workspace). */

@@ -79,6 +79,27 @@ describe('SpareClones', () => {
     await volume.delete('spared');
   });
 
+  it('a layer keeps two spares: a create right behind another takes the second, and both come back on replenish', async () => {
+    const volume = host.volume;
+    volume.keepLayerSpare(source);
+    await volume.spares.idle();
+    const slots = async () => (await readdir(join(volume.mountPoint, 'spares'))).filter((name) => !name.endsWith('.making')).length;
+    expect(await slots()).toBe(2);
+    const spareIds = [volume.spares.pathOf(source), `${volume.spares.pathOf(source)}-2`].map(subvolumeId);
+    // Two creates, neither replenishing (a namespace create replenishes after its first command):
+    // each takes a spare, none snapshots the layer for itself.
+    const first = await volume.createRoot('sparea', source, { replenishLater: true });
+    const second = await volume.createRoot('spareb', source, { replenishLater: true });
+    expect(await slots()).toBe(0);
+    expect([subvolumeId(first.root), subvolumeId(second.root)].sort()).toEqual([...spareIds].sort());
+    volume.spares.replenish(source);
+    await volume.spares.idle();
+    expect(await slots()).toBe(2);
+    await volume.spares.discard(source);
+    expect(await slots()).toBe(0);
+    for (const id of ['sparea', 'spareb']) await volume.delete(id);
+  });
+
   it('capsule-launch takes the spare when there is one and snapshots the source when there is none', async () => {
     const spare = host.volume.spares.pathOf(source);
     host.volume.spares.keep(source);
