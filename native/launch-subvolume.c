@@ -111,8 +111,17 @@ void subvolume_limit_exclusive(char *spec) {
     *colon = '\0';
     unsigned long long limit = parse_number(spec, "limit", "--root-limit wants LIMIT_BYTES:PATH");
     const char *path = colon + 1;
+    if (limit == 0) return; /* no limit, as --subvolume's 0 */
     int fd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     if (fd < 0) fail(path, "open");
+    /* qgroupid 0 means the subvolume the fd is in: a plain directory would give its limit to the
+     * volume's top level. A subvolume's root directory is inode 256 (BTRFS_FIRST_FREE_OBJECTID). */
+    struct stat info;
+    if (fstat(fd, &info) != 0) fail(path, "stat");
+    if (info.st_ino != 256) {
+        errno = ENOTDIR;
+        fail(path, "is not a subvolume");
+    }
     /* What `btrfs qgroup limit -e SIZE PATH` sets: a root shares its template's extents, and only
      * what the sandbox itself writes is exclusive to it. */
     struct btrfs_ioctl_qgroup_limit_args quota = {.qgroupid = 0, .lim = {.flags = BTRFS_QGROUP_LIMIT_MAX_EXCL, .max_excl = limit}};

@@ -23,7 +23,8 @@ void subvolume_create(char *spec, const char *source, const char *spare);
 /*
  * `spec` is LIMIT_BYTES:PATH: the exclusive-bytes quota limit of the subvolume at PATH (a sandbox's
  * root from a template, which shares the template's extents: only what the sandbox writes counts),
- * set by ioctl where the host would spawn `btrfs qgroup limit -e`. Exits 125 as subvolume_create.
+ * set by ioctl where the host would spawn `btrfs qgroup limit -e` (0: none). PATH must be a
+ * subvolume, not a directory in one. Exits 125 as subvolume_create.
  */
 void subvolume_limit_exclusive(char *spec);
 

@@ -46,6 +46,8 @@ export class SpareClones {
   /** The kept sources that have a spare, least recently used first; at most `maxSpares`. */
   private readonly kept = new Set<string>();
   private readonly making = new Map<string, Promise<void>>();
+  /** Sources a create took from while their make ran past that slot: made again once it ends. */
+  private readonly again = new Set<string>();
   /** Spares of sources that fell past the bound, being deleted. */
   private readonly dropping = new Set<Promise<void>>();
 
@@ -98,12 +100,12 @@ export class SpareClones {
    * would otherwise do first (a template root's /workspace, its page cache), off the create's path.
    */
   keep(source: string, prepare?: Prepare, depth = 1): void {
-    const kept = this.wanted.has(source) && this.kept.has(source);
-    this.wanted.set(source, { prepare, depth: Math.max(1, Math.min(depth, MAX_SPARE_DEPTH)) });
-    // Kept already (each create from a template asks again, before it takes the spare): a make
-    // begun now would find that spare and be the one in flight when the create's own replenish
-    // comes, so nothing would replace the spare the create takes.
-    if (kept) this.touch(source);
+    const before = this.wanted.get(source);
+    const wanted = { prepare, depth: Math.max(1, Math.min(depth, MAX_SPARE_DEPTH)) };
+    this.wanted.set(source, wanted);
+    // Kept already with as many (each create from a template asks again, before it takes a
+    // spare): only the most recent now. A make begun here would find that spare and do nothing.
+    if (before !== undefined && before.depth >= wanted.depth && this.kept.has(source)) this.touch(source);
     else this.replenish(source);
   }
 
@@ -115,10 +117,19 @@ export class SpareClones {
   replenish(source: string): void {
     // A create from it (here or by capsule-launch) makes it the most recently used.
     if (this.wanted.has(source)) this.touch(source);
-    if (!this.kept.has(source) || this.making.has(source)) return;
+    if (!this.kept.has(source)) return;
+    // The make under way may be past the slot just taken: it runs again when it ends.
+    if (this.making.has(source)) this.again.add(source);
+    else this.startMake(source);
+  }
+
+  private startMake(source: string): void {
     const made = this.make(source)
       .catch(() => undefined)
-      .finally(() => this.making.delete(source));
+      .finally(() => {
+        this.making.delete(source);
+        if (this.again.delete(source) && this.kept.has(source)) this.startMake(source);
+      });
     this.making.set(source, made);
   }
 
@@ -142,6 +153,7 @@ export class SpareClones {
   async clear(): Promise<void> {
     this.wanted.clear();
     this.kept.clear();
+    this.again.clear();
     await this.idle();
     const entries = await readdir(this.dir).catch(() => [] as string[]);
     if (entries.length > 0) await this.deleteSubvolumes(entries.map((entry) => join(this.dir, entry)));

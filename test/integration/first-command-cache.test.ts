@@ -1,6 +1,6 @@
 import { execFileSync } from 'node:child_process';
-import { copyFile, mkdir, open, rm, symlink, writeFile } from 'node:fs/promises';
-import { join } from 'node:path';
+import { copyFile, mkdir, open, realpath, rm, symlink, truncate, writeFile } from 'node:fs/promises';
+import { dirname, join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { HostEnvironment } from '../../src/host/host-env.host.js';
 import { elfInterpreter, warmFirstCommand } from '../../src/templates/rootfs/first-command-cache.host.js';
@@ -38,39 +38,40 @@ describe('warmFirstCommand', () => {
   });
 
   it("reads the user database, the loader's cache, the shell, its ELF interpreter and libc, all inside the root", async () => {
-    // A Debian-shaped root from the host's own files, links as Debian has them (the loader's
-    // is absolute: it must resolve inside the root, not on the host).
-    const root = join(dir, 'debian');
-    const shell = await open('/bin/sh');
+    // A root made of the host's own shell, loader and libc at their real paths, reached through
+    // absolute links as a distribution has them (/bin/sh, the interpreter's path): each must
+    // resolve inside the root, not on the host.
+    const root = join(dir, 'distro');
+    const shellPath = await realpath('/bin/sh');
+    const shell = await open(shellPath);
     const interpreter = await elfInterpreter(shell, (await shell.stat()).size).finally(() => shell.close());
-    expect(interpreter).toBe('/lib64/ld-linux-x86-64.so.2');
-    const libDir = 'usr/lib/x86_64-linux-gnu';
-    for (const sub of ['etc', 'usr/bin', libDir, 'usr/lib64']) await mkdir(join(root, sub), { recursive: true });
-    const copies: [string, string][] = [
-      ['/etc/passwd', 'etc/passwd'], ['/etc/group', 'etc/group'], ['/etc/ld.so.cache', 'etc/ld.so.cache'],
-      ['/usr/bin/dash', 'usr/bin/dash'], ['/usr/bin/true', 'usr/bin/true'],
-      [`/${libDir}/ld-linux-x86-64.so.2`, `${libDir}/ld-linux-x86-64.so.2`], [`/${libDir}/libc.so.6`, `${libDir}/libc.so.6`],
-    ];
-    for (const [from, to] of copies) await copyFile(from, join(root, to));
-    await symlink('usr/bin', join(root, 'bin'));
-    await symlink('usr/lib64', join(root, 'lib64'));
-    await symlink('dash', join(root, 'usr/bin/sh'));
-    await symlink(`/${libDir}/ld-linux-x86-64.so.2`, join(root, 'usr/lib64/ld-linux-x86-64.so.2'));
-    const files = copies.map(([, to]) => join(root, to));
+    expect(interpreter).toMatch(/^\/.*ld.*\.so/);
+    const loaderPath = await realpath(interpreter!);
+    const libcPath = join(dirname(loaderPath), 'libc.so.6');
+    const copied = ['/etc/passwd', '/etc/group', '/etc/ld.so.cache', shellPath, loaderPath, libcPath, await realpath('/usr/bin/true')];
+    for (const file of copied) {
+      await mkdir(dirname(join(root, file)), { recursive: true });
+      await copyFile(file, join(root, file));
+    }
+    for (const [link, target] of [['/bin/sh', shellPath], [interpreter!, loaderPath]] as const) {
+      if (link === target) continue;
+      await mkdir(dirname(join(root, link)), { recursive: true });
+      await symlink(target, join(root, link));
+    }
+    const files = copied.map((file) => join(root, file));
     drop(files);
     expect(resident(files)).toEqual(files.map(() => 0));
 
     await warmFirstCommand(root);
     const after = resident(files);
-    const warmed = ['etc/passwd', 'etc/group', 'etc/ld.so.cache', 'usr/bin/dash', `${libDir}/ld-linux-x86-64.so.2`, `${libDir}/libc.so.6`];
-    copies.forEach(([, to], index) => {
-      if (warmed.includes(to)) expect(after[index], to).toBeGreaterThan(0);
+    copied.forEach((file, index) => {
       // A command itself is not guessed at.
-      else expect(after[index], to).toBe(0);
+      if (file.endsWith('/true')) expect(after[index], file).toBe(0);
+      else expect(after[index], file).toBeGreaterThan(0);
     });
   });
 
-  it("follows no link out of the root, opens nothing but regular files, and warms what a root without a shell has", async () => {
+  it('follows no link out of the root, opens nothing but regular files, and reads no file past its bound', async () => {
     const root = join(dir, 'hostile');
     const outside = join(dir, 'outside.txt');
     await mkdir(join(root, 'etc'), { recursive: true });
@@ -80,9 +81,14 @@ describe('warmFirstCommand', () => {
     await symlink(outside, join(root, 'etc/ld.so.cache'));
     // A FIFO would block an open without O_NONBLOCK, and is no file to read.
     execFileSync('mkfifo', [join(root, 'etc/passwd')]);
-    drop([outside]);
+    // A "shell" larger than any real one is not read.
+    await mkdir(join(root, 'bin'));
+    const big = join(root, 'bin/sh');
+    await writeFile(big, 'x');
+    await truncate(big, 9 * 1024 * 1024);
+    drop([outside, big]);
 
     await warmFirstCommand(root);
-    expect(resident([outside])).toEqual([0]);
+    expect(resident([outside, big])).toEqual([0, 0]);
   });
 });

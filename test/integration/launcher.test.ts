@@ -176,7 +176,7 @@ describe('capsule-launch --subvolume', () => {
     expect(malformed.stderr).toContain('--subvolume wants UID:LIMIT_BYTES:PATH (bad uid)');
   });
 
-  it("--root-limit sets an existing root's exclusive limit, as `btrfs qgroup limit -e` does, before the program runs", () => {
+  it("--root-limit sets an existing root's exclusive limit, as `btrfs qgroup limit -e` does, before the program runs", async () => {
     // A template root shares its layer's extents: only what the sandbox writes is exclusive.
     const path = host.volume.rootPath(id);
     execFileSync('btrfs', ['subvolume', 'create', path]);
@@ -190,5 +190,10 @@ describe('capsule-launch --subvolume', () => {
     const missing = spawnSync(launcher, ['--root-limit', `1024:${path}-missing`, '--', '/bin/true'], { encoding: 'utf8', timeout: 10_000 });
     expect(missing.status).toBe(125);
     expect(missing.stderr).toContain(`capsule-launch: subvolume ${path}-missing: open: No such file or directory`);
+    // A directory inside a subvolume: its limit would be the enclosing subvolume's (qgroupid 0).
+    await mkdir(join(path, 'inner'));
+    const inner = spawnSync(launcher, ['--root-limit', `1024:${path}/inner`, '--', '/bin/true'], { encoding: 'utf8', timeout: 10_000 });
+    expect(inner.status).toBe(125);
+    expect(inner.stderr).toContain(`capsule-launch: subvolume ${path}/inner: is not a subvolume`);
   });
 });

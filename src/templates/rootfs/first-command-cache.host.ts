@@ -1,10 +1,14 @@
 import { constants } from 'node:fs';
-import { open, type FileHandle } from 'node:fs/promises';
+import { lstat, open, type FileHandle } from 'node:fs/promises';
 import { posix } from 'node:path';
 import { resolveInRoot } from './in-root.js';
 
-/** A template's shell, loader and libc are a few MiB; a larger file is not what this is for. */
-const MAX_FILE_BYTES = 16 * 1024 * 1024;
+/** A template's shell, loader and libc are a few MiB (Debian's: 2.3); a larger file is not read. */
+const MAX_FILE_BYTES = 8 * 1024 * 1024;
+/** What one root's warm-up reads at most, all files together. */
+const MAX_ROOT_BYTES = 8 * 1024 * 1024;
+/** Path lookups one resolution may take (a real root needs a handful). */
+const MAX_LOOKUPS = 256;
 const MAX_PROGRAM_HEADERS_BYTES = 64 * 1024;
 const MAX_INTERPRETER_BYTES = 4096;
 const PT_INTERP = 3;
@@ -21,9 +25,11 @@ const scratch = Buffer.alloc(256 * 1024);
  * a spare root before a create takes it, so off the create's path; the pages are charged to the
  * server's memory cgroup, as any read of the host's is, and go with the root's inodes.
  *
- * The root is a template's, so untrusted: paths resolve inside it (resolveInRoot), only regular
- * files are opened (O_NOFOLLOW, O_NONBLOCK, checked by fstat), nothing read is kept. Best effort:
- * a root without a shell, or whose shell is no ELF program, warms what it has.
+ * The root is a template's, so untrusted: paths resolve inside it (resolveInRoot, at most
+ * MAX_LOOKUPS lookups each), only what lstat calls a regular file is opened (O_NOFOLLOW,
+ * O_NONBLOCK, checked again by fstat), at most MAX_ROOT_BYTES are read in all, nothing read is
+ * kept. The root is a spare no sandbox has yet, so nothing changes it meanwhile. Best effort: a
+ * root without a shell, or whose shell is no ELF program, warms what it has.
  */
 export async function warmFirstCommand(root: string): Promise<void> {
   const files: string[] = [];
@@ -40,16 +46,23 @@ export async function warmFirstCommand(root: string): Promise<void> {
     const libc = await resolveFile(root, posix.join(posix.dirname(loader.inside), 'libc.so.6'));
     if (libc !== undefined) files.push(libc.hostPath);
   }
-  for (const file of files) await withRegularFile(file, readThrough);
+  let budget = MAX_ROOT_BYTES;
+  for (const file of files) {
+    if (budget <= 0) break;
+    budget -= (await withRegularFile(file, (handle, size) => readThrough(handle, Math.min(size, budget)))) ?? 0;
+  }
 }
 
 async function resolveFile(root: string, path: string): Promise<{ hostPath: string; inside: string } | undefined> {
-  const resolved = await resolveInRoot(root, path).catch(() => undefined);
+  const resolved = await resolveInRoot(root, path, { maxLookups: MAX_LOOKUPS }).catch(() => undefined);
   return resolved?.exists ? resolved : undefined;
 }
 
 /** Runs `use` on `path` when it is a regular file of at most MAX_FILE_BYTES; undefined otherwise. */
 async function withRegularFile<T>(path: string, use: (handle: FileHandle, size: number) => Promise<T | undefined>): Promise<T | undefined> {
+  // Checked before the open: a device node or a FIFO is never opened (the volume is nodev too).
+  const info = await lstat(path).catch(() => undefined);
+  if (info === undefined || !info.isFile() || info.size > MAX_FILE_BYTES) return undefined;
   const handle = await open(path, constants.O_RDONLY | constants.O_NOFOLLOW | constants.O_NONBLOCK).catch(() => undefined);
   if (handle === undefined) return undefined;
   try {
@@ -62,13 +75,15 @@ async function withRegularFile<T>(path: string, use: (handle: FileHandle, size: 
   }
 }
 
-async function readThrough(handle: FileHandle, size: number): Promise<undefined> {
-  for (let position = 0; position < size; ) {
-    const { bytesRead } = await handle.read(scratch, 0, scratch.length, position);
+/** Reads the first `bytes` of the file; how many it read. */
+async function readThrough(handle: FileHandle, bytes: number): Promise<number> {
+  let position = 0;
+  while (position < bytes) {
+    const { bytesRead } = await handle.read(scratch, 0, Math.min(scratch.length, bytes - position), position);
     if (bytesRead === 0) break;
     position += bytesRead;
   }
-  return undefined;
+  return position;
 }
 
 /** The PT_INTERP path of a little-endian ELF program (32- or 64-bit), or undefined. */

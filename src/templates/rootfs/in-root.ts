@@ -21,11 +21,13 @@ export interface InRootPath {
  * Nothing else writes to the root while this runs (a build step's snapshot belongs to the builder
  * until the step is published), so checking with lstat is not racy here.
  */
-export async function resolveInRoot(root: string, path: string, options: { followFinal?: boolean } = {}): Promise<InRootPath> {
+export async function resolveInRoot(root: string, path: string, options: { followFinal?: boolean; maxLookups?: number } = {}): Promise<InRootPath> {
   const followFinal = options.followFinal ?? true;
+  const maxLookups = options.maxLookups ?? Number.POSITIVE_INFINITY;
   const current: string[] = [];
   const queue = path.split('/');
   let links = 0;
+  let lookups = 0;
   while (queue.length > 0) {
     const part = queue.shift()!;
     if (part === '' || part === '.') continue;
@@ -33,6 +35,8 @@ export async function resolveInRoot(root: string, path: string, options: { follo
       current.pop();
       continue;
     }
+    // Links can make a short path cost tens of thousands of lookups (40 of them, each a long `a/..` run).
+    if (++lookups > maxLookups) throw new SandboxError('INVALID_ARGUMENT', `resolving ${path} in the template takes more than ${maxLookups} lookups`, { details: { path } });
     const hostPath = join(root, ...current, part);
     const info = await lstat(hostPath).catch((error: NodeJS.ErrnoException) => {
       if (error.code === 'ENOENT' || error.code === 'ENOTDIR') return undefined;
