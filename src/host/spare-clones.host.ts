@@ -175,7 +175,10 @@ export class SpareClones {
   /** No spare of `source` is kept any more: the one being made is waited for, then deleted. */
   private async drop(source: string): Promise<void> {
     this.kept.delete(source);
-    await this.making.get(source);
+    // A make that ends may begin its re-run (`again`) at once: wait for those too.
+    while (this.making.has(source)) await this.making.get(source);
+    // Kept again meanwhile (a create from it): its spares stay.
+    if (this.kept.has(source)) return;
     const present: string[] = [];
     for (const slot of this.slotsOf(source, MAX_SPARE_DEPTH)) if (await pathExists(slot)) present.push(slot);
     if (present.length > 0) await this.deleteSubvolumes(present);

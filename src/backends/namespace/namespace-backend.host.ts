@@ -28,7 +28,7 @@ const UID_BASE = 3_000_000;
 const UID_RANGE = 1_000_000;
 const AGENT_READY_TIMEOUT_MS = 10_000;
 /** How long after its start a sandbox stops having the host first (afterFirstCommand), at the most. */
-const FIRST_COMMAND_GRACE_MS = 100;
+const DEFAULT_FIRST_COMMAND_GRACE_MS = 100;
 
 const CAPABILITIES: readonly Capability[] = [
   'limits.cpus', 'limits.memory', 'limits.pids', 'limits.disk', 'limits.fileSize',
@@ -45,6 +45,12 @@ export interface NamespaceBackendOptions {
    * (`reattach`). @default false (sandboxes die with the server)
    */
   supervise?: boolean;
+  /**
+   * How long after its start a sandbox from a template has the host to itself at the most: its
+   * layer's next spare is made when its first command ends, or then (StartOptions.afterFirstCommand).
+   * @default 100
+   */
+  firstCommandGraceMs?: number;
 }
 
 /**
@@ -57,11 +63,13 @@ export class NamespaceBackend implements Backend {
   private readonly uidsInUse = new Set<number>();
   private network: EgressNetwork | undefined;
   private readonly supervise: boolean;
+  private readonly firstCommandGraceMs: number;
 
   constructor(options: NamespaceBackendOptions) {
     this.host = options.host;
     this.network = options.network;
     this.supervise = options.supervise === true;
+    this.firstCommandGraceMs = options.firstCommandGraceMs ?? DEFAULT_FIRST_COMMAND_GRACE_MS;
   }
 
   /** Stops this backend's networking (proxy, pool, host rules); sandboxes must be destroyed first. */
@@ -136,7 +144,7 @@ export class NamespaceBackend implements Backend {
         // A new root from a template gets its quota from the launcher, before the sandbox starts,
         // and the layer's next spare once the sandbox has run its first command.
         ...(template && !options.reuseWorkspace
-          ? { rootLimitBytes: spec.limits.diskBytes, afterFirstCommand: () => volume.spares.replenish(template.layerDir) }
+          ? { rootLimitBytes: spec.limits.diskBytes, afterFirstCommand: () => volume.spares.replenish(template.layerDir), firstCommandGraceMs: this.firstCommandGraceMs }
           : {}),
         diskUsed: () => this.host.volume.usedBytes(options.id),
         setDiskLimit: (bytes) => this.host.volume.setLimit(options.id, bytes),
@@ -320,7 +328,7 @@ interface StartOptions {
    */
   rootLimitBytes?: number;
   /**
-   * Called once: when the sandbox's first command has ended, FIRST_COMMAND_GRACE_MS after its
+   * Called once: when the sandbox's first command has ended, firstCommandGraceMs after its
    * start at the latest (a long first command then shares the host with it), or at its destroy,
    * whichever comes first. A template's next spare is made then: made
    * at once, its `btrfs` spawn (~3 ms of this process's event loop), commit and page-cache warm-up
@@ -328,6 +336,8 @@ interface StartOptions {
    * against 14.4 here, the first exec 5.0 against 2.4 from the host template).
    */
   afterFirstCommand?: () => void;
+  /** @default DEFAULT_FIRST_COMMAND_GRACE_MS */
+  firstCommandGraceMs?: number;
   cgroup: SandboxCgroup;
   workspaceDir: string;
   /**
@@ -472,14 +482,14 @@ class NamespaceSandbox implements BackendSandbox {
     } finally {
       clearTimeout(timer);
     }
-    sandbox.awaitFirstCommand(options.afterFirstCommand);
+    sandbox.awaitFirstCommand(options.afterFirstCommand, options.firstCommandGraceMs ?? DEFAULT_FIRST_COMMAND_GRACE_MS);
     return sandbox;
   }
 
-  private awaitFirstCommand(then: (() => void) | undefined): void {
+  private awaitFirstCommand(then: (() => void) | undefined, graceMs: number): void {
     if (then === undefined) return;
     this.afterFirstCommand = then;
-    this.firstCommandGrace = setTimeout(() => this.firstCommandDone(), FIRST_COMMAND_GRACE_MS);
+    this.firstCommandGrace = setTimeout(() => this.firstCommandDone(), graceMs);
     this.firstCommandGrace.unref();
   }
 
