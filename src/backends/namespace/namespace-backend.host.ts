@@ -144,7 +144,7 @@ export class NamespaceBackend implements Backend {
         // A new root from a template gets its quota from the launcher, before the sandbox starts,
         // and the layer's next spare once the sandbox has run its first command.
         ...(template && !options.reuseWorkspace
-          ? { rootLimitBytes: spec.limits.diskBytes, afterFirstCommand: () => volume.spares.replenish(template.layerDir), firstCommandGraceMs: this.firstCommandGraceMs }
+          ? { rootLimitBytes: spec.limits.diskBytes, afterFirstCommand: { then: () => volume.spares.replenish(template.layerDir), graceMs: this.firstCommandGraceMs } }
           : {}),
         diskUsed: () => this.host.volume.usedBytes(options.id),
         setDiskLimit: (bytes) => this.host.volume.setLimit(options.id, bytes),
@@ -328,16 +328,14 @@ interface StartOptions {
    */
   rootLimitBytes?: number;
   /**
-   * Called once: when the sandbox's first command has ended, firstCommandGraceMs after its
+   * `then` is called once: when the sandbox's first command has ended, `graceMs` after its
    * start at the latest (a long first command then shares the host with it), or at its destroy,
    * whichever comes first. A template's next spare is made then: made
    * at once, its `btrfs` spawn (~3 ms of this process's event loop), commit and page-cache warm-up
    * shared the 2 cores with this sandbox's start and first command (create + first exec 17.8 ms
    * against 14.4 here, the first exec 5.0 against 2.4 from the host template).
    */
-  afterFirstCommand?: () => void;
-  /** @default DEFAULT_FIRST_COMMAND_GRACE_MS */
-  firstCommandGraceMs?: number;
+  afterFirstCommand?: { then: () => void; graceMs: number };
   cgroup: SandboxCgroup;
   workspaceDir: string;
   /**
@@ -482,12 +480,11 @@ class NamespaceSandbox implements BackendSandbox {
     } finally {
       clearTimeout(timer);
     }
-    sandbox.awaitFirstCommand(options.afterFirstCommand, options.firstCommandGraceMs ?? DEFAULT_FIRST_COMMAND_GRACE_MS);
+    if (options.afterFirstCommand) sandbox.awaitFirstCommand(options.afterFirstCommand.then, options.afterFirstCommand.graceMs);
     return sandbox;
   }
 
-  private awaitFirstCommand(then: (() => void) | undefined, graceMs: number): void {
-    if (then === undefined) return;
+  private awaitFirstCommand(then: () => void, graceMs: number): void {
     this.afterFirstCommand = then;
     this.firstCommandGrace = setTimeout(() => this.firstCommandDone(), graceMs);
     this.firstCommandGrace.unref();
