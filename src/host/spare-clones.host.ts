@@ -87,11 +87,15 @@ export class SpareClones {
    * Makes `target` a writable clone of `source`: its spare when one is ready, else a snapshot of
    * it here; then the next spare is made when the source is kept, unless `replenishLater`: the
    * caller calls `replenish` once its create can share the host (a spare's making spawns `btrfs`,
-   * ~3 ms of this process's event loop on 2 cores, and waits for a commit).
+   * ~3 ms of this process's event loop on 2 cores, and waits for a commit). True when `target` is
+   * a spare that the source's `prepare` readied (nothing of it is left to do).
    */
-  async clone(source: string, target: string, options: { replenishLater?: boolean } = {}): Promise<void> {
-    if (!(await this.take(source, target))) await runCommand(['btrfs', 'subvolume', 'snapshot', source, target]);
+  async clone(source: string, target: string, options: { replenishLater?: boolean } = {}): Promise<boolean> {
+    const prepared = this.wanted.get(source)?.prepare !== undefined;
+    const taken = await this.take(source, target);
+    if (!taken) await runCommand(['btrfs', 'subvolume', 'snapshot', source, target]);
     if (options.replenishLater !== true) this.replenish(source);
+    return taken && prepared;
   }
 
   /**

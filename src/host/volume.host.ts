@@ -245,9 +245,10 @@ export class WorkspaceVolume {
    */
   async createRoot(id: string, layerDir: string, options: { replenishLater?: boolean } = {}): Promise<{ root: string; workspace: string }> {
     const root = this.rootPath(id);
-    await this.spares.clone(layerDir, root, options);
+    // A layer's spare was readied already (keepLayerSpare): its checks would be three thread-pool trips.
+    const readied = await this.spares.clone(layerDir, root, options);
     try {
-      await readyRoot(root);
+      if (!readied) await readyRoot(root);
     } catch (error) {
       await this.delete(id).catch(() => undefined);
       throw error;
