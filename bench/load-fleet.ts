@@ -27,6 +27,9 @@ export interface CreateRates {
   churnSeconds: number;
   createP50Ms: number;
   createP99Ms: number;
+  /** How long a kill took in the churn (the SDK's call, until the server answered). */
+  killP50Ms: number;
+  killP99Ms: number;
   errors: number;
   firstError?: string;
 }
@@ -35,6 +38,7 @@ export interface CreateRates {
 export async function createRates(conn: ConnectionOptions, live: number, churnMs: number, options: FleetOptions): Promise<CreateRates> {
   const sandboxes: Sandbox[] = [];
   const latencies: number[] = [];
+  const kills: number[] = [];
   const doneAt: number[] = [];
   let errors = 0;
   let firstError: string | undefined;
@@ -77,12 +81,15 @@ export async function createRates(conn: ConnectionOptions, live: number, churnMs
           if (!fresh) continue;
           churned++;
           sandboxes.push(fresh);
+          const t0 = performance.now();
           await sandboxes.shift()?.kill().catch(() => undefined);
+          kills.push(performance.now() - t0);
         }
       }),
     );
     const churnSeconds = (performance.now() - churnStart) / 1000;
     const sorted = [...latencies].sort((a, b) => a - b);
+    const killsSorted = [...kills].sort((a, b) => a - b);
     return {
       live,
       clients: options.clients,
@@ -92,6 +99,8 @@ export async function createRates(conn: ConnectionOptions, live: number, churnMs
       churnSeconds,
       createP50Ms: percentile(sorted, 50),
       createP99Ms: percentile(sorted, 99),
+      killP50Ms: percentile(killsSorted, 50),
+      killP99Ms: percentile(killsSorted, 99),
       errors,
       ...(firstError !== undefined ? { firstError } : {}),
     };
@@ -172,7 +181,7 @@ export async function killAll(sandboxes: Sandbox[], clients: number): Promise<vo
 /** Where the kernel's own memory for a sandbox shows in /proc/meminfo (its namespaces, cgroups, mounts, page tables). */
 const KERNEL_FIELDS = ['SUnreclaim', 'SReclaimable', 'Percpu', 'KernelStack', 'PageTables', 'Shmem'];
 
-async function kernelMemory(): Promise<Record<string, number>> {
+export async function kernelMemory(): Promise<Record<string, number>> {
   const text = await readFile('/proc/meminfo', 'utf8');
   return Object.fromEntries(KERNEL_FIELDS.map((field) => [field, Number(new RegExp(`^${field}:\\s+(\\d+) kB`, 'm').exec(text)?.[1] ?? 0) * 1024]));
 }

@@ -7,13 +7,15 @@
  *   - exec: --exec-clients clients running commands.run(['true']) over --exec-sandboxes for
  *     --exec-s: errors, p50/p99/max, and where the slow requests fall;
  *   - cold: create + first exec with no warm pool against raw bwrap /bin/true, --cold-n pairs.
+ * The creates and density phases run their peer right after (load-peer.ts: the same namespaces
+ * and cgroups from bwrap and cgroupfs directly, no server) at the same counts; --no-peer skips it.
  * Every phase is bounded in count and time; --max-minutes ends the whole run. Targets: ≥ 100
  * creates/s with 1,000 live; 2,000 idle at ≤ 1 MiB each; 200 execs for 60 s with no error,
  * p99 ≤ 1 s, max ≤ 2 s; cold create + first exec ≤ 3× raw bwrap.
  *
  *   node dist/bench/load.js [--only creates,density,exec,cold] [--live 1000] [--create-clients 16]
  *     [--churn-s 20] [--idle 2000] [--exec-clients 200] [--exec-sandboxes 50] [--exec-s 60]
- *     [--cold-n 20] [--max-minutes 30] [--json]
+ *     [--cold-n 20] [--max-minutes 30] [--no-peer] [--json]
  */
 import { spawn } from 'node:child_process';
 import { readFile } from 'node:fs/promises';
@@ -21,6 +23,7 @@ import { cpus, loadavg, release, totalmem } from 'node:os';
 import { Sandbox, type ConnectionOptions } from '../src/sdk/index.js';
 import { createRates, idleDensity, type CreateRates, type IdleDensity } from './load-fleet.js';
 import { execLoad, type ExecLoadResult } from './load-exec.js';
+import { peerCreateRates, peerIdleDensity, type PeerCreateRates, type PeerDensity } from './load-peer.js';
 import { startBenchServer, type BenchServer } from './load-server.js';
 import { percentile, table } from './stats.js';
 
@@ -109,6 +112,7 @@ async function main(): Promise<void> {
   const coldN = flag(args, '--cold-n', 20, 200);
   const maxMinutes = flag(args, '--max-minutes', 30, 240);
   const json = args.includes('--json');
+  const peer = !args.includes('--no-peer');
 
   // Small limits, overcommitted on purpose: the bench measures the server, not admission
   // (which would refuse 1,000 sandboxes of 512 MiB on 24 GiB, as it should).
@@ -127,11 +131,18 @@ async function main(): Promise<void> {
   watchdog.unref();
   const conn: ConnectionOptions = { url: server.url, apiKey: server.apiKey };
   const loadAtStart = load();
-  const out: { creates?: CreateRates; density?: IdleDensity; exec?: ExecLoadResult; cold?: ColdResult } = {};
+  const out: { creates?: CreateRates; peerCreates?: PeerCreateRates; density?: IdleDensity; peerDensity?: PeerDensity; exec?: ExecLoadResult; cold?: ColdResult } = {};
+  const peerLimits = { memoryBytes: spec.limits.memoryBytes, pids: spec.limits.pids, cpus: 1 };
   try {
     if (only.includes('cold')) out.cold = await coldCreate(conn, coldN, spec);
-    if (only.includes('creates')) out.creates = await createRates(conn, live, churnS * 1000, { clients: createClients, spec });
-    if (only.includes('density')) out.density = await idleDensity(conn, idle, server.pid, () => server.rssBytes(), { clients: createClients, spec });
+    if (only.includes('creates')) {
+      out.creates = await createRates(conn, live, churnS * 1000, { clients: createClients, spec });
+      if (peer) out.peerCreates = await peerCreateRates(live, churnS * 1000, createClients, peerLimits);
+    }
+    if (only.includes('density')) {
+      out.density = await idleDensity(conn, idle, server.pid, () => server.rssBytes(), { clients: createClients, spec });
+      if (peer) out.peerDensity = await peerIdleDensity(idle, createClients, peerLimits, [server.pid]);
+    }
     if (only.includes('exec')) out.exec = await execLoad(conn, { clients: execClients, sandboxes: execSandboxes, durationMs: execS * 1000, spec });
   } finally {
     clearTimeout(watchdog);
@@ -151,7 +162,14 @@ async function main(): Promise<void> {
     row(`creates/s, fill 0 → ${c.live}`, c.fillPerSecond.toFixed(1), '', undefined);
     row(`creates/s, last fifth of the fill`, c.fillLastFifthPerSecond.toFixed(1), '', undefined);
     row('create p50 / p99 ms', `${c.createP50Ms.toFixed(0)} / ${c.createP99Ms.toFixed(0)}`, '', undefined);
+    row('kill in the churn p50 / p99 ms', `${c.killP50Ms.toFixed(0)} / ${c.killP99Ms.toFixed(0)}`, '', undefined);
     row('create errors', String(c.errors), '0', c.errors === 0);
+    const p = out.peerCreates;
+    if (p) {
+      row(`  peer (raw bwrap + cgroups): churn at ${p.live} live, creates/s`, `${p.churnPerSecond.toFixed(1)} (Capsule ${(c.churnPerSecond / p.churnPerSecond).toFixed(2)}× of it)`, '', undefined);
+      row(`  peer: fill 0 → ${p.live}, creates/s`, `${p.fillPerSecond.toFixed(1)} (Capsule ${(c.fillPerSecond / p.fillPerSecond).toFixed(2)}×)`, '', undefined);
+      row('  peer errors', String(p.errors), '0', p.errors === 0);
+    }
   }
   if (out.density) {
     const d = out.density;
@@ -159,6 +177,13 @@ async function main(): Promise<void> {
     row('  PSS of its processes, MiB', d.pssMiBPerSandbox.toFixed(2), '', undefined);
     row('  server RSS growth, MiB', d.serverMiBPerSandbox.toFixed(2), '', undefined);
     for (const [field, mib] of Object.entries(d.kernelMiBPerSandbox)) row(`  kernel ${field}, MiB`, mib.toFixed(2), '', undefined);
+    const p = out.peerDensity;
+    if (p) {
+      row(`  peer (raw bwrap + cgroups): host MiB per idle sandbox (${p.sandboxes})`, `${p.hostMiBPerSandbox.toFixed(2)} (Capsule ${(d.hostMiBPerSandbox / p.hostMiBPerSandbox).toFixed(2)}×)`, '', undefined);
+      row('  peer: PSS of its processes, MiB', p.pssMiBPerSandbox.toFixed(2), '', undefined);
+      for (const [field, mib] of Object.entries(p.kernelMiBPerSandbox)) row(`  peer: kernel ${field}, MiB`, mib.toFixed(2), '', undefined);
+      row('  peer errors', String(p.errors), '0', p.errors === 0);
+    }
   }
   if (out.exec) {
     const e = out.exec;
@@ -177,6 +202,8 @@ async function main(): Promise<void> {
   if (out.exec && out.exec.firstError) process.stdout.write(`first exec error: ${out.exec.firstError}\n`);
   if (out.creates?.firstError) process.stdout.write(`first create error: ${out.creates.firstError}\n`);
   if (out.density?.firstError) process.stdout.write(`first density error: ${out.density.firstError}\n`);
+  if (out.peerCreates?.firstError) process.stdout.write(`first peer create error: ${out.peerCreates.firstError}\n`);
+  if (out.peerDensity?.firstError) process.stdout.write(`first peer density error: ${out.peerDensity.firstError}\n`);
   if (out.exec) process.stdout.write(`slowest execs (client, seq, ms): ${out.exec.slowest.map((s) => `${s.client}/${s.seq}/${s.ms}`).join(' ')}\n`);
 }
 
