@@ -91,7 +91,7 @@ export class HostEnvironment {
     requireFile(bwrap, 'bubblewrap is not installed');
     requireFile('/sys/fs/cgroup/memory/memory.limit_in_bytes', 'the cgroup v1 memory hierarchy is missing');
     requireFile('/sys/fs/cgroup/unified/cgroup.procs', 'the cgroup2 mount at /sys/fs/cgroup/unified is missing');
-    for (const tool of ['capsule-launch', 'capsule-agent', 'seccomp-gen']) requireFile(join(this.nativeDir, tool), `${tool} is not built (run npm run build)`);
+    for (const tool of ['capsule-launch', 'capsule-spawn', 'capsule-agent', 'seccomp-gen']) requireFile(join(this.nativeDir, tool), `${tool} is not built (run npm run build)`);
 
     // Root's alone (finding: capsule.db was 0644). A sandbox's uid never reaches anything here by
     // path: capsule-launch opens its workspace, the tools and the prepared /etc as root (fds).

@@ -112,6 +112,9 @@ export async function descendants(root: number): Promise<string[]> {
   }
   const found: string[] = [];
   for (const [pid] of parents) {
+    // The server's process starter (src/host/spawner.host.ts) lives as long as the server does,
+    // here this test process; what it started is still found below it.
+    if (parents.get(pid) === root && names.get(pid) === 'capsule-spawn') continue;
     let cursor = parents.get(pid);
     for (let hops = 0; cursor !== undefined && cursor > 1 && hops < 64; hops++) {
       if (cursor === root) {

@@ -60,16 +60,12 @@ export async function supervisedHolder(
 ): Promise<AgentHolder> {
   const files = supervisorFiles(dataDir, id);
   const child = await spawnSupervisor(launcher, launchArgs, files);
-  const pid = child.pid ?? 0;
-  const exitedPromise = new Promise<void>((resolve) => {
-    if (child.exitCode !== null || child.signalCode !== null) resolve();
-    else child.once('exit', () => resolve());
-  });
-  // The daemon is unref'd (a server may stop and leave it); one that is waited for keeps this
-  // process alive until it is gone, or a stop could end with the wait unsettled.
-  const exited = (): Promise<void> => {
-    child.ref();
-    return exitedPromise;
+  const pid = child.pid;
+  // Nothing holds this process alive for the daemon (a server may stop and leave it); one that
+  // is waited for does, until it is gone, or a stop could end with the wait unsettled. When the
+  // starter went away first, /proc says when it is gone.
+  const exited = async (): Promise<void> => {
+    if ((await child.exited()) === undefined) await waitGone(pid);
   };
   try {
     const socket = await connectSupervisor(files);

@@ -5,12 +5,12 @@
  * `<id>.spool` (frames kept while no server listened), `<id>.log` (the launcher's, bwrap's and the
  * agent's stderr) and `<id>.sock.exit` (how the sandbox ended when no server saw it).
  */
-import { spawn, type ChildProcess } from 'node:child_process';
-import { closeSync, mkdirSync, openSync } from 'node:fs';
+import { mkdirSync } from 'node:fs';
 import { readdir, readFile, rm } from 'node:fs/promises';
 import { connect, type Socket } from 'node:net';
-import { join } from 'node:path';
+import { dirname, join } from 'node:path';
 import { SandboxError } from '../../errors/index.js';
+import { spawnerAt, type SpawnedChild } from '../../host/spawner.host.js';
 
 const READY_TIMEOUT_MS = 10_000;
 const CONNECT_TIMEOUT_MS = 2_000;
@@ -38,42 +38,39 @@ export function supervisorFiles(dataDir: string, id: string): SupervisorFiles {
   return { dir, socket, pid: join(dir, `${id}.pid`), spool: join(dir, `${id}.spool`), log: join(dir, `${id}.log`), exit: `${socket}.exit` };
 }
 
-/** Starts the supervisor with `launchArgs` (everything after `--supervise ...`); resolves once it listens. */
-export async function spawnSupervisor(launcher: string, launchArgs: readonly string[], files: SupervisorFiles): Promise<ChildProcess> {
+/**
+ * Starts the supervisor with `launchArgs` (everything after `--supervise ...`); resolves once it
+ * listens. capsule-spawn, beside the launcher, forks it (src/host/spawner.host.ts), not this
+ * process.
+ */
+export async function spawnSupervisor(launcher: string, launchArgs: readonly string[], files: SupervisorFiles): Promise<SpawnedChild> {
   if (Buffer.byteLength(files.socket) > MAX_SOCKET_PATH) {
     throw new SandboxError('HOST_NOT_READY', `the supervisor socket path ${files.socket} is longer than ${MAX_SOCKET_PATH} bytes`, {
       hint: 'Use a shorter data directory path (capsule serve --data-dir).',
     });
   }
   mkdirSync(files.dir, { recursive: true, mode: 0o700 });
-  const log = openSync(files.log, 'w', 0o600);
-  let child: ChildProcess;
+  const child = await spawnerAt(join(dirname(launcher), 'capsule-spawn')).spawn(
+    launcher,
+    ['--supervise', files.socket, '--spool', files.spool, '--pidfile', files.pid, ...launchArgs],
+    files.log,
+  );
+  let timer: NodeJS.Timeout | undefined;
   try {
-    child = spawn(launcher, ['--supervise', files.socket, '--spool', files.spool, '--pidfile', files.pid, ...launchArgs], {
-      stdio: ['ignore', 'pipe', log],
-      detached: true,
-      env: {},
-    });
+    await Promise.race([
+      child.ready.catch((error: unknown) => {
+        throw error instanceof SandboxError && error.code === 'SANDBOX_CRASHED' ? new SandboxError('SANDBOX_CRASHED', 'the sandbox supervisor exited before it listened') : error;
+      }),
+      new Promise<never>((_, reject) => {
+        timer = setTimeout(() => reject(new SandboxError('TIMEOUT', `the sandbox supervisor did not start within ${READY_TIMEOUT_MS} ms`)), READY_TIMEOUT_MS);
+      }),
+    ]);
+  } catch (error) {
+    child.kill('SIGKILL');
+    throw error;
   } finally {
-    closeSync(log);
+    clearTimeout(timer);
   }
-  child.unref();
-  await new Promise<void>((resolve, reject) => {
-    let said = '';
-    const timer = setTimeout(() => fail(new SandboxError('TIMEOUT', `the sandbox supervisor did not start within ${READY_TIMEOUT_MS} ms`)), READY_TIMEOUT_MS);
-    const fail = (error: Error): void => {
-      clearTimeout(timer);
-      reject(error);
-    };
-    child.once('error', (error) => fail(new SandboxError('HOST_NOT_READY', `cannot start the sandbox supervisor: ${error.message}`, { cause: error })));
-    child.stdout?.on('data', (chunk: Buffer) => {
-      said += chunk.toString('utf8');
-      if (!said.startsWith('ready\n')) return;
-      clearTimeout(timer);
-      resolve();
-    });
-    child.stdout?.once('end', () => fail(new SandboxError('SANDBOX_CRASHED', 'the sandbox supervisor exited before it listened')));
-  });
   return child;
 }
 
