@@ -1,4 +1,4 @@
-import { describe, expect, it } from 'vitest';
+import { describe, expect, it, vi } from 'vitest';
 import type { BackendSandbox, SandboxCounters } from '../../src/backends/backend.js';
 import { UsageSampler } from '../../src/engine/usage-sampler.js';
 
@@ -51,5 +51,40 @@ describe('UsageSampler', () => {
     sampler.track(gone);
     expect(await sampler.samples('c')).toEqual([]);
     sampler.close();
+  });
+});
+
+describe('UsageSampler scheduling', () => {
+  it('reads each sandbox every intervalMs while few are live, and no more than maxReadingsPerSecond in all when many are', async () => {
+    vi.useFakeTimers();
+    try {
+      const reads = new Map<string, number>();
+      const counting = (id: string) => fakeSandbox(id, () => (reads.set(id, (reads.get(id) ?? 0) + 1), {}));
+      const few = new UsageSampler({ intervalMs: 1000, maxReadingsPerSecond: 50 });
+      for (const id of ['a', 'b']) few.track(counting(id));
+      await vi.advanceTimersByTimeAsync(10_050);
+      // Every second each, from a second after it was tracked.
+      expect([reads.get('a'), reads.get('b')]).toEqual([10, 10]);
+      few.close();
+
+      reads.clear();
+      const many = new UsageSampler({ intervalMs: 1000, maxReadingsPerSecond: 10 });
+      const ids = Array.from({ length: 40 }, (_, i) => `s${i}`);
+      for (const id of ids) many.track(counting(id));
+      await vi.advanceTimersByTimeAsync(20_000);
+      const total = [...reads.values()].reduce((a, b) => a + b, 0);
+      expect(total).toBeLessThanOrEqual(10 * 20);
+      expect(total).toBeGreaterThanOrEqual(10 * 18); // the budget is used, not wasted
+      // Oldest first: every sandbox is read, each as often as the others (4 s apart).
+      expect(ids.map((id) => reads.get(id) ?? 0).every((n) => n >= 4 && n <= 5)).toBe(true);
+      // An untracked one is read no more.
+      many.untrack('s0');
+      const before = reads.get('s0');
+      await vi.advanceTimersByTimeAsync(10_000);
+      expect(reads.get('s0')).toBe(before);
+      many.close();
+    } finally {
+      vi.useRealTimers();
+    }
   });
 });
