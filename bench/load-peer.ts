@@ -14,10 +14,9 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import { mkdirSync, readFileSync, rmdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { kernelMemory, memAvailable } from './load-fleet.js';
-import { descendants, pssBytes } from './proc.js';
+import { fleet, hostCost } from './load-fleet.js';
+import { descendants } from './proc.js';
 
-const MiB = 1024 * 1024;
 const CGROUP_ROOT = '/sys/fs/cgroup';
 const V1_CONTROLLERS = ['memory', 'pids', 'cpu'] as const;
 /** Long enough that a stuck kill is a bench failure, not a hang. */
@@ -141,46 +140,17 @@ export interface PeerCreateRates {
 export async function peerCreateRates(live: number, churnMs: number, clients: number, limits: PeerLimits): Promise<PeerCreateRates> {
   const name = peerNamer();
   const sandboxes: PeerSandbox[] = [];
-  let errors = 0;
-  let firstError: string | undefined;
-  const startOne = async (): Promise<PeerSandbox | undefined> => {
-    try {
-      return await PeerSandbox.start(name(), limits);
-    } catch (error) {
-      errors++;
-      firstError ??= String(error);
-      return undefined;
-    }
-  };
   try {
-    const start = performance.now();
-    let next = 0;
-    await Promise.all(
-      Array.from({ length: clients }, async () => {
-        while (next < live) {
-          next++;
-          const sandbox = await startOne();
-          if (sandbox) sandboxes.push(sandbox);
-        }
-      }),
-    );
-    const fillSeconds = (performance.now() - start) / 1000;
-    let churned = 0;
-    const churnStart = performance.now();
-    const churnEnd = churnStart + churnMs;
-    await Promise.all(
-      Array.from({ length: clients }, async () => {
-        while (performance.now() < churnEnd) {
-          const fresh = await startOne();
-          if (!fresh) continue;
-          churned++;
-          sandboxes.push(fresh);
-          await sandboxes.shift()?.kill();
-        }
-      }),
-    );
-    const churnSeconds = (performance.now() - churnStart) / 1000;
-    return { live, clients, fillPerSecond: live / fillSeconds, churnPerSecond: churned / churnSeconds, churnSeconds, errors, ...(firstError !== undefined ? { firstError } : {}) };
+    const run = await fleet(sandboxes, live, churnMs, clients, () => PeerSandbox.start(name(), limits), (sandbox) => sandbox.kill());
+    return {
+      live,
+      clients,
+      fillPerSecond: live / run.fillSeconds,
+      churnPerSecond: run.churned / run.churnSeconds,
+      churnSeconds: run.churnSeconds,
+      errors: run.errors,
+      ...(run.firstError !== undefined ? { firstError: run.firstError } : {}),
+    };
   } finally {
     await killAllPeers(sandboxes, clients);
   }
@@ -200,41 +170,21 @@ export interface PeerDensity {
 export async function peerIdleDensity(count: number, clients: number, limits: PeerLimits, otherChildren: number[]): Promise<PeerDensity> {
   const name = peerNamer();
   const sandboxes: PeerSandbox[] = [];
-  let errors = 0;
-  let firstError: string | undefined;
   try {
-    const availableBefore = await memAvailable();
-    const kernelBefore = await kernelMemory();
-    let next = 0;
-    await Promise.all(
-      Array.from({ length: clients }, async () => {
-        while (next < count) {
-          next++;
-          try {
-            sandboxes.push(await PeerSandbox.start(name(), limits));
-          } catch (error) {
-            errors++;
-            firstError ??= String(error);
-          }
-        }
-      }),
+    const { result: run, ...cost } = await hostCost(
+      () => fleet(sandboxes, count, 0, clients, () => PeerSandbox.start(name(), limits), () => Promise.resolve()),
+      () => sandboxes.length,
+      async () => {
+        // This process's other children (a Capsule server and its sandboxes) are not the peer's.
+        const others = new Set((await Promise.all(otherChildren.map(async (pid) => [pid, ...(await descendants(pid))]))).flat());
+        return (await descendants(process.pid)).filter((pid) => !others.has(pid));
+      },
     );
-    const made = Math.max(1, sandboxes.length);
-    const availableAfter = await memAvailable();
-    const kernelAfter = await kernelMemory();
-    // This process's other children (a Capsule server and its sandboxes) are not the peer's.
-    const others = new Set((await Promise.all(otherChildren.map(async (pid) => [pid, ...(await descendants(pid))]))).flat());
-    const pids = (await descendants(process.pid)).filter((pid) => !others.has(pid));
-    let pss = 0;
-    for (const pid of pids) pss += await pssBytes(pid);
     return {
       sandboxes: sandboxes.length,
-      hostMiBPerSandbox: (availableBefore - availableAfter) / made / MiB,
-      pssMiBPerSandbox: pss / made / MiB,
-      kernelMiBPerSandbox: Object.fromEntries(Object.keys(kernelAfter).map((field) => [field, ((kernelAfter[field] ?? 0) - (kernelBefore[field] ?? 0)) / made / MiB])),
-      processes: pids.length,
-      errors,
-      ...(firstError !== undefined ? { firstError } : {}),
+      ...cost,
+      errors: run.errors,
+      ...(run.firstError !== undefined ? { firstError: run.firstError } : {}),
     };
   } finally {
     await killAllPeers(sandboxes, clients);
